@@ -1,0 +1,148 @@
+"""A pool of CPU processes joined in one gloo process group, reused across tests.
+
+Spawning a fresh group per test costs seconds of `import torch`; the pool starts each world size once and runs
+module-level functions on every rank. Every collective runs under a short gloo timeout, and every call under a
+wall-clock deadline, so a mismatch fails the test instead of hanging it. After any failure the pool is torn down
+and the next call starts a fresh one, so one broken group never poisons later tests.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from datetime import timedelta
+
+COLLECTIVE_TIMEOUT_S = 15.0
+
+
+class DistError(RuntimeError):
+    """One or more ranks raised, or the call ran past its deadline; the message holds every rank's traceback."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _dumps(obj) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _loads(data: bytes):
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
+def _worker(rank: int, world_size: int, port: int, tasks, results) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        ITHACA_DIST_TIMEOUT=str(COLLECTIVE_TIMEOUT_S),
+    )
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    while True:
+        task = tasks.get()
+        if task is None:
+            break
+        fn, args, kwargs = task
+        try:
+            results.put((rank, True, _dumps(fn(*args, **kwargs))))
+        except BaseException:  # noqa: BLE001 - every failure must reach the parent
+            results.put((rank, False, traceback.format_exc()))
+    dist.destroy_process_group()
+
+
+class DistPool:
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        ctx = mp.get_context("spawn")
+        port = _free_port()
+        self._tasks = [ctx.Queue() for _ in range(world_size)]
+        self._results = ctx.Queue()
+        self._procs = [
+            ctx.Process(target=_worker, args=(r, world_size, port, self._tasks[r], self._results), daemon=True)
+            for r in range(world_size)
+        ]
+        for p in self._procs:
+            p.start()
+        self.healthy = True
+
+    def run(self, fn, *args, timeout: float = 120.0, **kwargs) -> list:
+        """Run fn(*args, **kwargs) on every rank; return the per-rank results in rank order."""
+        for q in self._tasks:
+            q.put((fn, args, kwargs))
+        deadline = time.monotonic() + timeout
+        got: dict[int, object] = {}
+        errors: dict[int, str] = {}
+        while len(got) + len(errors) < self.world_size:
+            left = deadline - time.monotonic()
+            if errors:  # peers of a failed rank may be stuck until their collective times out
+                left = min(left, COLLECTIVE_TIMEOUT_S + 5.0)
+            try:
+                rank, ok, payload = self._results.get(timeout=max(left, 0.01))
+            except queue.Empty:
+                break
+            if ok:
+                got[rank] = _loads(payload)
+            else:
+                errors[rank] = payload
+        if errors or len(got) < self.world_size:
+            self.close()
+            missing = sorted(set(range(self.world_size)) - got.keys() - errors.keys())
+            parts = [f"--- rank {r} ---\n{tb}" for r, tb in sorted(errors.items())]
+            if missing:
+                parts.append(f"ranks {missing} gave no result within the deadline")
+            raise DistError("\n".join(parts))
+        return [got[r] for r in range(self.world_size)]
+
+    def close(self) -> None:
+        self.healthy = False
+        for q in self._tasks:
+            try:
+                q.put(None)
+            except (ValueError, OSError):
+                pass
+        for p in self._procs:
+            p.join(timeout=2)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=2)
+
+
+_POOL: DistPool | None = None
+
+
+def run_distributed(world_size: int, fn, *args, timeout: float = 120.0, **kwargs) -> list:
+    """Run a module-level function on `world_size` gloo ranks (one live pool at a time, reused)."""
+    global _POOL
+    if _POOL is None or not _POOL.healthy or _POOL.world_size != world_size:
+        if _POOL is not None:
+            _POOL.close()
+        _POOL = DistPool(world_size)
+    return _POOL.run(fn, *args, timeout=timeout, **kwargs)
+
+
+def shutdown() -> None:
+    global _POOL
+    if _POOL is not None:
+        _POOL.close()
+        _POOL = None
