@@ -1,0 +1,86 @@
+"""`load_transformer`: preset name or checkpoint folder → model, dispatched on config.json's `_class_name`.
+
+Model families register themselves (`register_family`) when their package is imported; the packages listed in
+`FAMILY_PACKAGES` are imported on first use, so adding a family is one entry there plus its own package.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from dit.presets import PRESETS
+from dit.weights import Resolver, checkpoint_files, load_safetensors, materialize, random_init
+
+FAMILY_PACKAGES = ("dit.wan", "dit.hunyuan")
+
+
+@dataclass(frozen=True)
+class Family:
+    class_name: str  # config.json `_class_name`
+    parse_config: Callable[[dict], Any]  # config.json dict → the family's config dataclass
+    build: Callable[[Any], nn.Module]  # config → model (called on the meta device)
+    resolver: Callable[[Any], Resolver]  # config → checkpoint key resolver (see dit.weights)
+    keep_fp32: tuple[str, ...] = ()  # parameter-name fragments kept float32 in lower-precision loads
+
+
+_FAMILIES: dict[str, Family] = {}
+
+
+def register_family(family: Family) -> None:
+    _FAMILIES[family.class_name] = family
+
+
+def _import_families() -> None:
+    for package in FAMILY_PACKAGES:
+        try:
+            importlib.import_module(package)
+        except ModuleNotFoundError as e:
+            if e.name != package:
+                raise
+
+
+def _family(class_name: str | None) -> Family:
+    _import_families()
+    if class_name not in _FAMILIES:
+        raise ValueError(f"unknown model class {class_name!r}; known: {sorted(_FAMILIES)}")
+    return _FAMILIES[class_name]
+
+
+def _checkpoint_dir(path: Path) -> Path:
+    """A transformer folder, or a whole pipeline folder holding one in `transformer/`."""
+    if (path / "transformer" / "config.json").is_file():
+        return path / "transformer"
+    if (path / "config.json").is_file():
+        return path
+    raise FileNotFoundError(
+        f"{path}: no config.json (expected a transformer or pipeline folder, or a preset)"
+    )
+
+
+def load_transformer(
+    path_or_preset: str | Path, *, dtype: torch.dtype = torch.float32, device="cpu", seed: int = 0
+) -> nn.Module:
+    """Preset name ("tiny", "wan2.1-1.3b", "wan2.1-14b": random weights from `seed`), a diffusers
+    `transformer/` folder, a whole pipeline folder, or an original Wan checkpoint folder → eval-mode model."""
+    _import_families()  # they may add presets
+    is_preset = isinstance(path_or_preset, str) and path_or_preset in PRESETS
+    folder = None if is_preset else _checkpoint_dir(Path(path_or_preset))
+    cfg = PRESETS[path_or_preset] if is_preset else json.loads((folder / "config.json").read_text())
+    family = _family(cfg.get("_class_name"))
+    config = family.parse_config(cfg)
+    with torch.device("meta"):
+        model = family.build(config)
+    materialize(model, dtype=dtype, device=torch.device(device), keep_fp32=family.keep_fp32)
+    if folder is None:
+        random_init(model, seed)
+    else:
+        load_safetensors(model, checkpoint_files(folder), family.resolver(config))
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,58 @@
+"""Sequence parallelism applied to a plain model from outside (torchtitan style): hooks at module boundaries
+and one replaced attention op; the model code itself stays single-device.
+
+Contract a model follows to be parallelised (Wan here; other families may reuse it):
+  `patch_embed(...)` → image tokens `[B, S, dim]`      — sharded (padded to a multiple of sp, excluded)
+  `rope(...)`        → tuple of tables `[S, ...]`     — sharded the same way along dim 0
+  `time_embed(timestep, ...)` with `[B, S]` timesteps — per-token timesteps sharded before embedding
+  `head(...)`        → per-token outputs `[B, S_local, ...]` — gathered and unpadded
+  `blocks[i].self_attn.attention(q, k, v)`             — replaced by `parallel.attention` over the sp group
+Only the sp group is used, so a mesh with cfg > 1 works unchanged (the pipeline combines CFG halves).
+"""
+
+from __future__ import annotations
+
+import parallel
+
+
+class SequenceParallel:
+    """Per-model state shared by the hooks: the mesh, the comm mode and the current forward's shard info."""
+
+    def __init__(self, mesh, comm="alltoall"):
+        self.mesh, self.comm, self.info = mesh, comm, None
+
+    def shard_tokens(self, module, args, tokens):
+        tokens, self.info = parallel.shard_sequence(tokens, self.mesh, dim=1)
+        return tokens
+
+    def shard_rope(self, module, args, tables):
+        return tuple(parallel.shard_sequence(t, self.mesh, dim=0)[0] for t in tables)
+
+    def shard_timestep(self, module, args):
+        timestep, *rest = args
+        if timestep.ndim == 2:  # per-token timesteps [B, S]
+            timestep = parallel.shard_sequence(timestep, self.mesh, dim=1)[0]
+        return (timestep, *rest)
+
+    def gather(self, module, args, out):
+        return parallel.gather_sequence(out, self.mesh, self.info, dim=1)
+
+    def attention(self, q, k, v):
+        return parallel.attention(q, k, v, self.mesh, info=self.info, comm=self.comm)
+
+
+def parallelize(model, mesh, comm="alltoall"):
+    """Make `model` run sequence-parallel over `mesh`'s sp group (in place, returned); sp 1: unchanged."""
+    if mesh.sp_size == 1:
+        return model
+    if getattr(model, "sequence_parallel", None) is not None:
+        raise ValueError("model is already parallelized")
+    sp = SequenceParallel(mesh, comm)
+    model.sequence_parallel = sp
+    model.patch_embed.register_forward_hook(sp.shard_tokens)
+    model.rope.register_forward_hook(sp.shard_rope)
+    model.time_embed.register_forward_pre_hook(sp.shard_timestep)
+    model.head.register_forward_hook(sp.gather)
+    for block in model.blocks:
+        block.self_attn.attention = sp.attention
+    return model

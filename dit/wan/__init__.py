@@ -1,0 +1,34 @@
+"""Wan2.1-architecture DiT; registers the diffusers (`WanTransformer3DModel`) and original (`WanModel`)
+checkpoint formats."""
+
+from dit.loading import Family, register_family
+from dit.wan.checkpoint import export_state_dict, key_map, normalize_key
+from dit.wan.config import WanConfig
+from dit.wan.model import FP32_PARAMS, WanModel
+
+__all__ = ["WanConfig", "WanModel", "export_state_dict", "resolver"]
+
+
+def resolver(config: WanConfig, naming: str):
+    """Checkpoint key → (our parameter, part, parts); None for keys the reference ignores; KeyError else."""
+    table = key_map(config, naming)
+
+    def resolve(key: str):
+        key = normalize_key(key, naming)
+        return None if key is None else table[key]
+
+    return resolve
+
+
+register_family(
+    Family(
+        "WanTransformer3DModel",
+        WanConfig.from_diffusers,
+        WanModel,
+        lambda c: resolver(c, "diffusers"),
+        FP32_PARAMS,
+    )
+)
+register_family(
+    Family("WanModel", WanConfig.from_original, WanModel, lambda c: resolver(c, "original"), FP32_PARAMS)
+)

@@ -1,0 +1,207 @@
+"""Wan2.1-architecture video DiT, numerically equal to diffusers' `WanTransformer3DModel` (the reference).
+
+Shapes follow diffusers: latents `[B, C, F, H, W]`, timestep `[B]` or per-token `[B, S]` (Wan2.2 style),
+text `[B, T, text_dim]`. Differences from the reference are layout only: q/k/v (and cross-attention k/v) are
+one fused projection, and q/k RMSNorm weights are stacked so q and k are normalised and rotated in one pass.
+The image-to-video image embedder is not implemented (text-to-video checkpoints only).
+
+Precision follows diffusers: LayerNorms, modulation and the gated residuals run in fp32; the time-embedding
+MLP, the modulation tables and the cross-attention LayerNorm stay fp32 when the model is loaded in a lower
+dtype (`FP32_PARAMS`, diffusers' `_keep_in_fp32_modules`).
+
+Parallel code never enters here: the sequence-parallel layer (`dit.parallelize`) hooks the module
+boundaries (`patch_embed` output, `rope` output, `time_embed` input, `head` output) and replaces
+`SelfAttention.attention`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dit.wan.config import WanConfig
+from parallel import local_attention
+
+FP32_PARAMS = ("time_embed.mlp.", ".modulation", "head.modulation", ".norm_cross.")
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """fp32 LayerNorm (no affine) then `* (1 + scale) + shift`, as diffusers; returns fp32."""
+    return torch.addcmul(shift, F.layer_norm(x.float(), x.shape[-1:], eps=eps), 1 + scale)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Interleaved RoPE (pairs (2i, 2i+1)) as a real-valued rotation in fp32; cos/sin `[S, 1, 1, D/2]`."""
+    x1, x2 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2).type_as(x)
+
+
+class PatchEmbed(nn.Module):
+    """Conv3d patchify → tokens `[B, S, dim]` in (frame, height, width) raster order."""
+
+    def __init__(self, cfg: WanConfig):
+        super().__init__()
+        self.proj = nn.Conv3d(cfg.in_channels, cfg.dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x.to(self.proj.weight.dtype)).flatten(2).transpose(1, 2).contiguous()
+
+
+class RotaryEmbedding(nn.Module):
+    """3D RoPE tables for a (frames, height, width) token grid: head_dim split t/h/w, h = w = 2*(head_dim//6).
+
+    Computed per call in float64 like diffusers (no buffers, so a meta-built model needs no re-init).
+    Returns cos, sin of shape `[S, 1, 1, head_dim/2]` (fp32), broadcasting over `[B, S, 2, H, D/2]`.
+    """
+
+    def __init__(self, cfg: WanConfig):
+        super().__init__()
+        hw = 2 * (cfg.head_dim // 6)
+        self.dims = (cfg.head_dim - 2 * hw, hw, hw)
+        self.theta = cfg.rope_theta
+
+    def forward(self, grid: tuple[int, int, int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = []
+        for axis, (n, dim) in enumerate(zip(grid, self.dims, strict=True)):
+            inv = 1.0 / (self.theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim))
+            a = torch.outer(torch.arange(n, dtype=torch.float64, device=device), inv)
+            shape = [1, 1, 1, -1]
+            shape[axis] = n
+            angles.append(a.view(shape).expand(*grid, -1))
+        angles = torch.cat(angles, dim=-1).reshape(-1, 1, 1, sum(self.dims) // 2)
+        return angles.cos().float(), angles.sin().float()
+
+
+class TimeEmbedding(nn.Module):
+    """Sinusoidal timestep → MLP (kept fp32) → `temb [B, S|1, dim]`, block modulation `[B, S|1, 6, dim]`."""
+
+    def __init__(self, cfg: WanConfig):
+        super().__init__()
+        self.freq_dim = cfg.freq_dim
+        self.mlp = nn.Sequential(nn.Linear(cfg.freq_dim, cfg.dim), nn.SiLU(), nn.Linear(cfg.dim, cfg.dim))
+        self.proj = nn.Linear(cfg.dim, 6 * cfg.dim)
+
+    def forward(self, timestep: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        t = timestep if timestep.ndim == 2 else timestep[:, None]  # [B] → [B, 1]: one path for both forms
+        half = self.freq_dim // 2
+        freqs = torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+        args = t.flatten().float()[:, None] * freqs
+        sincos = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)  # flip_sin_to_cos=True
+        mlp_dtype = self.mlp[0].weight.dtype
+        temb = self.mlp(sincos.to(mlp_dtype)).to(dtype).unflatten(0, t.shape)
+        mod = self.proj(F.silu(temb)).unflatten(-1, (6, -1))
+        return temb, mod
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: WanConfig):
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.eps = cfg.eps
+        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)
+        self.qk_norm = nn.Parameter(torch.ones(2 * cfg.dim))  # RMSNorm weights of q then k (across all heads)
+        self.out = nn.Linear(cfg.dim, cfg.dim)
+        self.attention = local_attention  # the one op the parallel layer replaces: (q, k, v) [B, S, H, D]
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv(x).unflatten(-1, (3, -1))  # [B, S, 3, dim]
+        qk = F.rms_norm(qkv[:, :, :2], qkv.shape[-1:], eps=self.eps) * self.qk_norm.view(2, -1)
+        qk = apply_rope(qk.unflatten(-1, (self.num_heads, -1)), cos, sin)  # [B, S, 2, H, D]
+        v = qkv[:, :, 2].unflatten(-1, (self.num_heads, -1))
+        out = self.attention(qk[:, :, 0], qk[:, :, 1], v)
+        return self.out(out.flatten(2).type_as(x))
+
+
+class CrossAttention(nn.Module):
+    """Attention from image tokens to the (replicated) text tokens: always local, never sequence-parallel."""
+
+    def __init__(self, cfg: WanConfig):
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.eps = cfg.eps
+        self.q = nn.Linear(cfg.dim, cfg.dim)
+        self.kv = nn.Linear(cfg.dim, 2 * cfg.dim)
+        self.norm_q = nn.RMSNorm(cfg.dim, eps=cfg.eps)
+        self.norm_k = nn.RMSNorm(cfg.dim, eps=cfg.eps)
+        self.out = nn.Linear(cfg.dim, cfg.dim)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        k, v = self.kv(context).chunk(2, dim=-1)
+        q = self.norm_q(self.q(x)).unflatten(-1, (self.num_heads, -1))
+        k = self.norm_k(k).unflatten(-1, (self.num_heads, -1))
+        out = local_attention(q, k, v.unflatten(-1, (self.num_heads, -1)))
+        return self.out(out.flatten(2).type_as(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: WanConfig):
+        super().__init__()
+        self.eps = cfg.eps
+        self.self_attn = SelfAttention(cfg)
+        self.norm_cross = nn.LayerNorm(cfg.dim, eps=cfg.eps) if cfg.cross_attn_norm else None
+        self.cross_attn = CrossAttention(cfg)
+        self.ffn = nn.Sequential(
+            nn.Linear(cfg.dim, cfg.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_dim, cfg.dim)
+        )
+        self.modulation = nn.Parameter(torch.randn(1, 6, cfg.dim) / cfg.dim**0.5)
+
+    def forward(self, x, context, mod, cos, sin):
+        shift1, scale1, gate1, shift2, scale2, gate2 = (self.modulation + mod.float()).unbind(2)
+        h = modulate(x, shift1, scale1, self.eps).type_as(x)
+        x = torch.addcmul(x.float(), self.self_attn(h, cos, sin), gate1).type_as(x)
+        h = x if self.norm_cross is None else self._norm_cross(x)
+        x = x + self.cross_attn(h, context)
+        h = modulate(x, shift2, scale2, self.eps).type_as(x)
+        return torch.addcmul(x.float(), self.ffn(h).float(), gate2).type_as(x)
+
+    def _norm_cross(self, x: torch.Tensor) -> torch.Tensor:
+        n = self.norm_cross
+        return F.layer_norm(x.float(), n.normalized_shape, n.weight.float(), n.bias.float(), n.eps).type_as(x)
+
+
+class Head(nn.Module):
+    """Final modulated fp32 LayerNorm and projection to patch pixels `[B, S, C * prod(patch)]`."""
+
+    def __init__(self, cfg: WanConfig):
+        super().__init__()
+        self.eps = cfg.eps
+        self.modulation = nn.Parameter(torch.randn(1, 2, cfg.dim) / cfg.dim**0.5)
+        self.proj = nn.Linear(cfg.dim, cfg.out_channels * math.prod(cfg.patch_size))
+
+    def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+        shift, scale = (self.modulation.unsqueeze(0) + temb.unsqueeze(2)).unbind(2)
+        return self.proj(modulate(x, shift, scale, self.eps).type_as(x))
+
+
+class WanModel(nn.Module):
+    def __init__(self, config: WanConfig):
+        super().__init__()
+        self.config = config
+        dim = config.dim
+        self.patch_embed = PatchEmbed(config)
+        self.rope = RotaryEmbedding(config)
+        self.time_embed = TimeEmbedding(config)
+        self.text_embed = nn.Sequential(
+            nn.Linear(config.text_dim, dim), nn.GELU(approximate="tanh"), nn.Linear(dim, dim)
+        )
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
+        self.head = Head(config)
+
+    def forward(
+        self, hidden_states: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor
+    ) -> torch.Tensor:
+        b, _, f, h, w = hidden_states.shape
+        pt, ph, pw = self.config.patch_size
+        grid = (f // pt, h // ph, w // pw)
+        x = self.patch_embed(hidden_states)
+        cos, sin = self.rope(grid, x.device)
+        temb, mod = self.time_embed(timestep, encoder_hidden_states.dtype)
+        context = self.text_embed(encoder_hidden_states.to(x.dtype))
+        for block in self.blocks:
+            x = block(x, context, mod, cos, sin)
+        x = self.head(x, temb)  # [B, S, C*pt*ph*pw]
+        x = x.reshape(b, *grid, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
+        return x.reshape(b, -1, grid[0] * pt, grid[1] * ph, grid[2] * pw)
