@@ -1,0 +1,110 @@
+"""The public sequence-parallel attention: the mesh's degrees pick Ulysses (ring 1), ring (ulysses 1) or the hybrid
+(Ulysses all-to-all inside each ulysses group, ring across ring groups over the gathered spans)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from parallel.comm import CommConfig, _all_gather_single, all_gather, comm_config
+from parallel.mesh import ParallelMesh
+from parallel.ring import ring_attention
+from parallel.sharding import SequenceShardInfo, local_info
+from parallel.ulysses import joint_attention, ulysses_in, ulysses_out
+
+
+def _check_local(q, k, v, text, text_mask, causal):
+    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(
+            f"q, k, v must share one [B, S_local, H, D] shape, got {[tuple(t.shape) for t in (q, k, v)]}"
+        )
+    if text is None:
+        return
+    tq, tk, tv = text
+    B, _, H, D = q.shape
+    if (
+        tk is None
+        or tv is None
+        or tk.shape != tv.shape
+        or tk.dim() != 4
+        or tk.shape[0] != B
+        or tk.shape[2:] != (H, D)
+    ):
+        raise ValueError(
+            f"text k/v must be [B={B}, T, H={H}, D={D}], got {tk is not None and tuple(tk.shape)}"
+        )
+    if tq is not None and tq.shape != tk.shape:
+        raise ValueError(f"text q must match text k {tuple(tk.shape)}, got {tuple(tq.shape)}")
+    if tq is None and causal:
+        raise ValueError("causal attention needs text queries too: use text=(tq, tk, tv) or causal=False")
+    if text_mask is not None and (text_mask.dtype != torch.bool or text_mask.shape != tk.shape[:2]):
+        raise ValueError(
+            f"text_mask must be bool [B, T]={tuple(tk.shape[:2])}, got {text_mask.dtype} {tuple(text_mask.shape)}"
+        )
+
+
+def _check_across_ranks(mesh: ParallelMesh, q, text) -> None:
+    """Every rank of this sp group must bring the same shapes (one tiny all-gather on the gloo control group)."""
+    T = -1 if text is None else text[1].shape[1]
+    meta = torch.tensor([*q.shape, T, int(text is not None and text[0] is not None)])
+    rows = torch.empty(dist.get_world_size(mesh.control_group) * meta.numel(), dtype=meta.dtype)
+    _all_gather_single(
+        rows, meta, group=mesh.control_group
+    )  # not all_gather(): not counted as attention comm
+    rows = rows.view(-1, meta.numel())
+    mine = rows[mesh.cfg_rank * mesh.sp_size : (mesh.cfg_rank + 1) * mesh.sp_size]
+    if not (mine == meta).all():
+        raise ValueError(
+            f"shapes differ across sp ranks ([B, S_local, H, D, T, has_text_q] per rank): {mine.tolist()}"
+        )
+
+
+def attention(
+    q,
+    k,
+    v,
+    mesh: ParallelMesh,
+    *,
+    info: SequenceShardInfo | None = None,
+    text=None,
+    text_mask=None,
+    text_first: bool = False,
+    comm: str | CommConfig = "alltoall",
+    causal: bool = False,
+    backend: str = "auto",
+):
+    """Exact attention of this rank's image shard q/k/v [B, S_local, H, D] over the whole (unpadded) sequence,
+    plus optional joint text (tq, tk, tv) [B, T, H, D] replicated on every rank. Returns out, or (out, text_out)
+    when text queries are given (text_out [B, T, H, D], identical on every rank)."""
+    cfg = comm_config(comm)
+    _check_local(q, k, v, text, text_mask, causal)
+    info = local_info(q, mesh, info)
+    U, H = mesh.ulysses_size, q.shape[2]
+    if H % U:
+        valid = [d for d in range(1, mesh.sp_size + 1) if H % d == 0 and mesh.sp_size % d == 0]
+        raise ValueError(f"{H} heads do not split over ulysses={U}; valid ulysses degrees: {valid}")
+    if mesh.validate and mesh.control_group is not None:
+        _check_across_ranks(mesh, q, text)
+
+    if U > 1:
+        q, k, v = ulysses_in(q, k, v, mesh.ulysses_group, U, cfg)
+        if text is not None:
+            h = H // U
+            text = tuple(
+                t if t is None else t[:, :, mesh.ulysses_rank * h : (mesh.ulysses_rank + 1) * h] for t in text
+            )
+    args = (text, text_mask, text_first, causal, backend)
+    if mesh.ring_size == 1:
+        out, text_out = joint_attention(q, k, v, info.span_valid(0), *args)
+    else:
+        out, text_out = ring_attention(q, k, v, info, mesh.ring_group, *args)
+    if U > 1:
+        out = ulysses_out(out, mesh.ulysses_group, U, cfg)
+        if text_out is not None:  # rank order = head order
+            text_out = all_gather(text_out, mesh.ulysses_group).permute(1, 2, 0, 3, 4).flatten(2, 3)
+    return out if text_out is None else (out, text_out)
+
+
+def cfg_all_gather(x: torch.Tensor, mesh: ParallelMesh) -> torch.Tensor:
+    """[cfg_size, *x.shape]: x from every cfg rank, in cfg-rank order (one all-gather)."""
+    return x[None] if mesh.cfg_size == 1 else all_gather(x, mesh.cfg_group)

@@ -1,0 +1,140 @@
+"""Collectives used by parallel attention, each counted by `count_comm`.
+
+`exchange` is the Ulysses all-to-all: chunk i of a `[P, ...]` tensor goes to group rank i. It runs either as one
+`all_to_all_single` or as a round-robin of pairwise isend/irecv (circle method: P-1 rounds for even P, P rounds
+with one rank sitting out each round for odd P), optionally FP8-compressed (payload + scales in one uint8 message).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from parallel import fp8
+
+
+@dataclass
+class CommStats:
+    calls: Counter = field(default_factory=Counter)
+    bytes: Counter = field(
+        default_factory=Counter
+    )  # bytes this rank sends (all_gather: its own contribution)
+
+
+_ACTIVE: list[CommStats] = []
+
+
+@contextmanager
+def count_comm():
+    """Count collectives and bytes issued inside the block: `stats.calls["all_to_all"]`, `stats.bytes[...]`."""
+    stats = CommStats()
+    _ACTIVE.append(stats)
+    try:
+        yield stats
+    finally:
+        _ACTIVE.remove(stats)
+
+
+def _record(op: str, nbytes: int) -> None:
+    for s in _ACTIVE:
+        s.calls[op] += 1
+        s.bytes[op] += nbytes
+
+
+@dataclass(frozen=True)
+class CommConfig:
+    kind: str = "alltoall"  # "alltoall" (one all_to_all_single) or "p2p" (round-robin isend/irecv)
+    fp8_in: bool = False  # compress Q/K/V on the way in
+    fp8_out: bool = False  # compress the attention output on the way back
+    compiled: bool = True  # fuse the FP8 quantiser with torch.compile (CUDA tensors only)
+
+
+COMM_MODES = {
+    "alltoall": CommConfig(),
+    "fp8": CommConfig("alltoall", True, True),
+    "p2p": CommConfig("p2p"),
+    "p2p+fp8": CommConfig("p2p", True, True),
+}
+
+
+def comm_config(comm: str | CommConfig) -> CommConfig:
+    if isinstance(comm, CommConfig):
+        if comm.kind not in ("alltoall", "p2p"):
+            raise ValueError(f"CommConfig.kind={comm.kind!r}; allowed: 'alltoall', 'p2p'")
+        return comm
+    if comm not in COMM_MODES:
+        raise ValueError(f"comm={comm!r}; allowed: {', '.join(map(repr, COMM_MODES))} or a CommConfig")
+    return COMM_MODES[comm]
+
+
+def _partner(i: int, k: int, n: int) -> int:
+    """Circle method for n (even) players: i's opponent in round k; the last player is the fixed pivot."""
+    if i == n - 1:
+        return (k * n // 2) % (n - 1)  # n/2 is the inverse of 2 modulo the odd n-1
+    j = (k - i) % (n - 1)
+    return n - 1 if j == i else j
+
+
+def _p2p_all_to_all(x: torch.Tensor, group) -> torch.Tensor:
+    P, me = x.shape[0], dist.get_rank(group)
+    out = torch.empty_like(x)
+    out[me] = x[me]
+    n = P + P % 2  # odd P: a phantom player; whoever meets it has a bye that round
+    for k in range(n - 1):
+        peer = _partner(me, k, n)
+        if peer >= P:
+            continue
+        _record("send", x[peer].nbytes)
+        _record("recv", out[peer].nbytes)
+        g = dist.get_global_rank(group, peer)
+        ops = [dist.P2POp(dist.isend, x[peer], g, group), dist.P2POp(dist.irecv, out[peer], g, group)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    return out
+
+
+def all_to_all(x: torch.Tensor, group, kind: str = "alltoall") -> torch.Tensor:
+    """x [P, ...] contiguous, chunk i for group rank i → [P, ...] with chunk i from group rank i."""
+    if kind == "p2p":
+        return _p2p_all_to_all(x, group)
+    out = torch.empty_like(x)
+    _record("all_to_all", x.nbytes)
+    dist.all_to_all_single(out, x, group=group)
+    return out
+
+
+def exchange(x: torch.Tensor, group, cfg: CommConfig, use_fp8: bool) -> torch.Tensor:
+    """all_to_all of x [P, ..., D], FP8-compressed on the wire when use_fp8."""
+    if not use_fp8:
+        return all_to_all(x, group, cfg.kind)
+    return fp8.unpack(all_to_all(fp8.pack(x, cfg.compiled), group, cfg.kind), x.shape, x.dtype)
+
+
+_all_gather_single = (
+    getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+)  # renamed in 2.13
+
+
+def all_gather(x: torch.Tensor, group) -> torch.Tensor:
+    """[P, *x.shape], entry i from group rank i (one all-gather)."""
+    P = dist.get_world_size(group)
+    out = x.new_empty((P * x.shape[0], *x.shape[1:]) if x.dim() else (P,))  # gloo wants dim 0 concatenated
+    _record("all_gather", x.nbytes)
+    _all_gather_single(out, x.contiguous(), group=group)
+    return out.view(P, *x.shape)
+
+
+def ring_pass(x: torch.Tensor, buf: torch.Tensor, group) -> list:
+    """Start sending x to the next ring rank and receiving the previous rank's into buf; returns the works."""
+    P, me = dist.get_world_size(group), dist.get_rank(group)
+    _record("send", x.nbytes)
+    _record("recv", buf.nbytes)
+    ops = [
+        dist.P2POp(dist.isend, x, dist.get_global_rank(group, (me + 1) % P), group),
+        dist.P2POp(dist.irecv, buf, dist.get_global_rank(group, (me - 1) % P), group),
+    ]
+    return dist.batch_isend_irecv(ops)

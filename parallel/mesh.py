@@ -1,0 +1,170 @@
+"""Process mesh: world → data-parallel replicas × cfg × ring × ulysses, with one process group per axis.
+
+Rank layout (ulysses innermost, so a Ulysses group is contiguous ranks inside a node; ring strided by ulysses):
+    rank = ((dp_rank * cfg + cfg_rank) * ring + ring_rank) * ulysses + ulysses_rank
+A gloo control group over each replica always exists, so idle ranks wait on CPU, never inside NCCL.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class ParallelMesh:
+    world_size: int = 1
+    rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    backend: str | None = None
+    ulysses_size: int = 1
+    ulysses_rank: int = 0
+    ring_size: int = 1
+    ring_rank: int = 0
+    cfg_size: int = 1
+    cfg_rank: int = 0
+    dp_size: int = 1
+    dp_rank: int = 0
+    ulysses_group: object = None
+    ring_group: object = None
+    sp_group: object = None
+    cfg_group: object = None
+    control_group: object = None
+    replica_leader: int = 0
+    validate: bool = False  # cross-rank shape check before every attention call (one tiny gloo all-gather)
+
+    @property
+    def sp_size(self) -> int:
+        return self.ring_size * self.ulysses_size
+
+    @property
+    def sp_rank(self) -> int:
+        return self.ring_rank * self.ulysses_size + self.ulysses_rank
+
+    @property
+    def is_replica_leader(self) -> bool:
+        return self.rank == self.replica_leader
+
+    def broadcast_object(self, obj=None):
+        """obj from the replica leader to every rank of this replica (gloo control group)."""
+        if self.control_group is None:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=self.replica_leader, group=self.control_group)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.control_group is not None:
+            dist.barrier(group=self.control_group)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _degrees(world: int, ulysses: int | None, ring: int, cfg: int) -> tuple[int, int, int]:
+    def bad(msg):
+        choices = [
+            (u, r, c)
+            for c in _divisors(world)
+            for r in _divisors(world // c)
+            for u in _divisors(world // c // r)
+        ]
+        listed = ", ".join(f"{u}x{r}x{c}" for u, r, c in choices)
+        return ValueError(f"{msg}; valid ulysses x ring x cfg for world size {world}: {listed}")
+
+    for name, val in (("ring", ring), ("cfg", cfg), ("ulysses", ulysses if ulysses is not None else 1)):
+        if not isinstance(val, int) or val < 1:
+            raise bad(f"{name}={val!r} must be a positive integer")
+    if world % (ring * cfg):
+        raise bad(f"ring={ring} x cfg={cfg} does not divide world size {world}")
+    if ulysses is None:
+        ulysses = world // (ring * cfg)
+    if world % (ulysses * ring * cfg):
+        raise bad(f"ulysses={ulysses} x ring={ring} x cfg={cfg} does not divide world size {world}")
+    return ulysses, ring, cfg
+
+
+_MESHES: dict[tuple, ParallelMesh] = {}  # groups are collective to create: build each mesh once per process
+
+
+def init_parallel(
+    ulysses: int | None = None,
+    ring: int = 1,
+    cfg: int = 1,
+    backend: str | None = None,
+    timeout: float | None = None,
+) -> ParallelMesh:
+    """Build the mesh from the torchrun environment (or reuse an initialised default group); no env → world 1."""
+    if not dist.is_initialized() and "WORLD_SIZE" not in os.environ:
+        _degrees(1, ulysses, ring, cfg)
+        return ParallelMesh(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    if not dist.is_initialized():
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        timeout = timeout or float(os.environ.get("ITHACA_DIST_TIMEOUT", 600))
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+    backend = backend or dist.get_backend()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    u, r, c = _degrees(world, ulysses, ring, cfg)
+    key = (u, r, c, backend, world)
+    if key in _MESHES:
+        return _MESHES[key]
+
+    replica = u * r * c
+    dp_rank, rest = divmod(rank, replica)
+    cfg_rank, rest = divmod(rest, r * u)
+    ring_rank, ulysses_rank = divmod(rest, u)
+
+    def grid(d, cf, ri, ul):  # global rank of a mesh coordinate
+        return ((d * c + cf) * r + ri) * u + ul
+
+    def make(rank_lists, size, be=backend):  # every rank creates every group, in the same order
+        mine = None
+        for ranks in rank_lists:
+            g = dist.new_group(ranks, backend=be) if size > 1 else None
+            if rank in ranks:
+                mine = g
+        return mine
+
+    D = world // replica
+    ulysses_groups = [
+        [grid(d, cf, ri, x) for x in range(u)] for d in range(D) for cf in range(c) for ri in range(r)
+    ]
+    ring_groups = [
+        [grid(d, cf, x, ul) for x in range(r)] for d in range(D) for cf in range(c) for ul in range(u)
+    ]
+    sp_groups = [[grid(d, cf, 0, 0) + x for x in range(r * u)] for d in range(D) for cf in range(c)]
+    cfg_groups = [
+        [grid(d, x, ri, ul) for x in range(c)] for d in range(D) for ri in range(r) for ul in range(u)
+    ]
+    replicas = [list(range(d * replica, (d + 1) * replica)) for d in range(D)]
+    device = torch.device(f"cuda:{torch.cuda.current_device()}") if backend == "nccl" else torch.device("cpu")
+    mesh = ParallelMesh(
+        world_size=world,
+        rank=rank,
+        device=device,
+        backend=backend,
+        ulysses_size=u,
+        ulysses_rank=ulysses_rank,
+        ring_size=r,
+        ring_rank=ring_rank,
+        cfg_size=c,
+        cfg_rank=cfg_rank,
+        dp_size=D,
+        dp_rank=dp_rank,
+        ulysses_group=make(ulysses_groups, u),
+        ring_group=make(ring_groups, r),
+        sp_group=make(sp_groups, r * u),
+        cfg_group=make(cfg_groups, c),
+        control_group=make(replicas, replica, "gloo") if replica > 1 else None,
+        replica_leader=dp_rank * replica,
+        validate=os.environ.get("ITHACA_VALIDATE", "0") == "1",
+    )
+    _MESHES[key] = mesh
+    return mesh

@@ -1,0 +1,65 @@
+"""Ulysses: one all-to-all turns sequence shards × all heads into the full sequence × H/P heads, attention runs
+once over image (+ joint text) tokens, one all-to-all brings the image output back (LightX2V layout)."""
+
+from __future__ import annotations
+
+import torch
+
+from parallel.comm import CommConfig, exchange
+from parallel.kernels import local_attention
+
+
+def pack_qkv(q, k, v, P: int) -> torch.Tensor:
+    """[B, L, H, D] ×3 → send buffer [P, 3, B, L, H/P, D] (Q, K and V fused into one message per peer)."""
+    B, L, H, D = q.shape
+    buf = q.new_empty(P, 3, B, L, H // P, D)
+    for i, t in enumerate((q, k, v)):
+        buf[:, i].copy_(t.unflatten(2, (P, H // P)).permute(2, 0, 1, 3, 4))
+    return buf
+
+
+def unpack_qkv(x: torch.Tensor):
+    """Received [P, 3, B, L, h, D] (chunk i = sequence shard i) → q, k, v each [B, P*L, h, D]."""
+    P, _, B, L, h, D = x.shape
+    return x.permute(1, 2, 0, 3, 4, 5).reshape(3, B, P * L, h, D).unbind(0)
+
+
+def pack_out(out: torch.Tensor, P: int) -> torch.Tensor:
+    """[B, S, h, D] → send buffer [P, B, S/P, h, D] (sequence shard i for peer i)."""
+    return out.unflatten(1, (P, out.shape[1] // P)).transpose(0, 1).contiguous()
+
+
+def unpack_out(x: torch.Tensor) -> torch.Tensor:
+    """Received [P, B, L, h, D] (chunk i = heads of peer i) → [B, L, P*h, D]."""
+    P, B, L, h, D = x.shape
+    return x.permute(1, 2, 0, 3, 4).reshape(B, L, P * h, D)
+
+
+def ulysses_in(q, k, v, group, P: int, cfg: CommConfig):
+    return unpack_qkv(exchange(pack_qkv(q, k, v, P), group, cfg, cfg.fp8_in))
+
+
+def ulysses_out(out, group, P: int, cfg: CommConfig):
+    return unpack_out(exchange(pack_out(out, P), group, cfg, cfg.fp8_out))
+
+
+def joint_attention(q, k, v, n_valid: int, text, text_mask, text_first: bool, causal: bool, backend: str):
+    """Attention of the first n_valid image tokens (+ text, concatenated before or after them) in ONE kernel call.
+    Padding is sliced off, not masked; the image output is zero-padded back to q's length.
+    Returns (image_out [B, S, h, D], text_out [B, T, h, D] or None)."""
+    B, S = q.shape[:2]
+    tq, tk, tv = text if text is not None else (None, None, None)
+    q, k, v = q[:, :n_valid], k[:, :n_valid], v[:, :n_valid]
+    key_mask = None
+    if tk is not None:
+        cat = lambda img, txt: torch.cat([txt, img] if text_first else [img, txt], 1)
+        k, v = cat(k, tk), cat(v, tv)
+        q = q if tq is None else cat(q, tq)
+        if text_mask is not None:
+            key_mask = cat(text_mask.new_ones(B, n_valid), text_mask)
+    out = local_attention(q, k, v, key_mask=key_mask, causal=causal, backend=backend)
+    T = 0 if tq is None else tq.shape[1]
+    img, txt = (out[:, T:], out[:, :T]) if text_first else (out[:, :n_valid], out[:, n_valid:])
+    if n_valid < S:
+        img = torch.cat([img, img.new_zeros(B, S - n_valid, *img.shape[2:])], 1)
+    return img, (txt if tq is not None else None)
