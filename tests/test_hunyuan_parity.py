@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dit.hunyuan import HunyuanVideo15Config, HunyuanVideo15Transformer, load_hunyuan_transformer
+from dit import load_transformer
+from dit.hunyuan import HunyuanVideo15Config, HunyuanVideo15Transformer
 from dit.hunyuan.weights import map_key
 
 TINY = dict(
@@ -81,7 +82,7 @@ CASES = {
 def test_forward_matches_diffusers(tmp_path, case):
     overrides, shape = CASES[case]
     ref = save_reference(tmp_path, **overrides)
-    ours = load_hunyuan_transformer(tmp_path)
+    ours = load_transformer(tmp_path)
     inputs = make_inputs({**TINY, **overrides}, **shape)
     with torch.no_grad():
         expected = ref(**inputs, return_dict=False)[0]
@@ -93,7 +94,7 @@ def test_forward_matches_diffusers(tmp_path, case):
 
 def test_meanflow_timestep_r(tmp_path):
     ref = save_reference(tmp_path, use_meanflow=True)
-    ours = load_hunyuan_transformer(tmp_path)
+    ours = load_transformer(tmp_path)
     inputs = make_inputs(TINY, batch=2, frames=1, height=4, width=5, valid=[3, 7], valid_2=[1, 4])
     inputs["timestep_r"] = torch.tensor([300.0, 10.0])
     with torch.no_grad():
@@ -103,7 +104,7 @@ def test_meanflow_timestep_r(tmp_path):
 def test_text_padding_is_excluded_exactly(tmp_path):
     """Changing what sits in padded text positions, or adding more padding, leaves the output unchanged."""
     save_reference(tmp_path)
-    ours = load_hunyuan_transformer(tmp_path)
+    ours = load_transformer(tmp_path)
     inputs = make_inputs(TINY, batch=1, frames=2, height=3, width=3, valid=[4], valid_2=[2])
     with torch.no_grad():
         base = ours(**inputs)
@@ -128,7 +129,7 @@ def test_key_mapping_covers_the_reference_and_loads_bf16(tmp_path):
     for key in ref.state_dict():
         name, slot = map_key(key)
         assert name in names, key
-    model = load_hunyuan_transformer(tmp_path, dtype=torch.bfloat16)
+    model = load_transformer(tmp_path, dtype=torch.bfloat16)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     ref_q = ref.transformer_blocks[1].attn.add_k_proj.weight
     got = model.blocks[1].attn.txt_qkv.weight[ref_q.shape[0] : 2 * ref_q.shape[0]]

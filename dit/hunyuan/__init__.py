@@ -1,25 +1,23 @@
 """HunyuanVideo-1.5 family: joint image+text attention DiT in the diffusers
-`HunyuanVideo15Transformer3DModel` weight layout."""
+`HunyuanVideo15Transformer3DModel` weight layout. Importing it registers the family and its presets with
+`dit.loading`, so `dit.load_transformer` accepts its folders and preset names."""
 
 from dit.hunyuan.config import DIFFUSERS_CLASS_NAME, PRESETS, HunyuanVideo15Config
 from dit.hunyuan.model import HunyuanVideo15Transformer
-from dit.hunyuan.weights import empty_model, load_hunyuan_transformer, random_init
+from dit.hunyuan.parallelize import parallelize_hunyuan
+from dit.hunyuan.weights import resolve
+from dit.loading import Family, register_family
+from dit.presets import register_preset
 
+register_family(
+    Family(
+        class_name=DIFFUSERS_CLASS_NAME,
+        parse_config=HunyuanVideo15Config.from_dict,
+        build=HunyuanVideo15Transformer,
+        resolver=lambda config: resolve,
+    )
+)
+for _name, _config in PRESETS.items():
+    register_preset(_name, {"_class_name": DIFFUSERS_CLASS_NAME, **_config.to_dict()})
 
-def build_preset(name: str, *, dtype=None, device="cpu", seed: int = 0) -> HunyuanVideo15Transformer:
-    """A preset's architecture with deterministic random weights (benchmarks, tests, `tiny-joint`)."""
-    import torch
-
-    if name not in PRESETS:
-        raise ValueError(f"unknown HunyuanVideo-1.5 preset {name!r}; allowed: {sorted(PRESETS)}")
-    return random_init(empty_model(PRESETS[name], dtype or torch.float32, device), seed).eval()
-
-
-__all__ = [
-    "DIFFUSERS_CLASS_NAME",
-    "PRESETS",
-    "HunyuanVideo15Config",
-    "HunyuanVideo15Transformer",
-    "build_preset",
-    "load_hunyuan_transformer",
-]
+__all__ = ["HunyuanVideo15Config", "HunyuanVideo15Transformer", "parallelize_hunyuan"]

@@ -9,6 +9,8 @@ touching this file: `attention` (the joint attention op) and `sequence` (shard i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,11 +28,13 @@ from dit.hunyuan.layers import (
     rope_3d,
 )
 from dit.hunyuan.refiner import TokenRefiner
+from parallel import local_attention
 
 # Condition-type ids added to each text source (diffusers `cond_type_embed`).
 COND_TEXT, COND_BYT5, COND_IMAGE = 0, 1, 2
 
 
+@dataclass
 class LocalJointAttention:
     """Single-process joint attention: image tokens first, text after; text padding keys excluded exactly.
 
@@ -38,14 +42,13 @@ class LocalJointAttention:
     `[B, T, H, D]`, text_mask `[B, T]` bool or None -> (out `[B, S, H, D]`, text_out `[B, T, H, D]`).
     """
 
+    backend: str = "auto"
+
     def __call__(self, q, k, v, *, text, text_mask=None, info=None):
-        tq, tk, tv = text
         s = q.shape[1]
-        q, k, v = (torch.cat(pair, dim=1).transpose(1, 2) for pair in ((q, tq), (k, tk), (v, tv)))
-        mask = None
-        if text_mask is not None:
-            mask = F.pad(text_mask, (s, 0), value=True)[:, None, None, :]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2)
+        q, k, v = (torch.cat(pair, dim=1) for pair in zip((q, k, v), text, strict=True))
+        key_mask = None if text_mask is None else F.pad(text_mask, (s, 0), value=True)
+        out = local_attention(q, k, v, key_mask=key_mask, backend=self.backend)
         return out[:, :s], out[:, s:]
 
 

@@ -1,4 +1,4 @@
-"""Diffusers-layout checkpoints -> our module names, loaded straight into the target dtype/device.
+"""Diffusers-layout checkpoint keys -> our parameter names (for `dit.weights.load_safetensors`).
 
 Key mapping (diffusers `HunyuanVideo15Transformer3DModel` -> ours). Per-stream q/k/v projections are
 fused into one `*qkv` linear, so `to_q/to_k/to_v` (and `add_{q,k,v}_proj`) fill thirds of it:
@@ -21,15 +21,7 @@ fused into one `*qkv` linear, so `to_q/to_k/to_v` (and `add_{q,k,v}_proj`) fill 
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
-
-import torch
-from safetensors import safe_open
-
-from dit.hunyuan.config import HunyuanVideo15Config
-from dit.hunyuan.model import HunyuanVideo15Transformer
 
 _RULES = [
     (r"^x_embedder\.proj\.", "patch_embed."),
@@ -71,75 +63,7 @@ def map_key(key: str) -> tuple[str, int | None]:
     return key, None
 
 
-def transformer_dir(path: str | Path) -> Path:
-    """A `transformer/` folder itself, or a pipeline folder holding one."""
-    path = Path(path)
-    return path / "transformer" if (path / "transformer" / "config.json").exists() else path
-
-
-def read_config(path: str | Path) -> HunyuanVideo15Config:
-    return HunyuanVideo15Config.from_dict(json.loads((transformer_dir(path) / "config.json").read_text()))
-
-
-def _safetensors_files(folder: Path) -> list[Path]:
-    index = sorted(folder.glob("*.safetensors.index.json"))
-    if index:
-        shards = set(json.loads(index[0].read_text())["weight_map"].values())
-        return [folder / name for name in sorted(shards)]
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors weights in {folder}")
-    return files
-
-
-def empty_model(config: HunyuanVideo15Config, dtype: torch.dtype, device) -> HunyuanVideo15Transformer:
-    """The model with uninitialised storage of the target dtype on the target device (no fp32 copy)."""
-    with torch.device("meta"):
-        model = HunyuanVideo15Transformer(config).to(dtype)
-    return model.to_empty(device=device)
-
-
-@torch.no_grad()
-def load_weights(model: HunyuanVideo15Transformer, folder: str | Path) -> None:
-    """Stream every tensor of a diffusers-layout checkpoint into the model, converting dtype on copy."""
-    params = dict(model.named_parameters())
-    expected = {
-        (name, slot) for name, p in params.items() for slot in ([0, 1, 2] if "qkv." in name else [None])
-    }
-    filled = set()
-    for file in _safetensors_files(Path(folder)):
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for key in f.keys():
-                name, slot = map_key(key)
-                if name not in params:
-                    raise KeyError(f"checkpoint key {key!r} (-> {name!r}) has no place in the model")
-                target = params[name]
-                if slot is not None:
-                    third = target.shape[0] // 3
-                    target = target[slot * third : (slot + 1) * third]
-                target.copy_(f.get_tensor(key))
-                filled.add((name, slot))
-    missing = sorted(f"{n}[{s}]" if s is not None else n for n, s in expected - filled)
-    if missing:
-        raise KeyError(f"checkpoint in {folder} lacks {len(missing)} tensors, e.g. {missing[:5]}")
-
-
-def load_hunyuan_transformer(
-    path: str | Path, *, dtype=torch.float32, device="cpu"
-) -> HunyuanVideo15Transformer:
-    folder = transformer_dir(path)
-    model = empty_model(read_config(folder), dtype, device)
-    load_weights(model, folder)
-    return model.eval()
-
-
-@torch.no_grad()
-def random_init(model: HunyuanVideo15Transformer, seed: int = 0) -> HunyuanVideo15Transformer:
-    """Deterministic random weights (same on every rank and device): norms 1, the rest N(0, 0.02)."""
-    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    for name, p in model.named_parameters():
-        if "norm" in name and p.ndim == 1 and name.endswith("weight"):
-            p.fill_(1.0)
-        else:
-            p.copy_(torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32) * 0.02)
-    return model
+def resolve(key: str) -> tuple[str, int, int]:
+    """`dit.weights` resolver: (our parameter, which third of a fused qkv / 0, parts)."""
+    name, slot = map_key(key)
+    return (name, 0, 1) if slot is None else (name, slot, 3)
