@@ -1,0 +1,42 @@
+"""Operations routes: /health (process alive), /ready (worker group loaded and answering), /metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from server import metrics
+from server.api_jobs import svc
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health():
+    return {"status": "ok"}
+
+
+@router.get("/ready")
+async def ready(request: Request):
+    services = svc(request)
+    ok = services.ready()
+    supervisor = services.supervisor
+    body = {
+        "ready": ok,
+        "group": supervisor.group_id if supervisor else None,
+        "restarts": supervisor.restarts if supervisor else 0,
+        "fatal": supervisor.fatal if supervisor else None,
+    }
+    return JSONResponse(body, status_code=200 if ok else 503)
+
+
+@router.get("/metrics")
+async def prometheus(request: Request):
+    services = svc(request)
+    text = metrics.render(
+        counts=services.store.counts(),
+        counters=services.store.counters(),
+        restarts=services.supervisor.restarts if services.supervisor else 0,
+        ready=services.ready(),
+    )
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")

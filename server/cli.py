@@ -1,0 +1,67 @@
+"""`ithaca` command line: the pipeline's subcommands (generate, parity) from dit.cli, plus `serve`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from server import config as config_mod
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run the HTTP API under uvicorn, with a supervised worker group unless --no-workers."""
+    import uvicorn
+
+    from server.app import create_app
+
+    config = config_mod.from_args(args)
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    holder: dict = {}
+    app = create_app(config, on_fatal=lambda: setattr(holder["server"], "should_exit", True))
+    server = holder["server"] = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            timeout_graceful_shutdown=5,
+            access_log=False,
+        )
+    )
+    server.run()
+    supervisor = app.state.services.supervisor
+    if supervisor is not None and supervisor.fatal:
+        print(f"ithaca serve: {supervisor.fatal}", file=sys.stderr)
+        return 1  # a non-zero exit lets the container's restart policy start us again
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="ithaca", description="Text-to-video generation with sequence parallelism"
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    try:
+        dit_cli = importlib.import_module("dit.cli")
+    except ModuleNotFoundError as e:
+        if e.name != "dit.cli":
+            raise
+    else:
+        dit_cli.add_subcommands(subparsers)
+    serve_parser = subparsers.add_parser(
+        "serve",
+        help="serve the HTTP API with a worker group",
+        description="Every flag can also be set by the environment variable ITHACA_<FLAG> (e.g. ITHACA_NPROC=8).",
+    )
+    config_mod.add_arguments(serve_parser)
+    serve_parser.set_defaults(func=serve)
+    args = parser.parse_args(argv)
+    return args.func(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

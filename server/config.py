@@ -1,0 +1,122 @@
+"""`ithaca serve` settings: one dataclass, each field a `--flag` that can also come from `ITHACA_<NAME>`.
+
+Precedence: command-line flag, then environment variable, then the default. Deployments set environment only;
+the worker group receives the same settings as flags from its supervisor (`worker_argv`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import socket
+from dataclasses import dataclass, field
+
+
+def _opt(default, help: str, *, worker: bool = False):
+    return field(default=default, metadata={"help": help, "worker": worker})
+
+
+@dataclass
+class ServeConfig:
+    host: str = _opt("127.0.0.1", "address the HTTP API listens on")
+    port: int = _opt(8000, "HTTP port")
+    data_dir: str = _opt("ithaca-data", "folder holding the job database and the videos", worker=True)
+    db: str | None = _opt(None, "job database path (default DATA_DIR/jobs.db)", worker=True)
+    results_dir: str | None = _opt(None, "folder for finished MP4s (default DATA_DIR/videos)", worker=True)
+    preset: str = _opt("tiny", "model preset when no --model-path is given", worker=True)
+    model_path: str | None = _opt(None, "model folder (diffusers pipeline or transformer)", worker=True)
+    device: str = _opt("cpu", "cpu or cuda", worker=True)
+    dtype: str = _opt("float32", "float32, bfloat16 or float16", worker=True)
+    nproc: int = _opt(2, "ranks in the worker group (GPUs on a GPU box)")
+    ulysses: int | None = _opt(None, "Ulysses degree (default: what remains of nproc)", worker=True)
+    ring: int = _opt(1, "ring degree", worker=True)
+    cfg: int = _opt(1, "classifier-free-guidance parallel degree (1 or 2)", worker=True)
+    comm: str = _opt("alltoall", "alltoall, fp8, p2p or p2p+fp8", worker=True)
+    attn_backend: str = _opt("auto", "attention kernel backend", worker=True)
+    api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on every route but /health")
+    max_queue: int = _opt(64, "queued jobs beyond this are refused with 429")
+    max_body_bytes: int = _opt(65536, "larger request bodies are refused with 413")
+    job_timeout: float = _opt(3600.0, "seconds a job may run before it fails and the group is reset")
+    shutdown_grace: float = _opt(300.0, "seconds the running job may take to finish after SIGTERM")
+    instance: str = _opt(socket.gethostname(), "name of this server in a shared job store", worker=True)
+    workers: bool = _opt(
+        True, "start and supervise the worker group (--no-workers: attach to one started apart)"
+    )
+    max_attempts: int = _opt(2, "runs a job interrupted by a restart may get before it is failed")
+    restart_budget: int = _opt(3, "consecutive worker-group failures before the server exits")
+    poll_interval: float = _opt(0.005, "seconds between an idle worker's queue polls", worker=True)
+    pipeline_module: str = _opt(
+        "dit.pipeline", "module providing load_pipeline (tests use a fake)", worker=True
+    )
+    log_level: str = _opt("info", "uvicorn log level")
+
+    @property
+    def model(self) -> str:
+        return self.model_path or self.preset
+
+    @property
+    def db_path(self) -> str:
+        return self.db or os.path.join(self.data_dir, "jobs.db")
+
+    @property
+    def videos_dir(self) -> str:
+        return os.path.abspath(self.results_dir or os.path.join(self.data_dir, "videos"))
+
+    def worker_argv(self) -> list[str]:
+        """The settings the worker group needs, as flags for `python -m server.worker`."""
+        argv = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.metadata["worker"] and value is not None:
+                argv += [_flag(f.name), str(value)]
+        return argv
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def env_name(name: str) -> str:
+    return "ITHACA_" + name.upper()
+
+
+def _convert(f: dataclasses.Field, raw: str):
+    kind = f.type if isinstance(f.type, str) else f.type.__name__
+    if kind == "bool":
+        if raw.lower() in ("1", "true", "yes", "on"):
+            return True
+        if raw.lower() in ("0", "false", "no", "off", ""):
+            return False
+        raise ValueError(f"{env_name(f.name)}={raw!r} is not a boolean")
+    if kind.startswith("int"):
+        return int(raw)
+    if kind.startswith("float"):
+        return float(raw)
+    return raw or None if "None" in kind else raw
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, worker_only: bool = False) -> None:
+    for f in dataclasses.fields(ServeConfig):
+        if worker_only and not f.metadata["worker"]:
+            continue
+        help_text = f"{f.metadata['help']} [env {env_name(f.name)}; default {f.default}]"
+        if f.type in ("bool", bool):
+            parser.add_argument(
+                _flag(f.name), action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
+        else:
+            parser.add_argument(
+                _flag(f.name), type=lambda raw, f=f: _convert(f, raw), default=None, help=help_text
+            )
+
+
+def from_args(args: argparse.Namespace, environ=os.environ) -> ServeConfig:
+    values = {}
+    for f in dataclasses.fields(ServeConfig):
+        flag_value = getattr(args, f.name, None)
+        if flag_value is not None:
+            values[f.name] = flag_value
+        elif env_name(f.name) in environ:
+            values[f.name] = _convert(f, environ[env_name(f.name)])
+    return ServeConfig(**values)

@@ -1,0 +1,62 @@
+"""The loaded model's request limits, as the API process sees them without loading the model.
+
+The worker leader publishes `pipe.limits` into the job store at startup (`describe`), in a plain form:
+`{field: {"min", "max", "multiple_of", "default"}}`. The API checks each request against
+the last published limits (`check`) and answers 422 naming the field and the allowed range. Until a worker has
+published them (first start, model still loading) the API only checks types and sanity bounds; the worker runs
+`pipe.validate` on every claimed job anyway, which turns anything the API could not check (the prompt's length in
+tokens needs the tokenizer) into a failed job with the pipeline's own message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# Request fields, and the name each goes by in `dit.pipeline.Limits` (min_<key>, max_<key>, default_<key>).
+_KEYS = {
+    "num_frames": "frames",
+    "height": "size",
+    "width": "size",
+    "num_inference_steps": "steps",
+    "guidance_scale": "guidance",
+    "fps": "fps",
+}
+_MULTIPLE = {"frames": "frame_step", "size": "size_multiple"}
+
+
+def describe(limits) -> dict:
+    """`pipe.limits` → `{field: {"min", "max", "default", "multiple_of"?}}` (counted from the minimum: frames are
+    frame_step·k + 1 and the minimum is one of them)."""
+    raw = dataclasses.asdict(limits)
+    out = {}
+    for name, key in _KEYS.items():
+        spec = {bound: raw[f"{bound}_{key}"] for bound in ("min", "max") if f"{bound}_{key}" in raw}
+        default = raw.get(f"default_{name if key == 'size' else key}")  # default_height, default_width
+        if default is not None:
+            spec["default"] = default
+        if raw.get(_MULTIPLE.get(key, "")):
+            spec["multiple_of"] = raw[_MULTIPLE[key]]
+        if spec:
+            out[name] = spec
+    return out
+
+
+def defaults(described: dict) -> dict:
+    """The value a request gets for each field it leaves out."""
+    return {name: spec["default"] for name, spec in described.items() if "default" in spec}
+
+
+def check(request: dict, limits: dict) -> list[tuple[str, str]]:
+    """(field, message) for every value outside the published limits."""
+    errors = []
+    for name, spec in limits.items():
+        value = request.get(name)
+        if value is None:
+            continue
+        lo, hi, mult = spec.get("min"), spec.get("max"), spec.get("multiple_of")
+        allowed = f"allowed {lo}..{hi}" + (f" in steps of {mult}" if mult else "")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            errors.append((name, f"{name}={value} is out of range: {allowed}"))
+        elif mult and isinstance(value, int) and (value - (lo or 0)) % mult:
+            errors.append((name, f"{name}={value} is not valid: {allowed}"))
+    return errors

@@ -1,0 +1,73 @@
+"""Pure ASGI middleware (cheaper than BaseHTTPMiddleware on the status-poll path): API key and body size."""
+
+from __future__ import annotations
+
+import hmac
+import json
+
+
+async def _send_json(send, status: int, detail: str, headers: list | None = None) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class GuardMiddleware:
+    """Every route but /health needs `Authorization: Bearer <key>` when a key is set; bodies over the limit get 413.
+
+    A body without Content-Length is read here up to the limit and handed on, so the app never sees an
+    oversized body whatever the client declares.
+    """
+
+    def __init__(self, app, *, api_key: str | None, max_body_bytes: int):
+        self.app, self.max_body_bytes = app, max_body_bytes
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        if self.expected is not None and scope["path"] != "/health":
+            if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+                return await _send_json(
+                    send,
+                    401,
+                    "missing or wrong API key (Authorization: Bearer <key>)",
+                    [(b"www-authenticate", b"Bearer")],
+                )
+        length = headers.get(b"content-length")
+        if length is not None:
+            if not length.isdigit():
+                return await _send_json(send, 400, "invalid Content-Length")
+            if int(length) > self.max_body_bytes:
+                return await _send_json(send, 413, f"request body is larger than {self.max_body_bytes} bytes")
+            return await self.app(scope, receive, send)
+        if scope["method"] in ("GET", "HEAD", "DELETE"):
+            return await self.app(scope, receive, send)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:
+                return await _send_json(send, 413, f"request body is larger than {self.max_body_bytes} bytes")
+            if not message.get("more_body"):
+                break
+        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+        async def replay_receive():
+            return replay.pop() if replay else await receive()
+
+        return await self.app(scope, replay_receive, send)

@@ -1,0 +1,352 @@
+"""Durable job store shared by the API process and the worker group.
+
+SQLite in WAL mode: many readers (status polls) never block the one writer, and several processes (an API, its
+worker leaders, a second replica's API) share one file. Every statement is plain SQL with `?` parameters and
+`RETURNING`, so another SQL database can replace SQLite behind the same `JobStore` methods. Each thread gets its
+own connection; every write runs inside `BEGIN IMMEDIATE` so a claim can never race another replica's claim.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+ACTIVE = ("queued", "in_progress")
+TERMINAL = ("completed", "failed", "cancelled")
+STATUSES = ACTIVE + TERMINAL
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    idempotency_key TEXT UNIQUE,
+    status TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    meta TEXT NOT NULL DEFAULT '{}',
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    step INTEGER NOT NULL DEFAULT 0,
+    total_steps INTEGER NOT NULL DEFAULT 0,
+    progress INTEGER NOT NULL DEFAULT 0,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    deleted INTEGER NOT NULL DEFAULT 0,
+    instance TEXT,
+    worker TEXT,
+    video TEXT,
+    timings TEXT,
+    error TEXT
+);
+CREATE INDEX IF NOT EXISTS jobs_status_seq ON jobs (status, seq);
+CREATE TABLE IF NOT EXISTS workers (
+    worker TEXT PRIMARY KEY,
+    instance TEXT NOT NULL,
+    group_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    info TEXT NOT NULL,
+    heartbeat_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS flags (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+@dataclass
+class Job:
+    seq: int
+    id: str
+    status: str
+    spec: dict
+    meta: dict
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    step: int = 0
+    total_steps: int = 0
+    progress: int = 0
+    attempts: int = 0
+    cancel_requested: bool = False
+    worker: str | None = None
+    video: str | None = None
+    timings: dict = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+
+def _job(row: sqlite3.Row | None) -> Job | None:
+    if row is None:
+        return None
+    return Job(
+        seq=row["seq"],
+        id=row["id"],
+        status=row["status"],
+        spec=json.loads(row["spec"]),
+        meta=json.loads(row["meta"]),
+        created_at=row["created_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        step=row["step"],
+        total_steps=row["total_steps"],
+        progress=row["progress"],
+        attempts=row["attempts"],
+        cancel_requested=bool(row["cancel_requested"]),
+        worker=row["worker"],
+        video=row["video"],
+        timings=json.loads(row["timings"] or "{}"),
+        error=row["error"],
+    )
+
+
+class JobStore:
+    def __init__(self, path: str):
+        self.path = path
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self._local = threading.local()
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(_SCHEMA)
+
+    # -- connection plumbing -------------------------------------------------------------------------------
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes
+            self._local.db = db
+        return db
+
+    def _write(self):
+        return _WriteTxn(self._db)
+
+    def close(self) -> None:
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
+
+    # -- jobs: API side ------------------------------------------------------------------------------------
+
+    def create(
+        self, spec: dict, *, meta: dict | None = None, idempotency_key: str | None = None
+    ) -> tuple[Job, bool]:
+        """Insert a queued job; with a known idempotency key return the existing job instead (created=False)."""
+        with self._write() as db:
+            if idempotency_key is not None:
+                row = db.execute(
+                    "SELECT * FROM jobs WHERE idempotency_key = ?", (idempotency_key,)
+                ).fetchone()
+                if row is not None:
+                    return _job(row), False
+            row = db.execute(
+                "INSERT INTO jobs (id, idempotency_key, status, spec, meta, created_at) "
+                "VALUES (?, ?, 'queued', ?, ?, ?) RETURNING *",
+                (uuid.uuid4().hex, idempotency_key, json.dumps(spec), json.dumps(meta or {}), time.time()),
+            ).fetchone()
+            return _job(row), True
+
+    def get(self, job_id: str) -> Job | None:
+        return _job(self._db.execute("SELECT * FROM jobs WHERE id = ? AND deleted = 0", (job_id,)).fetchone())
+
+    def list(self, *, limit: int, after: str | None = None, order: str = "desc", status: str | None = None):
+        """A page of jobs ordered by creation, starting after the job `after`; returns (jobs, has_more)."""
+        op, direction = ("<", "DESC") if order == "desc" else (">", "ASC")
+        where, args = ["deleted = 0"], []
+        if after is not None:
+            where.append(f"seq {op} COALESCE((SELECT seq FROM jobs WHERE id = ?), -1)")
+            args.append(after)
+        if status is not None:
+            where.append("status = ?")
+            args.append(status)
+        rows = self._db.execute(
+            f"SELECT * FROM jobs WHERE {' AND '.join(where)} ORDER BY seq {direction} LIMIT ?",
+            (*args, limit + 1),
+        ).fetchall()
+        return [_job(r) for r in rows[:limit]], len(rows) > limit
+
+    def queue_position(self, job: Job) -> int | None:
+        """Queued jobs ahead of this one (0 = runs next); None once it left the queue."""
+        if job.status != "queued":
+            return None
+        return self._db.execute(
+            "SELECT COUNT(*) FROM jobs WHERE status = 'queued' AND seq < ?", (job.seq,)
+        ).fetchone()[0]
+
+    def counts(self) -> dict[str, int]:
+        rows = self._db.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall()
+        return {s: 0 for s in STATUSES} | {r[0]: r[1] for r in rows}
+
+    def queued_count(self) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM jobs WHERE status = 'queued'").fetchone()[0]
+
+    def cancel(self, job_id: str, *, delete: bool = False) -> Job | None:
+        """A queued job becomes cancelled at once; a running one gets its cancel flag (the worker stops it)."""
+        with self._write() as db:
+            db.execute(
+                "UPDATE jobs SET status = 'cancelled', finished_at = ?, error = 'cancelled before it started' "
+                "WHERE id = ? AND status = 'queued'",
+                (time.time(), job_id),
+            )
+            db.execute(
+                "UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND status = 'in_progress'", (job_id,)
+            )
+            if delete:
+                db.execute("UPDATE jobs SET deleted = 1 WHERE id = ?", (job_id,))
+            return _job(db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone())
+
+    # -- jobs: worker side ---------------------------------------------------------------------------------
+
+    def has_queued(self) -> bool:
+        """Cheap read-only check so idle polling never takes the write lock."""
+        return self._db.execute("SELECT 1 FROM jobs WHERE status = 'queued' LIMIT 1").fetchone() is not None
+
+    def claim(self, worker: str, instance: str) -> Job | None:
+        """Atomically move the oldest queued job to in_progress for this worker (None when the queue is empty)."""
+        with self._write() as db:
+            row = db.execute(
+                "UPDATE jobs SET status = 'in_progress', started_at = ?, worker = ?, instance = ?, "
+                "attempts = attempts + 1, step = 0, progress = 0 "
+                "WHERE seq = (SELECT seq FROM jobs WHERE status = 'queued' ORDER BY seq LIMIT 1) "
+                "AND status = 'queued' RETURNING *",
+                (time.time(), worker, instance),
+            ).fetchone()
+            return _job(row)
+
+    def set_spec(self, job_id: str, spec: dict) -> None:
+        with self._write() as db:
+            db.execute("UPDATE jobs SET spec = ? WHERE id = ?", (json.dumps(spec), job_id))
+
+    def progress(self, job_id: str, worker: str, step: int, total_steps: int) -> bool:
+        """Record a finished denoising step; True when the job's cancel flag is set or the job is no longer this
+        worker's (failed or re-queued by a supervisor meanwhile)."""
+        with self._write() as db:
+            row = db.execute(
+                "UPDATE jobs SET step = ?, total_steps = ?, progress = ? "
+                "WHERE id = ? AND worker = ? AND status = 'in_progress' RETURNING cancel_requested",
+                (step, total_steps, int(99 * step / max(total_steps, 1)), job_id, worker),
+            ).fetchone()
+        return row is None or bool(row[0])
+
+    def finish(
+        self,
+        job_id: str,
+        worker: str | None,
+        status: str,
+        *,
+        error: str | None = None,
+        video: str | None = None,
+        timings: dict | None = None,
+    ) -> Job | None:
+        """Write the terminal state of a running job, if it is still `worker`'s (None: any worker's); returns the
+        job, or None when it was no longer in progress there."""
+        assert status in TERMINAL
+        with self._write() as db:
+            row = db.execute(
+                "UPDATE jobs SET status = ?, error = ?, video = ?, timings = ?, finished_at = ?, "
+                "progress = CASE WHEN ? = 'completed' THEN 100 ELSE progress END "
+                "WHERE id = ? AND status = 'in_progress' AND (? IS NULL OR worker = ?) RETURNING *",
+                (
+                    status,
+                    error,
+                    video,
+                    json.dumps(timings or {}),
+                    time.time(),
+                    status,
+                    job_id,
+                    worker,
+                    worker,
+                ),
+            ).fetchone()
+            return _job(row)
+
+    def in_progress(self, *, worker_prefix: str | None = None, instance: str | None = None) -> list[Job]:
+        where, args = ["status = 'in_progress'"], []
+        if worker_prefix is not None:
+            where.append("worker LIKE ?")
+            args.append(worker_prefix + "%")
+        if instance is not None:
+            where.append("instance = ?")
+            args.append(instance)
+        rows = self._db.execute(
+            f"SELECT * FROM jobs WHERE {' AND '.join(where)} ORDER BY seq", args
+        ).fetchall()
+        return [_job(r) for r in rows]
+
+    def requeue_or_fail(self, job: Job, *, max_attempts: int, reason: str) -> None:
+        """Give an interrupted job another run, or fail it once it has used up its attempts."""
+        with self._write() as db:
+            if job.attempts < max_attempts:
+                db.execute(
+                    "UPDATE jobs SET status = 'queued', worker = NULL, started_at = NULL, step = 0, progress = 0 "
+                    "WHERE id = ? AND status = 'in_progress'",
+                    (job.id,),
+                )
+            else:
+                db.execute(
+                    "UPDATE jobs SET status = 'failed', finished_at = ?, error = ? WHERE id = ? AND status = 'in_progress'",
+                    (time.time(), f"{reason} (after {job.attempts} attempts)", job.id),
+                )
+
+    # -- workers, counters, flags ----------------------------------------------------------------------------
+
+    def heartbeat(self, worker: str, *, instance: str, group_id: str, state: str, info: dict) -> None:
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO workers (worker, instance, group_id, state, info, heartbeat_at) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (worker) DO UPDATE SET instance = excluded.instance, group_id = excluded.group_id, "
+                "state = excluded.state, info = excluded.info, heartbeat_at = excluded.heartbeat_at",
+                (worker, instance, group_id, state, json.dumps(info), time.time()),
+            )
+
+    def workers(self, *, group_id: str | None = None) -> list[dict]:
+        sql, args = "SELECT * FROM workers", ()
+        if group_id is not None:
+            sql, args = sql + " WHERE group_id = ?", (group_id,)
+        rows = self._db.execute(sql + " ORDER BY heartbeat_at DESC", args).fetchall()
+        return [dict(r) | {"info": json.loads(r["info"])} for r in rows]
+
+    def add_counters(self, deltas: dict[str, float]) -> None:
+        with self._write() as db:
+            db.executemany(
+                "INSERT INTO counters (name, value) VALUES (?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET value = value + excluded.value",
+                list(deltas.items()),
+            )
+
+    def counters(self) -> dict[str, float]:
+        return {r[0]: r[1] for r in self._db.execute("SELECT name, value FROM counters").fetchall()}
+
+    def request_drain(self, group_id: str) -> None:
+        """Ask a worker group to stop claiming and exit once its running job is done."""
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO flags (name, value) VALUES (?, '1')", (f"drain:{group_id}",))
+
+    def drain_requested(self, group_id: str) -> bool:
+        return (
+            self._db.execute("SELECT 1 FROM flags WHERE name = ?", (f"drain:{group_id}",)).fetchone()
+            is not None
+        )
+
+
+class _WriteTxn:
+    """`with store._write() as db:` — one IMMEDIATE transaction (the write lock is taken up front)."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")

@@ -1,0 +1,165 @@
+"""Runs the worker group as a torchrun child of the API process and keeps it alive.
+
+- Launch: `python -m torch.distributed.run --standalone --nproc-per-node N -m server.worker <settings>` in its own
+  process group, with a fresh group id (jobs it claims are tagged `<instance>/<group>/replica<k>`).
+- A group that exits (a rank killed, a crash, a reset) fails the jobs it was running with the exit code in the
+  error, and is started again. Restarts are counted; `restart_budget` groups in a row that die before they were ever
+  ready mean the failure is fatal: `on_fatal` ends the server so the container's restart policy applies.
+- A job past `job_timeout` is failed and the group is killed and restarted (a hung collective cannot be
+  interrupted any other way).
+- `stop(grace)`: drain (the leader stops claiming and exits once its running job is done), then kill what is left.
+- At start, jobs this instance left in_progress in a previous run are re-queued (or failed after max_attempts).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+from server.config import ServeConfig
+from server.store import JobStore
+
+log = logging.getLogger("ithaca.supervisor")
+FRESH_HEARTBEAT_S = 5.0
+
+
+def group_ready(store: JobStore, *, group_id: str | None = None) -> bool:
+    """Every replica of the group (or, attached, of any group) has a fresh heartbeat and is serving."""
+    workers = [
+        w
+        for w in store.workers(group_id=group_id)
+        if w["state"] in ("ready", "busy") and time.time() - w["heartbeat_at"] < FRESH_HEARTBEAT_S
+    ]
+    if not workers:
+        return False
+    return group_id is None or len(workers) == workers[0]["info"].get("dp_size", 1)
+
+
+class Supervisor:
+    def __init__(self, config: ServeConfig, store: JobStore, on_fatal):
+        self.config, self.store, self.on_fatal = config, store, on_fatal
+        self.restarts = 0
+        self.group_id: str | None = None
+        self.fatal: str | None = None
+        self._proc: subprocess.Popen | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="supervisor", daemon=True)
+
+    def start(self) -> None:
+        for job in self.store.in_progress(instance=self.config.instance):
+            self.store.requeue_or_fail(
+                job,
+                max_attempts=self.config.max_attempts,
+                reason="interrupted when the server stopped while it ran",
+            )
+        self._thread.start()
+
+    def ready(self) -> bool:
+        return self.group_id is not None and group_ready(self.store, group_id=self.group_id)
+
+    def _worker_prefix(self) -> str:
+        return f"{self.config.instance}/{self.group_id}/"
+
+    def _launch(self) -> None:
+        self.group_id = uuid.uuid4().hex[:12]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(self.config.nproc),
+            "--max-restarts",
+            "0",
+            "-m",
+            "server.worker",
+            *self.config.worker_argv(),
+        ]
+        log.info("starting worker group %s: %s", self.group_id, " ".join(cmd))
+        env = os.environ | {"ITHACA_GROUP_ID": self.group_id, "ITHACA_SUPERVISOR_PID": str(os.getpid())}
+        self._proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+
+    def _kill_group(self, sig=signal.SIGKILL) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            try:
+                os.killpg(self._proc.pid, sig)  # torchrun and its ranks share the session we started
+            except ProcessLookupError:
+                pass
+
+    def _loop(self) -> None:
+        failures_in_a_row = 0
+        while not self._stopping.is_set():
+            self._launch()
+            was_ready = False
+            while self._proc.poll() is None and not self._stopping.is_set():
+                if not was_ready and self.ready():
+                    was_ready, failures_in_a_row = True, 0
+                    log.info("worker group %s is ready", self.group_id)
+                self._enforce_time_limit()
+                time.sleep(0.2)
+            if self._stopping.is_set():
+                return
+            code = self._proc.wait()
+            for job in self.store.in_progress(worker_prefix=self._worker_prefix()):
+                self.store.finish(
+                    job.id,
+                    None,
+                    "failed",
+                    error=f"the worker group exited (code {code}) while running "
+                    "this job; the group was restarted",
+                )
+            self.restarts += 1
+            failures_in_a_row += 0 if was_ready else 1
+            log.error("worker group %s exited with code %s (restart %d)", self.group_id, code, self.restarts)
+            if failures_in_a_row >= self.config.restart_budget:
+                self.fatal = (
+                    f"the worker group failed {failures_in_a_row} times in a row before becoming ready"
+                )
+                log.critical("%s; stopping the server", self.fatal)
+                self.on_fatal()
+                return
+
+    def _enforce_time_limit(self) -> None:
+        now = time.time()
+        for job in self.store.in_progress(worker_prefix=self._worker_prefix()):
+            if job.started_at is not None and now - job.started_at > self.config.job_timeout:
+                self.store.finish(
+                    job.id,
+                    None,
+                    "failed",
+                    error=f"exceeded the time limit of {self.config.job_timeout:g} s; "
+                    "the worker group was reset",
+                )
+                log.error("job %s exceeded the time limit; resetting the worker group", job.id)
+                self._kill_group()
+
+    def stop(self, grace: float) -> None:
+        """Stop claiming, let the running job finish within `grace` seconds, then end the group."""
+        self._stopping.set()
+        if self.group_id is not None:
+            self.store.request_drain(self.group_id)
+        proc = self._proc
+        if proc is not None:
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                log.warning("the running job did not finish within %.0f s; stopping the worker group", grace)
+                self._kill_group(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self._kill_group()
+                    proc.wait()
+        if self.group_id is not None:
+            for job in self.store.in_progress(worker_prefix=self._worker_prefix()):
+                self.store.requeue_or_fail(
+                    job, max_attempts=self.config.max_attempts, reason="interrupted by a server shutdown"
+                )
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)

@@ -1,0 +1,50 @@
+"""A fake instant pipeline with the `dit.pipeline` surface, for the server's load tests and bench/server.py.
+
+No model work: `generate` sleeps `ITHACA_FAKE_STEP_S` seconds per step (default 0) and returns small random frames.
+Everything else is the real thing: the request/limits dataclasses and `validate` of `dit.pipeline` (tiny limits),
+the per-step callback and cancel broadcast of `dit.sampling`, the real mesh. Selected with
+`--pipeline-module tests.fake_pipeline`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from dit.pipeline import TINY_LIMITS, GenerationCancelled, GenerationRequest, Pipeline, PipelineConfig
+from dit.sampling import should_continue
+
+__all__ = ["GenerationCancelled", "GenerationRequest", "PipelineConfig", "load_pipeline"]
+
+
+class _WordCounter:
+    max_tokens = TINY_LIMITS.max_prompt_tokens
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+
+class FakePipeline:
+    validate = Pipeline.validate  # the real request checks, against self.limits and self.text_encoder
+
+    def __init__(self, mesh):
+        self.mesh, self.limits, self.text_encoder = mesh, TINY_LIMITS, _WordCounter()
+        self.step_s = float(os.environ.get("ITHACA_FAKE_STEP_S", "0"))
+
+    def generate(self, req: GenerationRequest, callback=None):
+        req = self.validate(req)
+        for step in range(1, req.num_inference_steps + 1):
+            time.sleep(self.step_s)
+            if not should_continue(callback, step, req.num_inference_steps, self.mesh):
+                raise GenerationCancelled(step, req.num_inference_steps)
+        if not self.mesh.is_replica_leader:
+            return None
+        return np.random.default_rng(req.seed).integers(
+            0, 255, (req.num_frames, req.height, req.width, 3), np.uint8
+        )
+
+
+def load_pipeline(config: PipelineConfig, mesh) -> FakePipeline:
+    return FakePipeline(mesh)
