@@ -1,6 +1,6 @@
 """Video DiT models, weight loading and the sequence-parallel step."""
 
-from dit.loading import Family, load_transformer, register_family
+from dit.loading import Family, build_random, load_transformer, register_family
 from dit.parallelize import parallelize
 
-__all__ = ["Family", "load_transformer", "parallelize", "register_family"]
+__all__ = ["Family", "build_random", "load_transformer", "parallelize", "register_family"]

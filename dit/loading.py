@@ -71,16 +71,27 @@ def load_transformer(
     """Preset name ("tiny", "wan2.1-1.3b", "wan2.1-14b": random weights from `seed`), a diffusers
     `transformer/` folder, a whole pipeline folder, or an original Wan checkpoint folder → eval-mode model."""
     _import_families()  # they may add presets
-    is_preset = isinstance(path_or_preset, str) and path_or_preset in PRESETS
-    folder = None if is_preset else _checkpoint_dir(Path(path_or_preset))
-    cfg = PRESETS[path_or_preset] if is_preset else json.loads((folder / "config.json").read_text())
-    family = _family(cfg.get("_class_name"))
-    config = family.parse_config(cfg)
+    if isinstance(path_or_preset, str) and path_or_preset in PRESETS:
+        return build_random(PRESETS[path_or_preset], dtype=dtype, device=device, seed=seed)
+    folder = _checkpoint_dir(Path(path_or_preset))
+    family, config, model = _empty(json.loads((folder / "config.json").read_text()), dtype, device)
+    load_safetensors(model, checkpoint_files(folder), family.resolver(config))
+    return model.eval().requires_grad_(False)
+
+
+def build_random(
+    config_json: dict, *, dtype: torch.dtype = torch.float32, device="cpu", seed: int = 0
+) -> nn.Module:
+    """Any config (config.json form, `_class_name` included) with deterministic random weights."""
+    _, _, model = _empty(config_json, dtype, device)
+    return random_init(model, seed).eval().requires_grad_(False)
+
+
+def _empty(config_json: dict, dtype: torch.dtype, device):
+    """(family, config, model with uninitialised parameters allocated in dtype on device)."""
+    family = _family(config_json.get("_class_name"))
+    config = family.parse_config(config_json)
     with torch.device("meta"):
         model = family.build(config)
     materialize(model, dtype=dtype, device=torch.device(device), keep_fp32=family.keep_fp32)
-    if folder is None:
-        random_init(model, seed)
-    else:
-        load_safetensors(model, checkpoint_files(folder), family.resolver(config))
-    return model.eval().requires_grad_(False)
+    return family, config, model
