@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 import parallel
-from dit.hunyuan.model import HunyuanVideo15Transformer, LocalJointAttention
+from dit.hunyuan.model import LocalJointAttention
 
 
 @dataclass
@@ -41,10 +42,13 @@ class ParallelJointAttention:
         return parallel.attention(q, k, v, self.mesh, **kw)
 
 
-def parallelize_hunyuan(
-    model: HunyuanVideo15Transformer, mesh, comm="alltoall", backend: str = "auto"
-) -> HunyuanVideo15Transformer:
-    """The same model, sequence-parallel over mesh's sp group (sp size 1: local attention on `backend`)."""
+def parallelize_hunyuan(model: nn.Module, mesh, comm="alltoall", backend: str = "auto") -> nn.Module:
+    """The same model, sequence-parallel over mesh's sp group (sp size 1: local attention on `backend`).
+    Accepts the text-to-video adapter too (it parallelises the transformer inside)."""
+    inner = getattr(model, "transformer", model)
+    if inner is not model:
+        parallelize_hunyuan(inner, mesh, comm, backend)
+        return model
     if mesh.sp_size == 1:
         model.attention = LocalJointAttention(backend)
         return model
