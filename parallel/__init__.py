@@ -1,4 +1,4 @@
-"""Sequence-parallel attention: process mesh, Ulysses (plain / FP8 / round-robin P2P), ring, hybrid, kernels."""
+"""Sequence-parallel attention: process mesh, Ulysses (plain / FP8 / P2P), ring, hybrid, kernels."""
 
 from parallel.attention import attention, cfg_all_gather
 from parallel.comm import COMM_MODES, CommConfig, CommStats, count_comm

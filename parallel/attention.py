@@ -1,5 +1,5 @@
-"""The public sequence-parallel attention: the mesh's degrees pick Ulysses (ring 1), ring (ulysses 1) or the hybrid
-(Ulysses all-to-all inside each ulysses group, ring across ring groups over the gathered spans)."""
+"""The public sequence-parallel attention: the mesh's degrees pick Ulysses (ring 1), ring (ulysses 1) or
+the hybrid (Ulysses all-to-all inside each ulysses group, ring across ring groups over the gathered spans)."""
 
 from __future__ import annotations
 
@@ -39,12 +39,13 @@ def _check_local(q, k, v, text, text_mask, causal):
         raise ValueError("causal attention needs text queries too: use text=(tq, tk, tv) or causal=False")
     if text_mask is not None and (text_mask.dtype != torch.bool or text_mask.shape != tk.shape[:2]):
         raise ValueError(
-            f"text_mask must be bool [B, T]={tuple(tk.shape[:2])}, got {text_mask.dtype} {tuple(text_mask.shape)}"
+            f"text_mask must be bool [B, T]={tuple(tk.shape[:2])}, "
+            f"got {text_mask.dtype} {tuple(text_mask.shape)}"
         )
 
 
 def _check_across_ranks(mesh: ParallelMesh, q, text) -> None:
-    """Every rank of this sp group must bring the same shapes (one tiny all-gather on the gloo control group)."""
+    """Every rank of this sp group must bring the same shapes (one tiny gloo all-gather)."""
     T = -1 if text is None else text[1].shape[1]
     meta = torch.tensor([*q.shape, T, int(text is not None and text[0] is not None)])
     rows = torch.empty(dist.get_world_size(mesh.control_group) * meta.numel(), dtype=meta.dtype)
@@ -74,8 +75,8 @@ def attention(
     backend: str = "auto",
 ):
     """Exact attention of this rank's image shard q/k/v [B, S_local, H, D] over the whole (unpadded) sequence,
-    plus optional joint text (tq, tk, tv) [B, T, H, D] replicated on every rank. Returns out, or (out, text_out)
-    when text queries are given (text_out [B, T, H, D], identical on every rank)."""
+    plus optional joint text (tq, tk, tv) [B, T, H, D] replicated on every rank. Returns out, or
+    (out, text_out) when text queries are given (text_out [B, T, H, D], identical on every rank)."""
     cfg = comm_config(comm)
     _check_local(q, k, v, text, text_mask, causal)
     info = local_info(q, mesh, info)

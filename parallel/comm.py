@@ -1,8 +1,9 @@
 """Collectives used by parallel attention, each counted by `count_comm`.
 
-`exchange` is the Ulysses all-to-all: chunk i of a `[P, ...]` tensor goes to group rank i. It runs either as one
-`all_to_all_single` or as a round-robin of pairwise isend/irecv (circle method: P-1 rounds for even P, P rounds
-with one rank sitting out each round for odd P), optionally FP8-compressed (payload + scales in one uint8 message).
+`exchange` is the Ulysses all-to-all: chunk i of a `[P, ...]` tensor goes to group rank i. It runs either
+as one `all_to_all_single` or as a round-robin of pairwise isend/irecv (circle method: P-1 rounds for even P,
+P rounds with one rank sitting out each round for odd P), optionally FP8-compressed (payload + scales in one
+uint8 message per peer).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ _ACTIVE: list[CommStats] = []
 
 @contextmanager
 def count_comm():
-    """Count collectives and bytes issued inside the block: `stats.calls["all_to_all"]`, `stats.bytes[...]`."""
+    """Count collectives and bytes issued in the block: `stats.calls["all_to_all"]`, `stats.bytes[...]`."""
     stats = CommStats()
     _ACTIVE.append(stats)
     try:

@@ -1,9 +1,9 @@
-"""FP8 (e4m3) wire format: one fp32 scale per (token, head) row = absmax / 448, payload and scales in one uint8
-buffer per peer, so any backend (gloo included, which cannot carry float8) moves it as plain bytes.
+"""FP8 (e4m3) wire format: one fp32 scale per (token, head) row = absmax / 448, payload and scales in one
+uint8 buffer per peer, so any backend (gloo included, which cannot carry float8) moves it as plain bytes.
 
 The quantiser is a handful of elementwise ops plus a row max; eager torch runs them as separate kernels
-(0.79 ms for one rank's Wan-14B QKV shard on an H100), torch.compile fuses them (0.15 ms): `compiled=True` uses
-the compiled version on CUDA tensors.
+(0.79 ms for one rank's Wan-14B QKV shard on an H100), torch.compile fuses them (0.15 ms): `compiled=True`
+uses the compiled version on CUDA tensors.
 """
 
 from __future__ import annotations

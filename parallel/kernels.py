@@ -2,8 +2,8 @@
 
 auto: flash-attn when importable on CUDA (and no key mask) → SDPA preferring cuDNN on Hopper (599 vs 373
 TFLOP/s for the flash backend at S=32760, H=40, D=128 on an H100) → SDPA. The LSE path (for the ring merge)
-exists on every backend: flash-attn's softmax_lse, the CUDA efficient-attention op, the CPU flash op, or `math`
-(fp32 scores, the reference; fp64 for fp64 inputs).
+exists on every backend: flash-attn's softmax_lse, the CUDA efficient-attention op, the CPU flash op, or
+`math` (fp32 scores, the reference; fp64 for fp64 inputs).
 """
 
 from __future__ import annotations
@@ -71,9 +71,9 @@ def _math(q, k, v, mask, causal):
 
 
 def local_attention(q, k, v, *, key_mask=None, causal=False, backend="auto", return_lse=False):
-    """softmax(q kᵀ/√D) v per head. q [B, Sq, H, D], k/v [B, Sk, H, D]; key_mask [B, Sk] bool (True = real key);
-    causal: query i sees keys j ≤ i (needs Sq == Sk). Returns out [B, Sq, H, D] in q's dtype, and with
-    return_lse also lse [B, Sq, H] (fp32; fp64 for fp64 inputs)."""
+    """softmax(q kᵀ/√D) v per head. q [B, Sq, H, D], k/v [B, Sk, H, D]; key_mask [B, Sk] bool (True =
+    real key); causal: query i sees keys j ≤ i (needs Sq == Sk). Returns out [B, Sq, H, D] in q's dtype,
+    and with return_lse also lse [B, Sq, H] (fp32; fp64 for fp64 inputs)."""
     Sq, Sk = q.shape[1], k.shape[1]
     if causal and Sq != Sk:
         raise ValueError(f"causal attention needs as many queries as keys, got {Sq} and {Sk}")

@@ -1,6 +1,6 @@
 """Process mesh: world → data-parallel replicas × cfg × ring × ulysses, with one process group per axis.
 
-Rank layout (ulysses innermost, so a Ulysses group is contiguous ranks inside a node; ring strided by ulysses):
+Rank layout (ulysses innermost: a Ulysses group is contiguous ranks inside a node; ring strided by ulysses):
     rank = ((dp_rank * cfg + cfg_rank) * ring + ring_rank) * ulysses + ulysses_rank
 A gloo control group over each replica always exists, so idle ranks wait on CPU, never inside NCCL.
 """
@@ -99,7 +99,7 @@ def init_parallel(
     backend: str | None = None,
     timeout: float | None = None,
 ) -> ParallelMesh:
-    """Build the mesh from the torchrun environment (or reuse an initialised default group); no env → world 1."""
+    """Build the mesh from the torchrun environment (or reuse the default group); no env → world 1."""
     if not dist.is_initialized() and "WORLD_SIZE" not in os.environ:
         _degrees(1, ulysses, ring, cfg)
         return ParallelMesh(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))

@@ -1,17 +1,18 @@
-"""Ring attention over the ring group: K/V spans rotate with isend/irecv (double-buffered, the next block in flight
-while this one computes); each block's partial output is merged with its LSE in fp32 (online softmax).
+"""Ring attention over the ring group: K/V spans rotate with isend/irecv (double-buffered: the next block is
+in flight while this one computes); each block's partial output is merged by its LSE in fp32 (online softmax).
 
-Padding: block `src` has span_valid(src) real keys, always a prefix, so it is truncated (empty blocks skipped);
-local padded queries are never computed and come back as zeros.
-Causal: contiguous layout skips blocks from later ranks; zigzag (rank r holds chunks r and 2R-1-r) gives every rank
-the same work: own block causal, earlier ranks' first chunk for all queries, later ranks' whole block for the
-second-chunk queries only. Causal with text means causal over the joint order (text_first: text before image).
+Padding: block `src` has span_valid(src) real keys, always a prefix, so it is truncated (empty blocks
+skipped); local padded queries are never computed and come back as zeros.
+Causal: the contiguous layout skips blocks from later ranks; zigzag (rank r holds chunks r and 2R-1-r) gives
+every rank the same work: own block causal, earlier ranks' first chunk for all queries, later ranks' whole
+block for the second-chunk queries only. Causal with text = causal over the joint order (text_first: text
+before image).
 
 Joint text:
 - image queries see the text K/V at step 0 (the rank's own block), so every query sees them exactly once;
-- text queries do not ride the ring: each rank attends them to its own block only (ring rank 0 also to the text
-  K/V), the partials (out, lse) are all-gathered over the ring group and merged in ring-rank order on every rank,
-  so text_out is bitwise identical everywhere and costs one small all-gather.
+- text queries do not ride the ring: each rank attends them to its own block only (ring rank 0 also to the
+  text K/V); the partials (out, lse) are all-gathered over the ring group and merged in ring-rank order on
+  every rank, so text_out is bitwise identical everywhere and costs one small all-gather.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Split a sequence over the sp ranks (padding it to fit) and put it back together.
 
-Layouts, in terms of the span a ring rank holds after the Ulysses all-to-all (its ulysses ranks' shards, in order):
+Layouts, in terms of the span a ring rank holds after the Ulysses all-to-all (its ulysses ranks' shards):
 - contiguous: ring rank r's span is tokens [r*U*L, (r+1)*U*L).
-- zigzag (causal load balance): the padded sequence is cut into 2R chunks; ring rank r's span is chunk r followed by
-  chunk 2R-1-r, split contiguously over its U ulysses ranks. With R=1 it equals contiguous.
-Padding always sits at the global end, so the valid tokens of any span form a prefix of it (for zigzag: if chunk r
-is not full, chunk 2R-1-r is all padding), which lets attention truncate instead of masking.
+- zigzag (causal load balance): the padded sequence is cut into 2R chunks; ring rank r's span is chunk r
+  followed by chunk 2R-1-r, split contiguously over its U ulysses ranks. With R=1 it equals contiguous.
+Padding always sits at the global end, so the valid tokens of any span form a prefix of it (zigzag: if chunk
+r is not full, chunk 2R-1-r is all padding), which lets attention truncate instead of masking.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class SequenceShardInfo:
         return sum(min(max(self.seq_len - s, 0), piece) for s in starts)
 
     def global_index(self) -> torch.Tensor:
-        """Global position of every token, in sp-rank-major local order (for reordering a gathered sequence)."""
+        """Global position of every token, in gathered (sp-rank-major) order."""
         spans = []
         for r in range(self.ring_size):
             starts = self.span_starts(r)
@@ -104,7 +104,8 @@ def local_info(q: torch.Tensor, mesh: ParallelMesh, info: SequenceShardInfo | No
         or info.ulysses_size != mesh.ulysses_size
     ):
         raise ValueError(
-            f"info (local_len={info.local_len}, ring={info.ring_size}, ulysses={info.ulysses_size}) does not match "
+            f"info (local_len={info.local_len}, ring={info.ring_size}, ulysses={info.ulysses_size}) "
+            "does not match "
             f"q (S_local={q.shape[1]}) on mesh ring={mesh.ring_size}, ulysses={mesh.ulysses_size}"
         )
     return info

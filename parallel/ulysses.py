@@ -1,5 +1,5 @@
-"""Ulysses: one all-to-all turns sequence shards × all heads into the full sequence × H/P heads, attention runs
-once over image (+ joint text) tokens, one all-to-all brings the image output back (LightX2V layout)."""
+"""Ulysses: one all-to-all turns sequence shards × all heads into the full sequence × H/P heads, attention
+runs once over image (+ joint text) tokens, one all-to-all brings the image output back (LightX2V layout)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def ulysses_out(out, group, P: int, cfg: CommConfig):
 
 
 def joint_attention(q, k, v, n_valid: int, text, text_mask, text_first: bool, causal: bool, backend: str):
-    """Attention of the first n_valid image tokens (+ text, concatenated before or after them) in ONE kernel call.
+    """Attention of the first n_valid image tokens (+ text before or after them), ONE kernel call.
     Padding is sliced off, not masked; the image output is zero-padded back to q's length.
     Returns (image_out [B, S, h, D], text_out [B, T, h, D] or None)."""
     B, S = q.shape[:2]
