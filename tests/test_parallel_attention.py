@@ -45,8 +45,7 @@ def rel_err(a, b, norm=False):
 
 def make_cases(world: int) -> list[dict]:
     """Every mode the world size can host, with and without text (last, first, masked, keys-only). Text
-    handling
-    is shared by the Ulysses comm variants, so those run fewer text placements; world 8 runs a lighter set."""
+    handling is shared by the Ulysses comm variants, so those run fewer; world 8 runs a lighter set."""
     texts = [
         dict(text=None),
         dict(text="joint"),
