@@ -5,6 +5,7 @@
 from dit.hunyuan.config import DIFFUSERS_CLASS_NAME, PRESETS, HunyuanVideo15Config
 from dit.hunyuan.model import HunyuanVideo15Transformer
 from dit.hunyuan.parallelize import parallelize_hunyuan
+from dit.hunyuan.t2v import HunyuanT2V
 from dit.hunyuan.weights import resolve
 from dit.loading import Family, register_family
 from dit.presets import register_preset
@@ -20,4 +21,4 @@ register_family(
 for _name, _config in PRESETS.items():
     register_preset(_name, {"_class_name": DIFFUSERS_CLASS_NAME, **_config.to_dict()})
 
-__all__ = ["HunyuanVideo15Config", "HunyuanVideo15Transformer", "parallelize_hunyuan"]
+__all__ = ["HunyuanT2V", "HunyuanVideo15Config", "HunyuanVideo15Transformer", "parallelize_hunyuan"]
