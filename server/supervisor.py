@@ -61,7 +61,8 @@ class Supervisor:
         self._thread.start()
 
     def ready(self) -> bool:
-        return self.group_id is not None and group_ready(self.store, group_id=self.group_id)
+        proc = self._proc
+        return proc is not None and proc.poll() is None and group_ready(self.store, group_id=self.group_id)
 
     def _worker_prefix(self) -> str:
         return f"{self.config.instance}/{self.group_id}/"

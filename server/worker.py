@@ -146,7 +146,12 @@ class Worker:
         except Exception as e:
             if leader:
                 self.store.finish(
-                    job_id, self.name, "failed", error=f"generation failed: {type(e).__name__}: {e}"
+                    job_id,
+                    self.name,
+                    "failed",
+                    error=f"generation failed, the worker group was restarted: {type(e).__name__}: {e}"[
+                        :2000
+                    ],
                 )
             raise
         if leader:
@@ -215,6 +220,9 @@ def main(argv: list[str] | None = None) -> None:
         worker.run()
     except BaseException:
         traceback.print_exc()
+        if worker.store is not None:
+            worker.state = "failed"  # /ready turns false now, not when the heartbeat goes stale
+            worker._beat()
         sys.stdout.flush()
         os._exit(1)  # skip interpreter teardown: peers may still be inside a collective
 

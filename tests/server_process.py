@@ -1,0 +1,90 @@
+"""Start `ithaca serve` as a real process on a free loopback port, for the server tests and bench/server.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAKE = "tests.fake_pipeline"  # the fake instant pipeline (see tests/fake_pipeline.py)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`ithaca serve --data-dir DIR --port P ...`; logs go to DIR/server-<port>.log."""
+
+    def __init__(self, data_dir: str, *flags: str, api_key: str | None = None, env: dict | None = None):
+        self.data_dir, self.port, self.api_key = str(data_dir), free_port(), api_key
+        self.url = f"http://127.0.0.1:{self.port}"
+        os.makedirs(self.data_dir, exist_ok=True)
+        self.log_path = os.path.join(self.data_dir, f"server-{self.port}.log")
+        args = ["--data-dir", self.data_dir, "--port", str(self.port), "--log-level", "info", *flags]
+        if api_key:
+            args += ["--api-key", api_key]
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "server.cli", "serve", *args],
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=os.environ | {"PYTHONUNBUFFERED": "1"} | (env or {}),
+            )
+        self.client = httpx.Client(base_url=self.url, headers=self.headers(), timeout=30)
+
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def log(self) -> str:
+        with open(self.log_path) as f:
+            return f.read()
+
+    def wait(self, path: str = "/ready", timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+            try:
+                if self.client.get(path).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"{path} not ready after {timeout} s:\n{self.log()[-4000:]}")
+
+    def wait_job(
+        self, job_id: str, timeout: float = 120.0, done=("completed", "failed", "cancelled")
+    ) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.client.get(f"/jobs/{job_id}").json()
+            if job["status"] in done:
+                return job
+            time.sleep(0.05)
+        raise TimeoutError(f"job {job_id} still {job['status']} after {timeout} s:\n{self.log()[-4000:]}")
+
+    def submit(self, **body) -> dict:
+        r = self.client.post("/generate", json=body)
+        assert r.status_code == 202, r.text
+        return r.json()
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.client.close()
+        return self.proc.returncode

@@ -1,0 +1,200 @@
+"""The server end to end: real uvicorn on a loopback port, a real worker group of 2 CPU ranks (gloo) running the
+real `tiny` pipeline, API key on. One server for the whole module (starting a group costs ~20 s on 2 cores)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import imageio.v3 as iio
+import openai
+import pytest
+
+from tests.server_process import ServerProcess
+
+pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")  # the SDK's notice
+KEY = "test-key-123"
+LONG = {"num_frames": 33, "height": 256, "width": 256, "num_inference_steps": 50}  # seconds of work on CPU
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = ServerProcess(tmp_path_factory.mktemp("e2e"), "--max-queue", "4", "--nproc", "2", api_key=KEY)
+    try:
+        srv.wait()
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _events(srv: ServerProcess, job_id: str) -> list[tuple[str, dict]]:
+    events, name = [], None
+    with srv.client.stream("GET", f"/jobs/{job_id}/events") as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                events.append((name, json.loads(line[6:])))
+    return events
+
+
+def test_submit_poll_sse_download(server, tmp_path):
+    job = server.submit(
+        prompt="a red fox in snow", num_frames=9, height=48, width=80, num_inference_steps=4, seed=7
+    )
+    assert job["status"] == "queued" and job["queue_position"] is not None
+    assert server.client.get(f"/jobs/{job['id']}/video").status_code in (404, 200)
+    events = _events(server, job["id"])
+    assert events[-1][0] == "done" and events[-1][1]["status"] == "completed"
+    steps = [e["step"] for _, e in events]
+    assert steps == sorted(steps) and steps[-1] == 4
+    done = server.client.get(f"/jobs/{job['id']}").json()
+    assert done["progress"] == 100 and done["total_steps"] == 4 and done["timings"]["steps"] == 4
+    r = server.client.get(done["video_url"])
+    assert r.status_code == 200 and r.headers["content-type"] == "video/mp4"
+    (tmp_path / "v.mp4").write_bytes(r.content)
+    frames = iio.imread(tmp_path / "v.mp4")
+    assert frames.shape[0] == 9 and frames.shape[1:3] == (48, 80)
+    listing = server.client.get("/jobs", params={"limit": 1}).json()
+    assert listing["data"][0]["id"] == job["id"]
+    metrics = server.client.get("/metrics").text
+    assert "ithaca_step_latency_seconds_count" in metrics and 'ithaca_jobs{state="completed"}' in metrics
+
+
+def test_idempotency_key_returns_the_same_job(server):
+    body = {"prompt": "same", "num_inference_steps": 1}
+    a = server.client.post("/generate", json=body, headers={"Idempotency-Key": "abc-1"})
+    b = server.client.post("/generate", json=body, headers={"Idempotency-Key": "abc-1"})
+    assert a.status_code == b.status_code == 202 and a.json()["id"] == b.json()["id"]
+    assert b.headers.get("Idempotent-Replayed") == "true"
+    server.wait_job(a.json()["id"])
+
+
+def test_cancel_running_and_queued_and_queue_full(server):
+    running = server.submit(prompt="long", **LONG)
+    while (state := server.client.get(f"/jobs/{running['id']}").json())["step"] < 1:
+        assert state["status"] in ("queued", "in_progress")
+        time.sleep(0.02)
+    queued = [server.submit(prompt=f"q{i}", num_inference_steps=1) for i in range(4)]
+    full = server.client.post("/generate", json={"prompt": "one too many"})
+    assert full.status_code == 429 and int(full.headers["Retry-After"]) >= 1
+
+    cancelled = server.client.delete(f"/jobs/{queued[0]['id']}").json()
+    assert cancelled["status"] == "cancelled"
+    seen = server.client.delete(f"/jobs/{running['id']}").json()
+    assert seen["cancel_requested"]
+    final = server.wait_job(running["id"])
+    assert final["status"] == "cancelled" and final["step"] <= seen["step"] + 1 < LONG["num_inference_steps"]
+
+    for job in queued[1:]:  # the workers take the next jobs
+        assert server.wait_job(job["id"])["status"] == "completed"
+    never_ran = server.client.get(f"/jobs/{queued[0]['id']}").json()
+    assert never_ran["status"] == "cancelled" and never_ran["started_at"] is None
+    assert server.client.delete(f"/jobs/{queued[1]['id']}").status_code == 409  # already completed
+
+
+def test_api_key(server):
+    bare = httpx.Client(base_url=server.url)
+    assert bare.get("/health").status_code == 200
+    for method, path in [
+        ("GET", "/jobs"),
+        ("GET", "/ready"),
+        ("GET", "/metrics"),
+        ("POST", "/generate"),
+        ("GET", "/v1/videos"),
+    ]:
+        assert bare.request(method, path).status_code == 401
+    assert bare.get("/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert bare.get("/jobs", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+
+
+def _malformed(job_id: str):
+    big = "x" * 70_000
+    yield "POST", "/generate", {"json": {}}
+    yield "POST", "/generate", {"json": {"prompt": ""}}
+    yield "POST", "/generate", {"json": {"prompt": 123}}
+    yield "POST", "/generate", {"json": {"prompt": None}}
+    for field, value in [
+        ("num_frames", "ten"),
+        ("num_frames", -1),
+        ("num_frames", 10**12),
+        ("num_frames", 10),
+        ("num_frames", 9.5),
+        ("num_frames", True),
+        ("height", 17),
+        ("width", 100_000),
+        ("height", 0),
+        ("num_inference_steps", 0),
+        ("num_inference_steps", 10**6),
+        ("guidance_scale", "high"),
+        ("guidance_scale", -1),
+        ("seed", -5),
+        ("seed", 2**70),
+        ("fps", 0),
+        ("negative_prompt", ["a"]),
+        ("unknown_field", 1),
+    ]:
+        yield "POST", "/generate", {"json": {"prompt": "x", field: value}}
+    yield "POST", "/generate", {"content": b'{"prompt": "x", "guidance_scale": 1e400}'}
+    yield "POST", "/generate", {"content": b'{"prompt": "x", "guidance_scale": NaN}'}
+    yield "POST", "/generate", {"content": b"not json", "headers": {"Content-Type": "application/json"}}
+    yield "POST", "/generate", {"json": [1, 2]}
+    yield "POST", "/generate", {"json": None}
+    yield "POST", "/generate", {"json": {"prompt": big}}  # over --max-body-bytes → 413
+    yield "POST", "/generate", {"content": iter([b'{"prompt": "', big.encode(), b'"}'])}  # chunked, no length
+    yield "POST", "/generate", {"json": {"prompt": "x"}, "headers": {"Idempotency-Key": "k" * 300}}
+    yield "PUT", "/generate", {}
+    yield "GET", "/jobs/not-an-id", {}
+    yield "GET", "/jobs/..%2F..%2Fetc%2Fpasswd", {}
+    yield "GET", "/jobs/%2e%2e/video", {}
+    yield "GET", "/jobs/" + "0" * 32 + "/video", {}
+    yield "GET", f"/jobs/{job_id}/..%2F..%2Fjobs.db", {}
+    yield "DELETE", "/jobs/" + "f" * 32, {}
+    for query in (
+        {"limit": 0},
+        {"limit": "abc"},
+        {"limit": 10**9},
+        {"order": "sideways"},
+        {"status": "weird"},
+    ):
+        yield "GET", "/jobs", {"params": query}
+    yield "POST", "/v1/videos", {"json": {"prompt": "x", "size": "big"}}
+    yield "POST", "/v1/videos", {"json": {"prompt": "x", "size": "0x480"}}
+    yield "POST", "/v1/videos", {"json": {"prompt": "x", "seconds": "-4"}}
+    yield "POST", "/v1/videos", {"json": {"prompt": "x", "quality": "hd"}}
+    yield "POST", "/v1/videos", {"json": {"size": "64x64"}}
+    yield "POST", "/v1/videos", {"data": {"prompt": "x"}, "files": {"input_reference": ("a.png", b"\x89PNG")}}
+    yield "GET", "/v1/videos/abc/content", {}
+    yield "GET", f"/v1/videos/{job_id}/content", {"params": {"variant": "thumbnail"}}
+
+
+def test_malformed_requests_get_4xx_never_5xx(server):
+    job = server.submit(prompt="ok", num_inference_steps=1)
+    cases = list(_malformed(job["id"]))
+    assert len(cases) >= 30
+    for method, path, kwargs in cases:
+        r = server.client.request(method, path, **kwargs)
+        assert 400 <= r.status_code < 500, (method, path, kwargs.get("json"), r.status_code, r.text[:300])
+    named = server.client.post("/generate", json={"prompt": "x", "height": 17}).json()
+    assert "height" in json.dumps(named) and "16..256" in json.dumps(named)
+    server.wait_job(job["id"])
+    assert server.client.get("/health").status_code == 200
+
+
+def test_openai_sdk_create_retrieve_list_download(server, tmp_path):
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    video = client.videos.create(prompt="a paper boat on a pond", seconds="1", size="1280x720")
+    assert video.object == "video" and video.status == "queued"
+    assert video.size == "80x48"  # 16:9 fitted to the tiny model's 64×64 pixel count, multiples of 16
+    while (video := client.videos.retrieve(video.id)).status not in ("completed", "failed"):
+        time.sleep(0.05)
+    assert video.status == "completed" and video.progress == 100 and video.completed_at is not None
+    assert video.id in [v.id for v in client.videos.list(limit=5).data]
+    content = client.videos.download_content(video.id)
+    (tmp_path / "o.mp4").write_bytes(content.read())
+    frames = iio.imread(tmp_path / "o.mp4")
+    assert frames.shape[1:3] == (48, 80) and frames.shape[0] == 17  # 1 s at 16 fps → 4k+1 frames
+    deleted = client.videos.delete(video.id)
+    assert deleted.deleted and server.client.get(f"/jobs/{video.id}").status_code == 404

@@ -1,0 +1,111 @@
+"""Faults with real processes (real `tiny` pipeline, 2 CPU ranks): a rank killed with SIGKILL mid-job, the API
+killed with jobs queued and one running, a graceful SIGTERM with a job in flight. The tests run in order and share
+one data folder (one job store) across server restarts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from server.store import JobStore
+from tests.server_process import ServerProcess
+
+LONG = {"num_frames": 33, "height": 256, "width": 256, "num_inference_steps": 50}
+INSTANCE = ["--instance", "fault-box"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("faults")
+
+
+def _rank_pids(data_dir) -> list[int]:
+    """The worker ranks serving this data folder (found by their command line)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if (
+            b"server.worker" in argv
+            and str(data_dir).encode() in argv
+            and b"torch.distributed.run" not in argv
+        ):
+            pids.append(int(pid))
+    return pids
+
+
+def _wait_step(srv: ServerProcess, job_id: str, step: int = 1) -> None:
+    while srv.client.get(f"/jobs/{job_id}").json()["step"] < step:
+        time.sleep(0.02)
+
+
+def test_rank_killed_mid_job_fails_that_job_and_the_group_restarts(data_dir):
+    srv = ServerProcess(data_dir, *INSTANCE)
+    try:
+        srv.wait()
+        first = srv.submit(prompt="warm-up", num_inference_steps=2)
+        assert srv.wait_job(first["id"])["status"] == "completed"
+        job = srv.submit(prompt="doomed", **LONG)
+        _wait_step(srv, job["id"])
+        leader = srv.client.get("/ready").json()
+        pids = _rank_pids(data_dir)
+        assert len(pids) == 2, pids
+        os.kill(max(pids), signal.SIGKILL)  # one rank (not the API, not torchrun)
+        failed = srv.wait_job(job["id"], timeout=60)
+        assert (
+            failed["status"] == "failed" and "worker group" in failed["error"]
+        )  # the leader or the supervisor
+        deadline = time.monotonic() + 120
+        while (ready := srv.client.get("/ready")).status_code != 200 or ready.json()["group"] == leader[
+            "group"
+        ]:
+            assert time.monotonic() < deadline, srv.log()[-3000:]
+            time.sleep(0.2)
+        assert ready.json()["restarts"] == 1
+        after = srv.submit(prompt="after the crash", num_inference_steps=2)
+        assert srv.wait_job(after["id"])["status"] == "completed"
+        assert "ithaca_worker_restarts_total 1" in srv.client.get("/metrics").text
+    finally:
+        srv.stop()
+
+
+def test_api_restart_runs_queued_jobs_and_requeues_the_interrupted_one(data_dir):
+    # An API without workers takes jobs; then it dies hard, leaving them queued and one "running" job behind.
+    attached = ServerProcess(data_dir, "--no-workers", *INSTANCE)
+    try:
+        attached.wait("/health")
+        assert attached.client.get("/ready").status_code == 503
+        queued = [attached.submit(prompt=f"queued {i}", num_inference_steps=2) for i in range(3)]
+        store = JobStore(os.path.join(data_dir, "jobs.db"))
+        interrupted = store.claim("fault-box/old-group/replica0", "fault-box")  # as if a group was running it
+        assert interrupted.id == queued[0]["id"]
+    finally:
+        attached.stop(signal.SIGKILL)
+
+    srv = ServerProcess(data_dir, *INSTANCE)
+    try:
+        srv.wait()
+        for job in queued:
+            done = srv.wait_job(job["id"])
+            assert done["status"] == "completed", done
+        assert srv.client.get(f"/jobs/{interrupted.id}").json()["attempts"] == 2  # re-queued once, then ran
+        old = srv.client.get("/jobs", params={"status": "completed", "order": "asc", "limit": 1}).json()[
+            "data"
+        ][0]
+        assert srv.client.get(old["video_url"]).status_code == 200  # earlier videos stay downloadable
+
+        # Graceful SIGTERM: the running job finishes, then the server exits.
+        job = srv.submit(prompt="finish me", num_frames=17, height=128, width=128, num_inference_steps=20)
+        _wait_step(srv, job["id"])
+        assert srv.stop(signal.SIGTERM) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once shut down
+        assert "the running job has" in srv.log()
+        assert store.get(job["id"]).status == "completed"
+        assert _rank_pids(data_dir) == []
+    finally:
+        srv.stop()
