@@ -2,7 +2,8 @@
 
 Each world size runs ONE distributed call that loops over every case (mode × text placement × causal ×
 layout) and returns the errors, so the pool starts once. Exact modes must stay within 1e-5 relative error in
-fp32; FP8 modes (e4m3, one scale per token·head, both directions) measured MEASURED (bound 5e-2).
+fp32 (measured ≤ 5.4e-7); FP8 modes (e4m3, one scale per token·head, both directions) ≤ 5e-2 in ‖Δ‖/‖ref‖
+(measured ≤ 3.7e-2 here; the per-element round trip alone is 2.5 %).
 """
 
 import math
