@@ -47,7 +47,7 @@ def _import_families() -> None:
                 raise
 
 
-def _family(class_name: str | None) -> Family:
+def family_for(class_name: str | None) -> Family:
     _import_families()
     if class_name not in _FAMILIES:
         raise ValueError(f"unknown model class {class_name!r}; known: {sorted(_FAMILIES)}")
@@ -74,7 +74,7 @@ def load_transformer(
     if isinstance(path_or_preset, str) and path_or_preset in PRESETS:
         return build_random(PRESETS[path_or_preset], dtype=dtype, device=device, seed=seed)
     folder = _checkpoint_dir(Path(path_or_preset))
-    family, config, model = _empty(json.loads((folder / "config.json").read_text()), dtype, device)
+    family, config, model = build_empty(json.loads((folder / "config.json").read_text()), dtype, device)
     load_safetensors(model, checkpoint_files(folder), family.resolver(config))
     return model.eval().requires_grad_(False)
 
@@ -83,13 +83,13 @@ def build_random(
     config_json: dict, *, dtype: torch.dtype = torch.float32, device="cpu", seed: int = 0
 ) -> nn.Module:
     """Any config (config.json form, `_class_name` included) with deterministic random weights."""
-    _, _, model = _empty(config_json, dtype, device)
+    _, _, model = build_empty(config_json, dtype, device)
     return random_init(model, seed).eval().requires_grad_(False)
 
 
-def _empty(config_json: dict, dtype: torch.dtype, device):
+def build_empty(config_json: dict, dtype: torch.dtype, device):
     """(family, config, model with uninitialised parameters allocated in dtype on device)."""
-    family = _family(config_json.get("_class_name"))
+    family = family_for(config_json.get("_class_name"))
     config = family.parse_config(config_json)
     with torch.device("meta"):
         model = family.build(config)
