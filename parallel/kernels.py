@@ -84,20 +84,22 @@ def local_attention(q, k, v, *, key_mask=None, causal=False, backend="auto", ret
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     mask = _bool_mask(key_mask, causal, Sq, Sk, q.device)
     is_causal = causal and mask is None
-    if backend == "math" or (return_lse and q.is_cuda and q.dtype == torch.float64):
+    # masked LSE calls only ever attend to the few text keys: the math path is cheap there and avoids the raw
+    # CUDA op's bias alignment rules
+    if backend == "math" or (return_lse and q.is_cuda and (q.dtype == torch.float64 or mask is not None)):
         out, lse = _math(qt, kt, vt, mask, is_causal)
     elif return_lse:
-        bias = (
-            None
-            if mask is None
-            else torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
-        )
         if q.is_cuda:
             out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
-                qt, kt, vt, bias, True, 0.0, is_causal
+                qt, kt, vt, None, True, 0.0, is_causal
             )[:2]
             lse = lse[..., :Sq]  # the op pads the LSE's sequence dim
-        else:
+        else:  # the CPU flash op takes an additive mask of q's dtype
+            bias = (
+                None
+                if mask is None
+                else torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, float("-inf"))
+            )
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 qt, kt, vt, 0.0, is_causal, attn_mask=bias
             )

@@ -1,0 +1,69 @@
+"""Process mesh layout, control group, cfg all-gather and sequence sharding (gloo, 4 ranks, one call)."""
+
+import pytest
+import torch
+
+from tests.distributed import run_distributed
+
+
+def _mesh_facts():
+    import parallel
+
+    facts = {}
+    for degrees in (
+        dict(ulysses=2, cfg=2),
+        dict(ulysses=2, ring=2),
+        dict(ulysses=2),
+        dict(ulysses=1, ring=2),
+    ):
+        m = parallel.init_parallel(**degrees)
+        got = parallel.cfg_all_gather(torch.tensor([float(m.rank)]), m)
+        obj = m.broadcast_object({"leader": m.rank} if m.is_replica_leader else None)
+        m.barrier()
+        facts[str(degrees)] = dict(
+            u=(m.ulysses_size, m.ulysses_rank),
+            r=(m.ring_size, m.ring_rank),
+            c=(m.cfg_size, m.cfg_rank),
+            dp=(m.dp_size, m.dp_rank),
+            sp=(m.sp_size, m.sp_rank),
+            leader=m.replica_leader,
+            cfg_gather=got.flatten().tolist(),
+            broadcast=obj,
+        )
+    x = torch.arange(2 * 11 * 3, dtype=torch.float32).view(2, 11, 3)
+    for layout in ("contiguous", "zigzag"):
+        m = parallel.init_parallel(ulysses=2, ring=2)
+        local, info = parallel.shard_sequence(x, m, layout=layout)
+        facts[layout] = (
+            tuple(local.shape),
+            info.padded_len,
+            torch.equal(parallel.gather_sequence(local, m, info), x),
+        )
+    return facts
+
+
+def test_mesh_layout_groups_and_sharding():
+    results = run_distributed(4, _mesh_facts)
+    for rank, f in enumerate(results):
+        cfg = f["{'ulysses': 2, 'cfg': 2}"]
+        assert cfg["u"] == (2, rank % 2) and cfg["c"] == (2, rank // 2) and cfg["dp"] == (1, 0)
+        assert cfg["cfg_gather"] == [rank % 2, rank % 2 + 2] and cfg["broadcast"] == {"leader": 0}
+        hyb = f["{'ulysses': 2, 'ring': 2}"]
+        assert hyb["r"] == (2, rank // 2) and hyb["sp"] == (4, rank) and hyb["cfg_gather"] == [rank]
+        dp = f["{'ulysses': 2}"]  # two data-parallel replicas of 2 ranks, each with its own leader
+        assert dp["dp"] == (2, rank // 2) and dp["leader"] == 2 * (rank // 2)
+        assert dp["broadcast"] == {"leader": 2 * (rank // 2)}
+        ring = f["{'ulysses': 1, 'ring': 2}"]
+        assert ring["r"] == (2, rank % 2) and ring["dp"] == (2, rank // 2)
+        assert f["contiguous"] == ((2, 3, 3), 12, True)
+        assert f["zigzag"] == ((2, 4, 3), 16, True)
+
+
+def test_world_one_mesh_and_bad_degrees():
+    import parallel
+
+    m = parallel.init_parallel()
+    assert (m.world_size, m.sp_size, m.is_replica_leader) == (1, 1, True)
+    assert m.broadcast_object("x") == "x" and parallel.cfg_all_gather(torch.ones(2), m).shape == (1, 2)
+    with pytest.raises(ValueError, match="valid ulysses x ring x cfg for world size 1: 1x1x1"):
+        parallel.init_parallel(ulysses=2)
