@@ -8,6 +8,7 @@ Contract a model follows to be parallelised (Wan here; other families may reuse 
   `head(...)`        → per-token outputs `[B, S_local, ...]` — gathered and unpadded
   `blocks[i].self_attn.attention(q, k, v)`             — replaced by `parallel.attention` over the sp group
 Only the sp group is used, so a mesh with cfg > 1 works unchanged (the pipeline combines CFG halves).
+A family whose model does not follow this contract registers its own step (`register_parallelizer`).
 """
 
 from __future__ import annotations
@@ -41,8 +42,19 @@ class SequenceParallel:
         return parallel.attention(q, k, v, self.mesh, info=self.info, comm=self.comm)
 
 
+_PARALLELIZERS: dict[type, object] = {}
+
+
+def register_parallelizer(model_class: type, fn) -> None:
+    """`fn(model, mesh, comm)` parallelises instances of `model_class` (a family with its own contract)."""
+    _PARALLELIZERS[model_class] = fn
+
+
 def parallelize(model, mesh, comm="alltoall"):
     """Make `model` run sequence-parallel over `mesh`'s sp group (in place, returned); sp 1: unchanged."""
+    for model_class, fn in _PARALLELIZERS.items():
+        if isinstance(model, model_class):
+            return fn(model, mesh, comm)
     if mesh.sp_size == 1:
         return model
     if getattr(model, "sequence_parallel", None) is not None:

@@ -8,6 +8,7 @@ from dit.hunyuan.parallelize import parallelize_hunyuan
 from dit.hunyuan.t2v import HunyuanT2V
 from dit.hunyuan.weights import resolve
 from dit.loading import Family, register_family
+from dit.parallelize import register_parallelizer
 from dit.presets import register_preset
 
 register_family(
@@ -18,6 +19,8 @@ register_family(
         resolver=lambda config: resolve,
     )
 )
+for _model_class in (HunyuanVideo15Transformer, HunyuanT2V):
+    register_parallelizer(_model_class, parallelize_hunyuan)
 for _name, _config in PRESETS.items():
     register_preset(_name, {"_class_name": DIFFUSERS_CLASS_NAME, **_config.to_dict()})
 
