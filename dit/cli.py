@@ -1,0 +1,294 @@
+"""`ithaca generate` (one video, any layout, with or without torchrun) and `ithaca parity` (1 vs N ranks)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+COMMS = ("alltoall", "fp8", "p2p", "p2p+fp8")
+MODES = ("alltoall", "fp8", "p2p", "ring", "hybrid", "cfg")
+# Parity tolerances on the final latents, relative to their largest magnitude (max |a - b| / max |ref|).
+# fp32 exact modes differ only by summation order (ring's online softmax, kernel blocking): measured ≤ 1e-6 on
+# tiny, 1e-4 leaves room for longer runs. bf16/fp16 round every layer, so reordering shows up ~100× larger.
+# FP8 all-to-all quantizes q/k/v at every layer and step (e4m3 round trip ≈ 2.6 % per element).
+EXACT_TOL = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 1e-2}
+FP8_TOL = 0.1
+FRAME_TOL_EXACT = 2  # uint8 levels: a latent difference of 1e-6 may still flip a rounding boundary
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument(
+        "--model-path", help="diffusers-format Wan2.1 pipeline folder (e.g. Wan2.1-T2V-1.3B-Diffusers)"
+    )
+    src.add_argument("--preset", default="tiny", help="tiny | wan2.1-1.3b | wan2.1-14b (random weights)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--device", default=None, help="default: cuda:LOCAL_RANK when GPUs are present, else cpu")
+    p.add_argument("--attn-backend", default="auto")
+    p.add_argument("--sampler", default="unipc", choices=("unipc", "euler"))
+    p.add_argument(
+        "--flow-shift", type=float, default=None, help="default: the folder's scheduler config, else 3"
+    )
+
+
+def _add_request_args(p: argparse.ArgumentParser, prompt_default: str | None = None) -> None:
+    if prompt_default is None:
+        p.add_argument("prompt")
+    else:
+        p.add_argument("--prompt", default=prompt_default)
+    p.add_argument("--negative-prompt", default="")
+    p.add_argument("--frames", type=int, default=None, help="4k+1 (model default when left out)")
+    p.add_argument("--height", type=int, default=None, help="multiple of 16")
+    p.add_argument("--width", type=int, default=None, help="multiple of 16")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--guidance", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fps", type=int, default=None)
+
+
+def add_subcommands(subparsers) -> None:
+    g = subparsers.add_parser("generate", help="generate one video and write it as MP4")
+    _add_request_args(g)
+    g.add_argument("--out", default="video.mp4")
+    _add_model_args(g)
+    g.add_argument("--ulysses", type=int, default=None, help="Ulysses degree (default: the ranks left over)")
+    g.add_argument("--ring", type=int, default=1)
+    g.add_argument(
+        "--cfg", type=int, default=1, choices=(1, 2), help="2: prompt and negative prompt in parallel"
+    )
+    g.add_argument("--comm", default="alltoall", choices=COMMS)
+    g.add_argument("--nproc", type=int, default=1, help="re-launch under torchrun with N CPU/GPU processes")
+    g.add_argument("--save-latents", default=None, help="also torch.save the final latents and frames here")
+    g.set_defaults(func=run_generate)
+
+    p = subparsers.add_parser("parity", help="same generation on 1 rank and on N ranks per mode; compare")
+    _add_request_args(p, prompt_default="a lighthouse on a cliff at dusk, waves crashing")
+    _add_model_args(p)
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--tol", type=float, default=None, help="exact modes, relative; default by dtype")
+    p.add_argument("--fp8-tol", type=float, default=FP8_TOL)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=run_parity)
+
+
+def _pipeline_config(args, comm: str):
+    from dit.pipeline import PipelineConfig
+
+    return PipelineConfig(
+        model=args.model_path or args.preset,
+        device=args.device,
+        dtype=args.dtype,
+        comm=comm,
+        attn_backend=args.attn_backend,
+        sampler=args.sampler,
+        flow_shift=args.flow_shift,
+    )
+
+
+def _torchrun(nproc: int, argv: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "server.cli", *argv]  # fmt: skip
+
+
+def _without_nproc(argv: list[str]) -> list[str]:
+    """argv minus `--nproc N` / `--nproc=N` (torchrun's parser would read `--nproc` as `--nproc-per-node`)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            out.append(a)
+    return out
+
+
+def run_generate(args) -> int:
+    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        return subprocess.call(_torchrun(args.nproc, _without_nproc(sys.argv[1:])))
+
+    import torch
+    import torch.distributed as dist
+    from tqdm import tqdm
+
+    import parallel
+    from dit.pipeline import GenerationRequest, load_pipeline
+    from dit.video import write_mp4
+
+    backend = "gloo" if args.device == "cpu" else None
+    mesh = parallel.init_parallel(ulysses=args.ulysses, ring=args.ring, cfg=args.cfg, backend=backend)
+    try:
+        pipe = load_pipeline(_pipeline_config(args, args.comm), mesh)
+        request = GenerationRequest(
+            prompt=args.prompt,
+            negative_prompt=args.negative_prompt,
+            num_frames=args.frames,
+            height=args.height,
+            width=args.width,
+            num_inference_steps=args.steps,
+            guidance_scale=args.guidance,
+            seed=args.seed,
+            fps=args.fps,
+        )
+        try:
+            request = pipe.validate(request)
+        except ValueError as e:
+            if mesh.rank == 0:
+                print(f"ithaca generate: error: {e}", file=sys.stderr)
+            return 2
+        leader = mesh.rank == 0
+        bar = tqdm(total=request.num_inference_steps, desc="denoising", unit="step", disable=not leader)
+        start = time.perf_counter()
+        latents = pipe.denoise(request, callback=lambda step, total: bar.update(1))
+        bar.close()
+        if leader:
+            frames = pipe.decode(latents)
+            write_mp4(frames, args.out, request.fps)
+            if args.save_latents:
+                torch.save({"latents": latents.cpu(), "frames": torch.from_numpy(frames)}, args.save_latents)
+            n, h, w, _ = frames.shape
+            layout = f"ulysses {mesh.ulysses_size} x ring {mesh.ring_size} x cfg {mesh.cfg_size}"
+            seconds = time.perf_counter() - start
+            print(
+                f"wrote {args.out}: {n} frames {w}x{h} @ {request.fps} fps, "
+                f"{request.num_inference_steps} steps, {layout} ({mesh.world_size} ranks), {seconds:.1f} s"
+            )
+        return 0
+    finally:
+        if dist.is_initialized() and "WORLD_SIZE" in os.environ:
+            dist.destroy_process_group()
+
+
+@dataclass
+class ParityRow:
+    mode: str
+    ranks: int
+    layout: str  # ulysses x ring x cfg
+    comm: str
+    status: str  # ok | FAIL | skipped | error
+    latents_max_abs: float | None = None
+    latents_rel: float | None = None
+    frames_max_abs: int | None = None
+    frames_rel: float | None = None
+    tol: float | None = None
+    note: str = ""
+
+
+def _mode_layout(mode: str, n: int) -> tuple[int, int, int, str] | str:
+    """(ulysses, ring, cfg, comm) for a mode at n ranks, or why it cannot run."""
+    if mode in ("alltoall", "fp8", "p2p"):
+        return n, 1, 1, mode
+    if mode == "ring":
+        return 1, n, 1, "alltoall"
+    if mode == "hybrid":
+        return (2, n // 2, 1, "alltoall") if n >= 4 and n % 2 == 0 else "needs an even --nproc of at least 4"
+    if mode == "cfg":
+        return (n // 2, 1, 2, "alltoall") if n % 2 == 0 else "needs an even --nproc"
+    raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+
+
+def _common_argv(args) -> list[str]:
+    argv = [args.prompt, "--negative-prompt", args.negative_prompt, "--seed", str(args.seed)]
+    for flag, value in (("--frames", args.frames), ("--height", args.height), ("--width", args.width),
+                        ("--steps", args.steps), ("--guidance", args.guidance), ("--fps", args.fps),
+                        ("--model-path", args.model_path), ("--device", args.device),
+                        ("--flow-shift", args.flow_shift)):  # fmt: skip
+        if value is not None:
+            argv += [flag, str(value)]
+    if not args.model_path:
+        argv += ["--preset", args.preset]
+    return argv + ["--dtype", args.dtype, "--attn-backend", args.attn_backend, "--sampler", args.sampler]
+
+
+def _launch(argv: list[str], nproc: int, out: Path) -> tuple[dict | None, str]:
+    argv = ["generate", *argv, "--out", str(out.with_suffix(".mp4")), "--save-latents", str(out)]
+    cmd = _torchrun(nproc, argv) if nproc > 1 else [sys.executable, "-m", "server.cli", *argv]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:  # the most telling line: the last error message, else the last line
+        lines = (proc.stdout + proc.stderr).strip().splitlines() or [f"exit code {proc.returncode}"]
+        return None, next((ln for ln in reversed(lines) if "rror" in ln), lines[-1]).strip()
+    import torch
+
+    return torch.load(out), ""
+
+
+def _compare(ref: dict, got: dict) -> tuple[float, float, int, float]:
+    a, b = ref["latents"].double(), got["latents"].double()
+    lat_abs = (a - b).abs().max().item()
+    fr_abs = (ref["frames"].int() - got["frames"].int()).abs().max().item()
+    return lat_abs, lat_abs / max(a.abs().max().item(), 1e-30), fr_abs, fr_abs / 255.0
+
+
+def run_parity(args) -> int:
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for m in modes:
+        if m not in MODES:
+            print(
+                f"ithaca parity: error: unknown mode {m!r}; choose from {', '.join(MODES)}", file=sys.stderr
+            )
+            return 2
+    exact_tol = args.tol if args.tol is not None else EXACT_TOL[args.dtype]
+    common = _common_argv(args)
+    rows: list[ParityRow] = []
+    with tempfile.TemporaryDirectory(prefix="ithaca-parity-") as tmp:
+        ref, err = _launch(common, 1, Path(tmp) / "reference.pt")
+        if ref is None:
+            print(f"ithaca parity: the 1-rank reference run failed: {err}", file=sys.stderr)
+            return 1
+        for mode in modes:
+            layout = _mode_layout(mode, args.nproc)
+            if isinstance(layout, str):
+                rows.append(ParityRow(mode, args.nproc, "-", "-", "skipped", note=layout))
+                continue
+            u, r, c, comm = layout
+            tol = args.fp8_tol if "fp8" in comm else exact_tol
+            row = ParityRow(mode, args.nproc, f"{u}x{r}x{c}", comm, "error", tol=tol)
+            argv = [*common, "--ulysses", str(u), "--ring", str(r), "--cfg", str(c), "--comm", comm]
+            got, err = _launch(argv, args.nproc, Path(tmp) / f"{mode}.pt")
+            if got is None:
+                row.note = err
+            else:
+                row.latents_max_abs, row.latents_rel, row.frames_max_abs, row.frames_rel = _compare(ref, got)
+                frames_ok = "fp8" in comm or row.frames_max_abs <= FRAME_TOL_EXACT
+                row.status = "ok" if row.latents_rel <= tol and frames_ok else "FAIL"
+            rows.append(row)
+    ok = all(r.status in ("ok", "skipped") for r in rows)
+    if args.json:
+        print(json.dumps({"ok": ok, "dtype": args.dtype, "rows": [asdict(r) for r in rows]}, indent=2))
+    else:
+        _print_table(rows)
+    return 0 if ok else 1
+
+
+def _print_table(rows: list[ParityRow]) -> None:
+    def fmt(v):
+        return "-" if v is None else (str(v) if isinstance(v, int) else f"{v:.2e}")
+
+    head = ("mode", "ranks", "u x r x c", "comm", "latents max abs", "latents rel", "frames max abs",
+            "frames rel", "tol", "result")  # fmt: skip
+    table = [head] + [
+        (
+            r.mode,
+            str(r.ranks),
+            r.layout,
+            r.comm,
+            fmt(r.latents_max_abs),
+            fmt(r.latents_rel),
+            fmt(r.frames_max_abs),
+            fmt(r.frames_rel),
+            fmt(r.tol),
+            f"{r.status} {r.note}".strip(),
+        )  # fmt: skip
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())

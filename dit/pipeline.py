@@ -1,0 +1,241 @@
+"""Text-to-video: encode the prompt → seeded noise → denoise with the (sequence-parallel) DiT → VAE decode.
+
+Every rank of a replica runs `generate` with the same request. The noise comes from a CPU generator seeded by
+the request alone, so any world size and layout start from the same latents and end with the same video; the
+VAE lives on the replica leader only, which is the one rank that returns frames.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import dit
+import parallel
+from dit import vae as vae_lib
+from dit.sampling import SAMPLERS, Callback, GenerationCancelled, denoise, folder_flow_shift, make_scheduler
+from dit.text_encoder import load_text_encoder
+
+__all__ = [
+    "GenerationCancelled",
+    "GenerationRequest",
+    "Limits",
+    "Pipeline",
+    "PipelineConfig",
+    "load_pipeline",
+]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MAX_SEED = 2**63 - 1
+
+
+@dataclass
+class PipelineConfig:
+    model: str = "tiny"  # a preset name ("tiny", "wan2.1-1.3b", ...) or a diffusers Wan pipeline folder
+    device: str | None = None  # None: the mesh's device (cuda:LOCAL_RANK under torchrun on GPUs, else cpu)
+    dtype: str = "float32"  # the DiT's and text encoder's dtype; the VAE always decodes in float32
+    comm: str = "alltoall"  # sequence-parallel exchange: alltoall | fp8 | p2p | p2p+fp8
+    attn_backend: str = "auto"
+    sampler: str = "unipc"  # unipc | euler
+    flow_shift: float | None = None  # None: the folder's scheduler config, else 3.0 (Wan's 480p value)
+
+
+@dataclass
+class GenerationRequest:
+    """None fields take the model's defaults (`pipe.limits`)."""
+
+    prompt: str
+    negative_prompt: str = ""
+    num_frames: int | None = None
+    height: int | None = None
+    width: int | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    seed: int = 0
+    fps: int | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Allowed ranges and defaults. Frames are `frame_step`·k + 1 (the VAE's time compression); height and
+    width are multiples of `size_multiple` (the VAE's space compression × the DiT's patch size)."""
+
+    min_frames: int = 5
+    max_frames: int = 129
+    default_frames: int = 81
+    frame_step: int = 4
+    min_size: int = 16
+    max_size: int = 1280
+    size_multiple: int = 16
+    default_height: int = 480
+    default_width: int = 832
+    min_steps: int = 1
+    max_steps: int = 100
+    default_steps: int = 50
+    min_guidance: float = 1.0
+    max_guidance: float = 20.0
+    default_guidance: float = 5.0
+    max_prompt_tokens: int = 512
+    min_fps: int = 1
+    max_fps: int = 60
+    default_fps: int = 16
+
+
+# `tiny` runs on a CPU in seconds: a short, small video with few steps.
+TINY_LIMITS = Limits(
+    max_frames=33,
+    default_frames=9,
+    max_size=256,
+    default_height=64,
+    default_width=64,
+    max_steps=50,
+    default_steps=8,
+)
+
+
+def _check_int(
+    name: str, value, low: int, high: int, rule: str = "an integer", step: int = 1, offset: int = 0
+):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not low <= value <= high
+        or (value - offset) % step
+    ):
+        raise ValueError(f"{name} must be {rule} between {low} and {high}, got {value!r}")
+
+
+class Pipeline:
+    def __init__(
+        self, config: PipelineConfig, mesh, model, text_encoder, vae, limits: Limits, flow_shift: float
+    ):
+        self.config, self.mesh, self.model = config, mesh, model
+        self.text_encoder, self.vae, self.limits, self.flow_shift = text_encoder, vae, limits, flow_shift
+
+    def validate(self, req: GenerationRequest) -> GenerationRequest:
+        """The request with defaults filled in; ValueError naming the field and its allowed values if not."""
+        lim = self.limits
+        req = replace(
+            req,
+            num_frames=lim.default_frames if req.num_frames is None else req.num_frames,
+            height=lim.default_height if req.height is None else req.height,
+            width=lim.default_width if req.width is None else req.width,
+            num_inference_steps=lim.default_steps
+            if req.num_inference_steps is None
+            else req.num_inference_steps,
+            guidance_scale=lim.default_guidance if req.guidance_scale is None else req.guidance_scale,
+            fps=lim.default_fps if req.fps is None else req.fps,
+        )
+        step = lim.frame_step
+        _check_int(
+            "num_frames", req.num_frames, lim.min_frames, lim.max_frames, f"{step}k+1", step=step, offset=1
+        )
+        for name in ("height", "width"):
+            mult = lim.size_multiple
+            _check_int(
+                name, getattr(req, name), lim.min_size, lim.max_size, f"a multiple of {mult}", step=mult
+            )
+        _check_int("num_inference_steps", req.num_inference_steps, lim.min_steps, lim.max_steps)
+        _check_int("fps", req.fps, lim.min_fps, lim.max_fps)
+        _check_int("seed", req.seed, 0, MAX_SEED)
+        g = req.guidance_scale
+        if (
+            isinstance(g, bool)
+            or not isinstance(g, int | float)
+            or not lim.min_guidance <= g <= lim.max_guidance
+        ):
+            raise ValueError(
+                f"guidance_scale must be between {lim.min_guidance} and {lim.max_guidance}, got {g!r}"
+            )
+        if not isinstance(req.prompt, str) or not req.prompt.strip():
+            raise ValueError("prompt must be a non-empty string")
+        for name in ("prompt", "negative_prompt"):
+            tokens = self.text_encoder.count_tokens(getattr(req, name))
+            if tokens > lim.max_prompt_tokens:
+                raise ValueError(
+                    f"{name} is {tokens} tokens long; "
+                    f"the text encoder accepts at most {lim.max_prompt_tokens}"
+                )
+        return req
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def latent_shape(self, req: GenerationRequest) -> tuple[int, ...]:
+        t, s = vae_lib.WAN_COMPRESSION
+        channels = self.model.config.in_channels
+        return (1, channels, (req.num_frames - 1) // t + 1, req.height // s, req.width // s)
+
+    def initial_noise(self, req: GenerationRequest) -> torch.Tensor:
+        """From a CPU generator seeded by the request only: identical on every rank, device and world size."""
+        generator = torch.Generator("cpu").manual_seed(req.seed)
+        noise = torch.randn(self.latent_shape(req), generator=generator, dtype=torch.float32)
+        return noise.to(self.device)
+
+    def denoise(self, req: GenerationRequest, callback: Callback | None = None) -> torch.Tensor:
+        """Final latents (float32, the same on every rank). Raises GenerationCancelled on every rank."""
+        req = self.validate(req)
+        mesh, dtype = self.mesh, next(self.model.parameters()).dtype
+        guided = req.guidance_scale != 1.0
+        # Encode only what this rank's passes use: CFG-parallel's cfg rank 1 runs the negative prompt alone.
+        need_cond = mesh.cfg_size == 1 or mesh.cfg_rank == 0
+        need_uncond = (mesh.cfg_size == 2 and mesh.cfg_rank == 1) or (mesh.cfg_size == 1 and guided)
+        cond = self.text_encoder.encode(req.prompt).to(dtype) if need_cond else None
+        uncond = self.text_encoder.encode(req.negative_prompt).to(dtype) if need_uncond else None
+        return denoise(
+            self.model,
+            self.initial_noise(req),
+            cond=cond,
+            uncond=uncond,
+            scheduler=make_scheduler(self.config.sampler, self.flow_shift),
+            steps=req.num_inference_steps,
+            guidance=req.guidance_scale,
+            mesh=mesh,
+            callback=callback,
+        )
+
+    def decode(self, latents: torch.Tensor) -> np.ndarray:
+        """uint8 frames `[F, H, W, 3]`; only the replica leader holds the VAE."""
+        if self.vae is None:
+            raise RuntimeError("only the replica leader decodes (it alone holds the VAE)")
+        return vae_lib.decode(self.vae, latents)
+
+    def generate(self, req: GenerationRequest, callback: Callback | None = None) -> np.ndarray | None:
+        """Frames on the replica leader, None on the other ranks."""
+        latents = self.denoise(req, callback)
+        return self.decode(latents) if self.mesh.is_replica_leader else None
+
+
+def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
+    """Build the pipeline on this rank. `config.model` is a preset or a diffusers Wan pipeline folder (its
+    `transformer/`, `text_encoder/` + `tokenizer/`, `vae/`, `scheduler/`); a preset without a folder pairs the
+    DiT with the tiny text encoder and VAE sized to it (random weights, for development and benchmarks)."""
+    if config.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {config.dtype!r}")
+    if config.sampler not in SAMPLERS:
+        raise ValueError(f"sampler must be one of {SAMPLERS}, got {config.sampler!r}")
+    mesh = mesh if mesh is not None else parallel.init_parallel()
+    device = torch.device(config.device) if config.device else mesh.device
+    dtype = DTYPES[config.dtype]
+    folder = Path(config.model) if Path(config.model).is_dir() else None
+
+    model = dit.load_transformer(config.model, dtype=dtype, device=device).eval()
+    model = dit.parallelize(model, mesh, comm=config.comm)
+    text_encoder = load_text_encoder(folder, dim=model.config.text_dim, dtype=dtype, device=device)
+    channels = model.config.in_channels
+    vae = vae_lib.load_vae(folder, z_dim=channels, device=device) if mesh.is_replica_leader else None
+
+    base = TINY_LIMITS if folder is None and config.model == "tiny" else Limits()
+    t, s = vae_lib.WAN_COMPRESSION
+    limits = replace(
+        base,
+        frame_step=t,
+        size_multiple=s * max(model.config.patch_size[1:]),
+        max_prompt_tokens=text_encoder.max_tokens,
+    )
+    shift = config.flow_shift if config.flow_shift is not None else folder_flow_shift(folder) or 3.0
+    return Pipeline(config, mesh, model, text_encoder, vae, limits, shift)

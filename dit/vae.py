@@ -1,0 +1,63 @@
+"""Wan's video VAE (diffusers `AutoencoderKLWan`): real weights from a pipeline folder, or a tiny random one.
+
+The VAE stays in float32 whatever the DiT runs in (as in diffusers' Wan examples): decoding is a small part of
+the run time and bf16 decoding visibly bands the output.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers import AutoencoderKLWan
+
+# Wan2.1's VAE compresses time ×4 (frames = 4k+1) and space ×8. Every rank needs these for the latent shape,
+# but only the replica leader loads the VAE, so they are constants here and `load_vae` checks the VAE agrees.
+WAN_COMPRESSION = (4, 8)
+
+
+def tiny_vae(z_dim: int, *, seed: int = 0) -> AutoencoderKLWan:
+    """Same compression as Wan's VAE (time ×4, space ×8), a few channels, random weights from a fixed seed."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        vae = AutoencoderKLWan(
+            base_dim=8,
+            z_dim=z_dim,
+            dim_mult=[1, 2, 2, 2],
+            num_res_blocks=1,
+            temperal_downsample=[False, True, True],
+            latents_mean=[0.0] * z_dim,
+            latents_std=[1.0] * z_dim,
+        )
+    return vae.eval()
+
+
+def load_vae(folder: str | Path | None, *, z_dim: int, device: torch.device | str) -> AutoencoderKLWan:
+    """`folder/vae` when present, otherwise the tiny VAE with the DiT's latent channels."""
+    if folder is not None and (Path(folder) / "vae").is_dir():
+        vae = AutoencoderKLWan.from_pretrained(Path(folder) / "vae", torch_dtype=torch.float32)
+    else:
+        vae = tiny_vae(z_dim)
+    if vae.config.z_dim != z_dim:
+        raise ValueError(f"the VAE has {vae.config.z_dim} latent channels but the DiT expects {z_dim}")
+    found = (vae.config.scale_factor_temporal, vae.config.scale_factor_spatial)
+    if found != WAN_COMPRESSION:
+        raise ValueError(
+            f"the VAE compresses (time, space) by {found}; this pipeline expects {WAN_COMPRESSION}"
+        )
+    return vae.to(device).eval()
+
+
+@torch.no_grad()
+def decode(vae: AutoencoderKLWan, latents: torch.Tensor) -> np.ndarray:
+    """Latents `[1, C, f, h, w]` (the DiT's normalised space) → uint8 frames `[F, H, W, 3]`."""
+    cfg = vae.config
+    shape = (1, cfg.z_dim, 1, 1, 1)
+    mean = torch.tensor(cfg.latents_mean, dtype=torch.float32).view(shape)
+    std = torch.tensor(cfg.latents_std, dtype=torch.float32).view(shape)
+    device = next(vae.parameters()).device
+    z = latents.to(device, torch.float32) * std.to(device) + mean.to(device)
+    video = vae.decode(z, return_dict=False)[0]  # [1, 3, F, H, W] in [-1, 1]
+    video = ((video[0].clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return video.permute(1, 2, 3, 0).cpu().numpy()

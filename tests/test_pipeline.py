@@ -1,0 +1,115 @@
+"""The pipeline on one process: input checks, seeded determinism, cancellation, MP4 round trip."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dit.pipeline import GenerationCancelled, GenerationRequest, PipelineConfig, load_pipeline
+from dit.video import read_mp4, write_mp4
+
+SMALL = dict(num_frames=5, height=32, width=48, num_inference_steps=2)
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    return load_pipeline(PipelineConfig(model="tiny", device="cpu"))
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("num_frames", 10, r"num_frames must be 4k\+1 between 5 and 33, got 10"),
+        ("num_frames", 37, r"num_frames must be 4k\+1 between 5 and 33, got 37"),
+        ("height", 40, r"height must be a multiple of 16 between 16 and 256, got 40"),
+        ("width", 512, r"width must be a multiple of 16 between 16 and 256, got 512"),
+        ("num_inference_steps", 0, r"num_inference_steps must be an integer between 1 and 50, got 0"),
+        ("guidance_scale", 25.0, r"guidance_scale must be between 1.0 and 20.0, got 25.0"),
+        ("guidance_scale", 0.5, r"guidance_scale must be between 1.0 and 20.0, got 0.5"),
+        ("fps", 0, r"fps must be an integer between 1 and 60, got 0"),
+        ("seed", -1, r"seed must be an integer between 0 and"),
+        ("prompt", "", r"prompt must be a non-empty string"),
+        ("prompt", "x" * 200, r"prompt is 201 tokens long; the text encoder accepts at most 128"),
+        (
+            "negative_prompt",
+            "y" * 500,
+            r"negative_prompt is 501 tokens long; the text encoder accepts at most 128",
+        ),
+    ],
+)
+def test_bad_inputs_name_the_field_and_allowed_values(pipe, field, value, message):
+    req = (
+        GenerationRequest(prompt="a cat", **{field: value}) if field != "prompt" else GenerationRequest(value)
+    )
+    with pytest.raises(ValueError, match=message):
+        pipe.validate(req)
+
+
+def test_defaults_come_from_the_limits(pipe):
+    lim = pipe.limits
+    req = pipe.validate(GenerationRequest("a cat"))
+    assert (req.num_frames, req.height, req.width) == (
+        lim.default_frames,
+        lim.default_height,
+        lim.default_width,
+    )
+    assert (req.num_inference_steps, req.guidance_scale, req.fps) == (
+        lim.default_steps,
+        lim.default_guidance,
+        16,
+    )
+    assert req.num_frames > 1 and (req.num_frames - 1) % lim.frame_step == 0
+    assert lim.size_multiple == 16 and lim.max_prompt_tokens == pipe.text_encoder.max_tokens
+
+
+def test_latent_shape_follows_vae_compression_and_model_channels(pipe):
+    req = pipe.validate(GenerationRequest("a cat", num_frames=13, height=48, width=80))
+    assert pipe.latent_shape(req) == (1, pipe.model.config.in_channels, 4, 6, 10)
+
+
+def test_generation_is_seeded(pipe):
+    a = pipe.denoise(GenerationRequest("a red fox", seed=3, **SMALL))
+    b = pipe.denoise(GenerationRequest("a red fox", seed=3, **SMALL))
+    c = pipe.denoise(GenerationRequest("a red fox", seed=4, **SMALL))
+    d = pipe.denoise(GenerationRequest("a blue whale", seed=3, **SMALL))
+    assert torch.equal(a, b)
+    assert not torch.allclose(a, c) and not torch.allclose(a, d)  # the seed and the prompt both matter
+    frames = pipe.decode(a)
+    assert frames.shape == (5, 32, 48, 3) and frames.dtype == np.uint8
+    assert frames.std() > 0  # not a constant image
+
+
+def test_callback_reports_every_step_and_cancels(pipe):
+    seen = []
+    pipe.generate(GenerationRequest("a cat", **SMALL), callback=lambda s, n: seen.append((s, n)))
+    assert seen == [(1, 2), (2, 2)]
+    seen.clear()
+    req = GenerationRequest("a cat", **{**SMALL, "num_inference_steps": 5})
+    with pytest.raises(GenerationCancelled) as info:
+        pipe.generate(req, callback=lambda s, n: seen.append(s) or s < 2)
+    assert (info.value.step, info.value.total, seen) == (2, 5, [1, 2])
+
+
+def test_mp4_round_trip(tmp_path):
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, size=(9, 48, 80, 3), dtype=np.uint8)
+    path = write_mp4(frames, tmp_path / "v.mp4", fps=12)
+    video = read_mp4(path)
+    assert video.frames.shape == (9, 48, 80, 3)
+    assert (video.fps, video.codec, video.pix_fmt) == (12.0, "h264", "yuv420p")
+
+
+def test_mp4_rejects_bad_frames(tmp_path):
+    with pytest.raises(ValueError, match="frames must be uint8"):
+        write_mp4(np.zeros((3, 16, 16), np.uint8), tmp_path / "v.mp4", fps=8)
+    with pytest.raises(ValueError, match="must be even"):
+        write_mp4(np.zeros((3, 15, 16, 3), np.uint8), tmp_path / "v.mp4", fps=8)
+
+
+def test_tiny_text_encoder_pads_like_wan(pipe):
+    enc = pipe.text_encoder
+    emb = enc.encode("  a   cat ")  # cleaned to "a cat": 5 bytes + end token
+    assert emb.shape == (1, enc.max_tokens, pipe.model.config.text_dim)
+    assert enc.count_tokens("  a   cat ") == 6
+    assert emb[0, :6].abs().sum(-1).min() > 0 and emb[0, 6:].abs().max() == 0
