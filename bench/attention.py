@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from parallel import comm as C
 from parallel import fp8, init_parallel, local_attention
+from parallel.launch import spawn_local
 from parallel.ulysses import pack_out, pack_qkv, unpack_out, unpack_qkv
 
 
@@ -81,11 +79,10 @@ def measure(S, H, D, P, comm, iters, device, dtype, group=None) -> dict:
     return {"ms": ms, "attention_tflops": flops / ms["attention"] / 1e9}
 
 
-def _rank(rank, world, port, args) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    torch.manual_seed(rank)
+def _rank(args) -> None:
     mesh = init_parallel()
+    world, rank = mesh.world_size, mesh.rank
+    torch.manual_seed(rank)
     res = measure(
         args.seq,
         args.heads,
@@ -102,7 +99,6 @@ def _rank(rank, world, port, args) -> None:
     if rank == 0:
         res["ms"] = dict(zip(res["ms"], slowest.tolist(), strict=True))
         report(res, args, f"CPU, {world} gloo processes, fp32, torch {torch.__version__}")
-    dist.destroy_process_group()
 
 
 def report(res: dict, args, where: str) -> None:
@@ -148,10 +144,7 @@ def main(argv=None) -> None:
         )
     if args.seq % args.nproc or args.heads % args.nproc:
         raise SystemExit(f"--seq {args.seq} and --heads {args.heads} must divide by --nproc {args.nproc}")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_rank, args=(args.nproc, port, args), nprocs=args.nproc)
+    spawn_local(_rank, args.nproc, args)
 
 
 if __name__ == "__main__":

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import time
 
 import torch
-import torch.multiprocessing as mp
 
 import parallel
+from parallel.launch import spawn_local
 
 MODES = ("alltoall", "fp8", "p2p", "p2p+fp8")
 
@@ -46,19 +45,6 @@ def run(args) -> None:
             print(f"{comm:<10} {ms:8.1f} {d_img:14.2e} {d_txt:13.2e} {rel:11.2e}")
 
 
-def _spawned(rank: int, world: int, port: int, args) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    run(args)
-    torch.distributed.destroy_process_group()
-
-
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nproc", type=int, default=4, help="processes to spawn when not under torchrun")
@@ -69,10 +55,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if "WORLD_SIZE" in os.environ:
         return run(args)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_spawned, args=(args.nproc, port, args), nprocs=args.nproc)
+    spawn_local(run, args.nproc, args)
 
 
 if __name__ == "__main__":

@@ -50,8 +50,3 @@ def unpack(buf: torch.Tensor, shape: torch.Size | tuple, dtype: torch.dtype) -> 
     payload = buf[:, :nD].contiguous().view(FP8).view(shape)
     scale = buf[:, nD:].contiguous().view(torch.float32).view(*shape[:-1], 1)
     return dequantize(payload, scale, dtype)
-
-
-def wire_ratio(head_dim: int, dtype_bytes: int = 2) -> float:
-    """Bytes on the wire relative to sending `dtype_bytes`-wide values: (D + 4) / (D * dtype_bytes)."""
-    return (head_dim + 4) / (head_dim * dtype_bytes)

@@ -112,7 +112,7 @@ def init_parallel(
     backend = backend or dist.get_backend()
     world, rank = dist.get_world_size(), dist.get_rank()
     u, r, c = _degrees(world, ulysses, ring, cfg)
-    key = (u, r, c, backend, world)
+    key = (u, r, c, backend, id(dist.group.WORLD))  # a re-initialised default group invalidates the cache
     if key in _MESHES:
         return _MESHES[key]
 
