@@ -1,0 +1,186 @@
+"""GPU memory per rank for a deployment, computed from the model shapes (no weights, no GPU).
+
+Parameter counts come from building each component on the meta device from its published config, so they are
+exact for those configs. Activation memory is an estimate from the tensor shapes of one DiT block's forward
+(see `activation_bytes`): sequence parallelism divides activations by the number of ranks, while every rank
+holds a full copy of the weights. `python -m dit.sizing` prints the table in deploy/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import torch
+
+BF16 = 2
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Resolution:
+    name: str
+    height: int
+    width: int
+    frames: int = 81
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimate needs of one text-to-video model."""
+
+    name: str
+    preset: str  # dit preset of the transformer
+    text_encoder: str  # a name `text_encoder_params` knows
+    vae: str  # diffusers VAE class, built with its default (published) config
+    vae_spatial: int  # pixels per latent pixel
+    vae_temporal: int  # frames per latent frame
+    resolutions: tuple[Resolution, ...]
+
+
+MODELS = (
+    ModelShape(
+        "Wan2.1 1.3B", "wan2.1-1.3b", "umt5-xxl", "AutoencoderKLWan", 8, 4, (Resolution("480p", 480, 832),)
+    ),
+    ModelShape(
+        "Wan2.1 14B",
+        "wan2.1-14b",
+        "umt5-xxl",
+        "AutoencoderKLWan",
+        8,
+        4,
+        (Resolution("480p", 480, 832), Resolution("720p", 720, 1280)),
+    ),  # fmt: skip
+    ModelShape(
+        "HunyuanVideo-1.5",
+        "hunyuanvideo-1.5-480p-t2v",
+        "qwen2.5-vl-7b+byt5",
+        "AutoencoderKLHunyuanVideo15",
+        16,
+        4,
+        (Resolution("480p", 480, 848), Resolution("720p", 720, 1280)),
+    ),  # fmt: skip
+)
+
+
+def count_params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def transformer_shape(preset: str) -> tuple[int, dict]:
+    """(parameter count, config json) of a dit preset, built on the meta device."""
+    from dit.loading import _import_families, family_for
+    from dit.presets import PRESETS
+
+    _import_families()
+    config_json = PRESETS[preset]
+    family = family_for(config_json["_class_name"])
+    with torch.device("meta"):
+        model = family.build(family.parse_config(config_json))
+    return count_params(model), config_json
+
+
+def text_encoder_params(name: str) -> int:
+    """Published text-encoder configs, built on the meta device through transformers."""
+    import transformers as tf
+
+    with torch.device("meta"):
+        if name == "umt5-xxl":  # Wan2.1: the UMT5-XXL encoder only
+            cfg = tf.UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24,
+                                num_heads=64, feed_forward_proj="gated-gelu")  # fmt: skip
+            return count_params(tf.UMT5EncoderModel(cfg))
+        if (
+            name == "qwen2.5-vl-7b+byt5"
+        ):  # HunyuanVideo-1.5: Qwen2.5-VL-7B language model + ByT5-small glyph encoder
+            qwen = tf.Qwen2Config(
+                vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                num_attention_heads=28, num_key_value_heads=4,
+            )  # fmt: skip
+            byt5 = tf.T5Config(vocab_size=384, d_model=1472, d_kv=64, d_ff=3584, num_layers=12, num_heads=6,
+                               feed_forward_proj="gated-gelu")  # fmt: skip
+            return count_params(tf.Qwen2Model(qwen)) + count_params(tf.T5EncoderModel(byt5))
+    raise KeyError(name)
+
+
+def vae_params(class_name: str) -> int:
+    import diffusers
+
+    with torch.device("meta"):
+        return count_params(getattr(diffusers, class_name)())
+
+
+def tokens(model: ModelShape, res: Resolution, patch: tuple[int, int, int]) -> int:
+    f = (res.frames - 1) // model.vae_temporal + 1
+    h, w = res.height // model.vae_spatial, res.width // model.vae_spatial
+    return (f // patch[0]) * (h // patch[1]) * (w // patch[2])
+
+
+def activation_bytes(seq: int, dim: int, ffn: int, ranks: int) -> int:
+    """Peak live activations of one block's forward on one rank, bf16, batch 1 (CFG passes run one at a time).
+
+    Live across the block: the fp32 residual stream and its modulated copy (s·d·(4+2)). Attention phase:
+    fused QKV (3·s·d), its all-to-all send and receive buffers (2·3·s·d), the attention output and its
+    return all-to-all (2·s·d), plus kernel workspace of the same order (s·d). FFN phase: the hidden
+    activation and its GELU (2·s·ffn). `s` is the per-rank share of the tokens.
+    """
+    s = -(-seq // ranks)
+    attention = (3 + 6 + 2 + 1) * s * dim * BF16
+    ffn_phase = 2 * s * ffn * BF16
+    return s * dim * (4 + BF16) + max(attention, ffn_phase)
+
+
+def table(ranks_list=(1, 2, 4, 8)) -> list[dict]:
+    rows = []
+    for model in MODELS:
+        dit_params, cfg = transformer_shape(model.preset)
+        text_params = text_encoder_params(model.text_encoder) + vae_params(model.vae)
+        heads = cfg.get("num_attention_heads")
+        head_dim = cfg.get("attention_head_dim")
+        dim = heads * head_dim
+        ffn = cfg.get("ffn_dim") or int(dim * cfg.get("mlp_ratio", 4.0))
+        patch = tuple(cfg["patch_size"]) if isinstance(cfg.get("patch_size"), list) else (
+            cfg.get("patch_size_t", 1), cfg.get("patch_size", 1), cfg.get("patch_size", 1))  # fmt: skip
+        for res in model.resolutions:
+            seq = tokens(model, res, patch)
+            for ranks in ranks_list:
+                weights = (dit_params + text_params) * BF16
+                act = activation_bytes(seq, dim, ffn, ranks)
+                rows.append(
+                    dict(
+                        model=model.name,
+                        resolution=res.name,
+                        tokens=seq,
+                        ranks=ranks,
+                        dit_params_b=dit_params / 1e9,
+                        text_params_b=text_params / 1e9,
+                        weights_gib=weights / GIB,
+                        activations_gib=act / GIB,
+                        total_gib=(weights + act) / GIB,
+                        ulysses_ok=heads % ranks == 0,
+                    )  # fmt: skip
+                )
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    out = [
+        "| model | res | tokens | ranks | DiT params | text encoder + VAE params | weights/rank (GiB) "
+        "| activations/rank (GiB) | total/rank (GiB) | Ulysses degree fits heads |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['model']} | {r['resolution']} | {r['tokens']} | {r['ranks']} | {r['dit_params_b']:.2f} B "
+            f"| {r['text_params_b']:.2f} B | {r['weights_gib']:.1f} | {r['activations_gib']:.2f} "
+            f"| {r['total_gib']:.1f} | {'yes' if r['ulysses_ok'] else 'no: use ring or cfg'} |"
+        )
+    return "\n".join(out)
+
+
+def main(argv=None) -> None:
+    argparse.ArgumentParser(description=__doc__).parse_args(argv)
+    print(markdown(table()))
+
+
+if __name__ == "__main__":
+    main()
