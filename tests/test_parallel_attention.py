@@ -58,6 +58,7 @@ def make_cases(world: int) -> list[dict]:
     few = [texts[0], texts[4]]
     cases = [dict(ulysses=world, ring=1, comm="alltoall", **t) for t in texts]
     cases += [dict(ulysses=world, ring=1, comm=c, **t) for c in ("fp8", "p2p", "p2p+fp8") for t in few]
+    cases += [dict(ulysses=world, ring=1, comm="alltoall", causal=True, **t) for t in few]
     rings = [(1, world, False, "contiguous"), (1, world, True, "contiguous"), (1, world, True, "zigzag")]
     rings += [
         (u, world // u, c, lay)
