@@ -124,7 +124,12 @@ def run_generate(args) -> int:
     from dit.video import write_mp4
 
     backend = "gloo" if args.device == "cpu" else None
-    mesh = parallel.init_parallel(ulysses=args.ulysses, ring=args.ring, cfg=args.cfg, backend=backend)
+    try:
+        mesh = parallel.init_parallel(ulysses=args.ulysses, ring=args.ring, cfg=args.cfg, backend=backend)
+    except ValueError as e:  # degrees that do not fit the world size: the message lists the valid ones
+        if os.environ.get("RANK", "0") == "0":
+            print(f"ithaca generate: error: {e}", file=sys.stderr)
+        return 2
     try:
         pipe = load_pipeline(_pipeline_config(args, args.comm), mesh)
         request = GenerationRequest(
