@@ -88,7 +88,7 @@ async def list_jobs(
 @router.get("/jobs/{job_id}")
 async def get_job(request: Request, job_id: str):
     services = svc(request)
-    return job_view(services, services.job(job_id))
+    return JSONResponse(job_view(services, services.job(job_id)))  # the hot poll path: skip jsonable_encoder
 
 
 @router.delete("/jobs/{job_id}")

@@ -1,7 +1,8 @@
 """Runs the worker group as a torchrun child of the API process and keeps it alive.
 
-- Launch: `python -m torch.distributed.run --standalone --nproc-per-node N -m server.worker <settings>` in its own
-  process group, with a fresh group id (jobs it claims are tagged `<instance>/<group>/replica<k>`).
+- Launch: `python -m torch.distributed.run --standalone --nproc-per-node N -m server.worker <settings>` with a
+  fresh group id in its environment (jobs it claims are tagged `<instance>/<group>/replica<k>`; a reset finds
+  every rank by that id, as torchrun puts each rank in a session of its own).
 - A group that exits (a rank killed, a crash, a reset) fails the jobs it was running with the exit code in the
   error, and is started again. Restarts are counted; `restart_budget` groups in a row that die before they were ever
   ready mean the failure is fatal: `on_fatal` ends the server so the container's restart policy applies.
@@ -39,6 +40,19 @@ def group_ready(store: JobStore, *, group_id: str | None = None) -> bool:
     if not workers:
         return False
     return group_id is None or len(workers) == workers[0]["info"].get("dp_size", 1)
+
+
+def _pids_with_env(entry: str) -> list[int]:
+    """Processes of this user whose environment holds `entry` (Linux /proc; empty elsewhere)."""
+    needle, pids = entry.encode(), []
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    pids.append(int(name))
+        except (OSError, ValueError):
+            continue
+    return pids
 
 
 class Supervisor:
@@ -84,12 +98,15 @@ class Supervisor:
         ]
         log.info("starting worker group %s: %s", self.group_id, " ".join(cmd))
         env = os.environ | {"ITHACA_GROUP_ID": self.group_id, "ITHACA_SUPERVISOR_PID": str(os.getpid())}
-        self._proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        self._proc = subprocess.Popen(cmd, env=env, start_new_session=True)  # Ctrl-C reaches the API only
 
     def _kill_group(self, sig=signal.SIGKILL) -> None:
-        if self._proc is not None and self._proc.poll() is None:
+        """Signal torchrun and every rank (torchrun starts each rank in a session of its own)."""
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        for pid in [self._proc.pid, *_pids_with_env(f"ITHACA_GROUP_ID={self.group_id}")]:
             try:
-                os.killpg(self._proc.pid, sig)  # torchrun and its ranks share the session we started
+                os.kill(pid, sig)
             except ProcessLookupError:
                 pass
 

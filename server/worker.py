@@ -41,6 +41,7 @@ class Worker:
         self.config, self.group_id, self.mesh, self.pipe, self.module = config, group_id, mesh, pipe, module
         self.name = f"{config.instance}/{group_id}/replica{mesh.dp_rank}"
         self.stopping = threading.Event()
+        self._beat_lock = threading.Lock()
         self.supervisor_pid = int(os.environ.get("ITHACA_SUPERVISOR_PID", "0"))
         self.state, self.job_id = "ready", None
         self.store = JobStore(config.db_path) if mesh.is_replica_leader else None
@@ -58,13 +59,15 @@ class Worker:
     # -- leader side ----------------------------------------------------------------------------------------
 
     def _beat(self) -> None:
-        self.store.heartbeat(
-            self.name,
-            instance=self.config.instance,
-            group_id=self.group_id,
-            state=self.state,
-            info=self.info | {"job": self.job_id},
-        )
+        # state is read under the lock, so the final "stopped"/"failed" write is the last one
+        with self._beat_lock:
+            self.store.heartbeat(
+                self.name,
+                instance=self.config.instance,
+                group_id=self.group_id,
+                state=self.state,
+                info=self.info | {"job": self.job_id},
+            )
 
     def _heartbeat_loop(self) -> None:
         while self.state != "stopped":
@@ -155,17 +158,17 @@ class Worker:
                 )
             raise
         if leader:
-            self._complete(job_id, spec, frames, start, step_times)
+            self._complete(job_id, spec, frames, _timings(start, step_times), step_times)
         self.job_id, self.state = None, "ready"
 
-    def _complete(self, job_id, spec, frames, start, step_times) -> None:
+    def _complete(self, job_id, spec, frames, timings, step_times) -> None:
         generated = time.perf_counter()
         os.makedirs(self.config.videos_dir, exist_ok=True)
         path = os.path.join(self.config.videos_dir, f"{job_id}.mp4")
         tmp = path + ".partial.mp4"
         write_mp4(frames, tmp, spec["fps"])
         os.replace(tmp, path)  # readers never see a half-written file
-        timings = _timings(start, step_times) | {"encode_s": time.perf_counter() - generated}
+        timings |= {"encode_s": time.perf_counter() - generated}
         job = self.store.finish(job_id, self.name, "completed", video=os.path.basename(path), timings=timings)
         if job is not None:
             self.store.add_counters(metrics.observations(step_times, job.finished_at - job.started_at))

@@ -1,5 +1,5 @@
 """Faults with real processes (real `tiny` pipeline, 2 CPU ranks): a rank killed with SIGKILL mid-job, the API
-killed with jobs queued and one running, a graceful SIGTERM with a job in flight. The tests run in order and share
+killed with jobs queued and one running, a job past its time limit, a graceful SIGTERM with a job in flight. The tests run in order and share
 one data folder (one job store) across server restarts."""
 
 from __future__ import annotations
@@ -45,34 +45,46 @@ def _wait_step(srv: ServerProcess, job_id: str, step: int = 1) -> None:
         time.sleep(0.02)
 
 
-def test_rank_killed_mid_job_fails_that_job_and_the_group_restarts(data_dir):
-    srv = ServerProcess(data_dir, *INSTANCE)
+def test_rank_killed_mid_job_and_job_time_limit(data_dir):
+    srv = ServerProcess(data_dir, *INSTANCE, "--job-timeout", "8")
     try:
         srv.wait()
         first = srv.submit(prompt="warm-up", num_inference_steps=2)
         assert srv.wait_job(first["id"])["status"] == "completed"
         job = srv.submit(prompt="doomed", **LONG)
         _wait_step(srv, job["id"])
-        leader = srv.client.get("/ready").json()
+        group = srv.client.get("/ready").json()["group"]
         pids = _rank_pids(data_dir)
         assert len(pids) == 2, pids
         os.kill(max(pids), signal.SIGKILL)  # one rank (not the API, not torchrun)
         failed = srv.wait_job(job["id"], timeout=60)
         assert (
             failed["status"] == "failed" and "worker group" in failed["error"]
-        )  # the leader or the supervisor
-        deadline = time.monotonic() + 120
-        while (ready := srv.client.get("/ready")).status_code != 200 or ready.json()["group"] == leader[
-            "group"
-        ]:
-            assert time.monotonic() < deadline, srv.log()[-3000:]
-            time.sleep(0.2)
-        assert ready.json()["restarts"] == 1
+        )  # by the leader or supervisor
+        group = _wait_new_group(srv, group)
+        assert srv.client.get("/ready").json()["restarts"] == 1
         after = srv.submit(prompt="after the crash", num_inference_steps=2)
         assert srv.wait_job(after["id"])["status"] == "completed"
         assert "ithaca_worker_restarts_total 1" in srv.client.get("/metrics").text
+
+        # A job past --job-timeout fails and the group is reset.
+        slow = srv.submit(prompt="too slow", **LONG)
+        failed = srv.wait_job(slow["id"], timeout=60)
+        assert failed["status"] == "failed" and "time limit" in failed["error"], failed
+        _wait_new_group(srv, group)
+        assert len(_rank_pids(data_dir)) == 2  # the reset group's ranks are gone, not orphaned
+        last = srv.submit(prompt="after the reset", num_inference_steps=2)
+        assert srv.wait_job(last["id"])["status"] == "completed"
     finally:
         srv.stop()
+
+
+def _wait_new_group(srv: ServerProcess, old_group: str) -> str:
+    deadline = time.monotonic() + 120
+    while (ready := srv.client.get("/ready")).status_code != 200 or ready.json()["group"] == old_group:
+        assert time.monotonic() < deadline, srv.log()[-3000:]
+        time.sleep(0.2)
+    return ready.json()["group"]
 
 
 def test_api_restart_runs_queued_jobs_and_requeues_the_interrupted_one(data_dir):
