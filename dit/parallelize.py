@@ -13,14 +13,17 @@ A family whose model does not follow this contract registers its own step (`regi
 
 from __future__ import annotations
 
+from functools import partial
+
 import parallel
+from parallel.kernels import BACKENDS
 
 
 class SequenceParallel:
     """Per-model state shared by the hooks: the mesh, the comm mode and the current forward's shard info."""
 
-    def __init__(self, mesh, comm="alltoall"):
-        self.mesh, self.comm, self.info = mesh, comm, None
+    def __init__(self, mesh, comm="alltoall", backend="auto"):
+        self.mesh, self.comm, self.backend, self.info = mesh, comm, backend, None
 
     def shard_tokens(self, module, args, tokens):
         tokens, self.info = parallel.shard_sequence(tokens, self.mesh, dim=1)
@@ -39,27 +42,38 @@ class SequenceParallel:
         return parallel.gather_sequence(out, self.mesh, self.info, dim=1)
 
     def attention(self, q, k, v):
-        return parallel.attention(q, k, v, self.mesh, info=self.info, comm=self.comm)
+        return parallel.attention(q, k, v, self.mesh, info=self.info, comm=self.comm, backend=self.backend)
 
 
 _PARALLELIZERS: dict[type, object] = {}
 
 
 def register_parallelizer(model_class: type, fn) -> None:
-    """`fn(model, mesh, comm)` parallelises instances of `model_class` (a family with its own contract)."""
+    """`fn(model, mesh, comm, backend)` parallelises instances of `model_class` (a family with its own
+    contract)."""
     _PARALLELIZERS[model_class] = fn
 
 
-def parallelize(model, mesh, comm="alltoall"):
-    """Make `model` run sequence-parallel over `mesh`'s sp group (in place, returned); sp 1: unchanged."""
+def check_backend(backend: str) -> None:
+    """Fail at load time, not at the first attention call deep inside a forward."""
+    if backend not in BACKENDS:
+        raise ValueError(f"attn_backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+
+
+def parallelize(model, mesh, comm="alltoall", backend="auto"):
+    """Make `model` run sequence-parallel over `mesh`'s sp group (in place, returned). Self-attention runs on
+    the attention kernel `backend` (one of `parallel.kernels.BACKENDS`), at sp size 1 too."""
+    check_backend(backend)
     for model_class, fn in _PARALLELIZERS.items():
         if isinstance(model, model_class):
-            return fn(model, mesh, comm)
-    if mesh.sp_size == 1:
-        return model
+            return fn(model, mesh, comm, backend)
     if getattr(model, "sequence_parallel", None) is not None:
         raise ValueError("model is already parallelized")
-    sp = SequenceParallel(mesh, comm)
+    if mesh.sp_size == 1:
+        for block in model.blocks:
+            block.self_attn.attention = partial(parallel.local_attention, backend=backend)
+        return model
+    sp = SequenceParallel(mesh, comm, backend)
     model.sequence_parallel = sp
     model.patch_embed.register_forward_hook(sp.shard_tokens)
     model.rope.register_forward_hook(sp.shard_rope)

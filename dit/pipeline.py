@@ -38,7 +38,7 @@ class PipelineConfig:
     device: str | None = None  # None: the mesh's device (cuda:LOCAL_RANK under torchrun on GPUs, else cpu)
     dtype: str = "float32"  # the DiT's and text encoder's dtype; the VAE always decodes in float32
     comm: str = "alltoall"  # sequence-parallel exchange: alltoall | fp8 | p2p | p2p+fp8
-    attn_backend: str = "auto"
+    attn_backend: str = "auto"  # attention kernel: auto | flash | cudnn | sdpa | math (parallel.kernels)
     sampler: str = "unipc"  # unipc | euler
     flow_shift: float | None = None  # None: the folder's scheduler config, else 3.0 (Wan's 480p value)
 
@@ -224,7 +224,7 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     folder = Path(config.model) if Path(config.model).is_dir() else None
 
     model = dit.load_transformer(config.model, dtype=dtype, device=device).eval()
-    model = dit.parallelize(model, mesh, comm=config.comm)
+    model = dit.parallelize(model, mesh, comm=config.comm, backend=config.attn_backend)
     text_encoder = load_text_encoder(folder, dim=model.config.text_dim, dtype=dtype, device=device)
     channels = model.config.in_channels
     vae = vae_lib.load_vae(folder, z_dim=channels, device=device) if mesh.is_replica_leader else None
