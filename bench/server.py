@@ -1,13 +1,15 @@
-"""Server overhead with the FAKE INSTANT PIPELINE (tests/fake_pipeline.py: no model work), real everything else:
-uvicorn, the SQLite job store, a 2-rank gloo worker group, the real MP4 encoder.
+"""Server overhead with the FAKE INSTANT PIPELINE (tests/fake_pipeline.py: no model work), real everything
+else: uvicorn, the SQLite job store, a 2-rank gloo worker group, the real MP4 encoder.
 
     python bench/server.py [--jobs 100] [--poll-seconds 5] [--poll-threads 4] [--json]
 
-- submit-to-complete: jobs submitted one at a time; from the job's created_at to its finished_at (server clocks),
-  "overhead" subtracts the pipeline call and the MP4 encode (`timings.generate_s`, `timings.encode_s`): what the
-  queue, the claim, the broadcast, the per-step progress writes and the terminal write cost.
+- submit-to-complete: jobs submitted one at a time; from the job's created_at to its finished_at (server
+  clocks), "overhead" subtracts the pipeline call and the MP4 encode (`timings.generate_s`,
+  `timings.encode_s`): what the queue, the claim, the broadcast, the per-step progress writes and the
+  terminal write cost.
 - status polls/s: `GET /jobs/{id}` from N client threads for a fixed time (the clients share the machine).
-Targets (issue 4): overhead ≤ 20 ms per job, ≥ 500 polls/s.
+  Targets (issue 4): overhead ≤ 20 ms per job, ≥ 500 polls/s.
+
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """OpenAI-compatible videos API under /v1/videos, shaped after the official SDK (`openai.types.video.Video`).
 
-`client.videos.create` sends multipart form fields (prompt, model, seconds, size); JSON works too. `size` "WxH" is
-used as given when the loaded model allows it, otherwise its aspect ratio is fitted to the model's default pixel
-count (rounded to the allowed multiples); `seconds` becomes the nearest valid frame count at the model's fps. The
-reply reports the size and seconds actually generated. A cancelled job shows as `failed` with code "cancelled".
+`client.videos.create` sends multipart form fields (prompt, model, seconds, size); JSON works too. `size`
+"WxH" is used as given when the loaded model allows it, otherwise its aspect ratio is fitted to the
+model's default pixel count (rounded to the allowed multiples); `seconds` becomes the nearest valid frame
+count at the model's fps. The reply reports the size and seconds actually generated. A cancelled job shows
+as `failed` with code "cancelled".
+
 """
 
 from __future__ import annotations

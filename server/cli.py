@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     serve_parser = subparsers.add_parser(
         "serve",
         help="serve the HTTP API with a worker group",
-        description="Every flag can also be set by the environment variable ITHACA_<FLAG> (e.g. ITHACA_NPROC=8).",
+        description="Every flag can also be set as ITHACA_<FLAG> in the environment (e.g. ITHACA_NPROC=8).",
     )
     config_mod.add_arguments(serve_parser)
     serve_parser.set_defaults(func=serve)

@@ -89,11 +89,13 @@ def _convert(f: dataclasses.Field, raw: str):
         if raw.lower() in ("0", "false", "no", "off", ""):
             return False
         raise ValueError(f"{env_name(f.name)}={raw!r} is not a boolean")
+    if raw == "" and "None" in kind:
+        return None  # compose's `${VAR:-}` sets an empty value: the same as unset
     if kind.startswith("int"):
         return int(raw)
     if kind.startswith("float"):
         return float(raw)
-    return raw or None if "None" in kind else raw
+    return raw
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, worker_only: bool = False) -> None:

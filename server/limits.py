@@ -1,11 +1,12 @@
 """The loaded model's request limits, as the API process sees them without loading the model.
 
 The worker leader publishes `pipe.limits` into the job store at startup (`describe`), in a plain form:
-`{field: {"min", "max", "multiple_of", "default"}}`. The API checks each request against
-the last published limits (`check`) and answers 422 naming the field and the allowed range. Until a worker has
-published them (first start, model still loading) the API only checks types and sanity bounds; the worker runs
-`pipe.validate` on every claimed job anyway, which turns anything the API could not check (the prompt's length in
-tokens needs the tokenizer) into a failed job with the pipeline's own message.
+`{field: {"min", "max", "multiple_of", "default"}}`. The API checks each request against the last
+published limits (`check`) and answers 422 naming the field and the allowed range. Until a worker has
+published them (first start, model still loading) the API only checks types and sanity bounds; the worker
+runs `pipe.validate` on every claimed job anyway, which turns anything the API could not check (the
+prompt's length in tokens needs the tokenizer) into a failed job with the pipeline's own message.
+
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ _MULTIPLE = {"frames": "frame_step", "size": "size_multiple"}
 
 
 def describe(limits) -> dict:
-    """`pipe.limits` → `{field: {"min", "max", "default", "multiple_of"?}}` (counted from the minimum: frames are
-    frame_step·k + 1 and the minimum is one of them)."""
+    """`pipe.limits` → `{field: {"min", "max", "default", "multiple_of"?}}`, the multiple counted from the
+    minimum (frames are frame_step·k + 1 and the minimum is one of them)."""
     raw = dataclasses.asdict(limits)
     out = {}
     for name, key in _KEYS.items():

@@ -1,7 +1,9 @@
 """Prometheus text exposition, written by hand (a handful of series; no client library needed).
 
-Histograms live as counters in the job store (`counters` table): the worker leader adds a finished job's step
-latencies and duration there, so every API process sharing the store reports the same numbers, across restarts.
+Histograms live as counters in the job store (`counters` table): the worker leader adds a finished job's
+step latencies and duration there, so every API process sharing the store reports the same numbers, across
+restarts.
+
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def render(*, counts: dict[str, int], counters: dict[str, float], restarts: int,
     ]
     for name, (buckets, help_text) in _HISTOGRAMS.items():
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-        # Stored per bucket; Prometheus buckets are cumulative, and _observe already counts every bucket >= value.
+        # Prometheus buckets are cumulative; _observe already counted every bucket >= the value.
         lines += [
             f'{name}_bucket{{le="{le}"}} {int(counters.get(f"{name}_bucket:{le}", 0))}' for le in buckets
         ]

@@ -23,7 +23,7 @@ async def _send_json(send, status: int, detail: str, headers: list | None = None
 
 
 class GuardMiddleware:
-    """Every route but /health needs `Authorization: Bearer <key>` when a key is set; bodies over the limit get 413.
+    """Every route but /health needs `Authorization: Bearer <key>` when a key is set; larger bodies get 413.
 
     A body without Content-Length is read here up to the limit and handed on, so the app never sees an
     oversized body whatever the client declares.

@@ -1,9 +1,11 @@
 """Durable job store shared by the API process and the worker group.
 
-SQLite in WAL mode: many readers (status polls) never block the one writer, and several processes (an API, its
-worker leaders, a second replica's API) share one file. Every statement is plain SQL with `?` parameters and
-`RETURNING`, so another SQL database can replace SQLite behind the same `JobStore` methods. Each thread gets its
-own connection; every write runs inside `BEGIN IMMEDIATE` so a claim can never race another replica's claim.
+SQLite in WAL mode: many readers (status polls) never block the one writer, and several processes (an API,
+its worker leaders, a second replica's API) share one file. Every statement is plain SQL with `?`
+parameters and `RETURNING`, so another SQL database can replace SQLite behind the same `JobStore` methods.
+Each thread gets its own connection; every write runs inside `BEGIN IMMEDIATE` so a claim can never race
+another replica's claim.
+
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ class JobStore:
     def create(
         self, spec: dict, *, meta: dict | None = None, idempotency_key: str | None = None
     ) -> tuple[Job, bool]:
-        """Insert a queued job; with a known idempotency key return the existing job instead (created=False)."""
+        """Insert a queued job; a known idempotency key returns the existing job instead (created=False)."""
         with self._write() as db:
             if idempotency_key is not None:
                 row = db.execute(
@@ -190,10 +192,11 @@ class JobStore:
         return self._db.execute("SELECT COUNT(*) FROM jobs WHERE status = 'queued'").fetchone()[0]
 
     def cancel(self, job_id: str, *, delete: bool = False) -> Job | None:
-        """A queued job becomes cancelled at once; a running one gets its cancel flag (the worker stops it)."""
+        """A queued job is cancelled at once; a running one gets its cancel flag (the worker stops it)."""
         with self._write() as db:
             db.execute(
-                "UPDATE jobs SET status = 'cancelled', finished_at = ?, error = 'cancelled before it started' "
+                "UPDATE jobs SET status = 'cancelled', finished_at = ?, "
+                "error = 'cancelled before it started' "
                 "WHERE id = ? AND status = 'queued'",
                 (time.time(), job_id),
             )
@@ -211,7 +214,7 @@ class JobStore:
         return self._db.execute("SELECT 1 FROM jobs WHERE status = 'queued' LIMIT 1").fetchone() is not None
 
     def claim(self, worker: str, instance: str) -> Job | None:
-        """Atomically move the oldest queued job to in_progress for this worker (None when the queue is empty)."""
+        """Atomically move the oldest queued job to in_progress for this worker (None: the queue is empty)."""
         with self._write() as db:
             row = db.execute(
                 "UPDATE jobs SET status = 'in_progress', started_at = ?, worker = ?, instance = ?, "
@@ -227,8 +230,8 @@ class JobStore:
             db.execute("UPDATE jobs SET spec = ? WHERE id = ?", (json.dumps(spec), job_id))
 
     def progress(self, job_id: str, worker: str, step: int, total_steps: int) -> bool:
-        """Record a finished denoising step; True when the job's cancel flag is set or the job is no longer this
-        worker's (failed or re-queued by a supervisor meanwhile)."""
+        """Record a finished denoising step; True when the job's cancel flag is set or the job is no longer
+        this worker's (failed or re-queued by a supervisor meanwhile)."""
         with self._write() as db:
             row = db.execute(
                 "UPDATE jobs SET step = ?, total_steps = ?, progress = ? "
@@ -247,8 +250,8 @@ class JobStore:
         video: str | None = None,
         timings: dict | None = None,
     ) -> Job | None:
-        """Write the terminal state of a running job, if it is still `worker`'s (None: any worker's); returns the
-        job, or None when it was no longer in progress there."""
+        """Write the terminal state of a running job, if it is still `worker`'s (None: any worker's); returns
+        the job, or None when it was no longer in progress there."""
         assert status in TERMINAL
         with self._write() as db:
             row = db.execute(
@@ -287,13 +290,15 @@ class JobStore:
         with self._write() as db:
             if job.attempts < max_attempts:
                 db.execute(
-                    "UPDATE jobs SET status = 'queued', worker = NULL, started_at = NULL, step = 0, progress = 0 "
+                    "UPDATE jobs SET status = 'queued', worker = NULL, started_at = NULL, step = 0, "
+                    "progress = 0 "
                     "WHERE id = ? AND status = 'in_progress'",
                     (job.id,),
                 )
             else:
                 db.execute(
-                    "UPDATE jobs SET status = 'failed', finished_at = ?, error = ? WHERE id = ? AND status = 'in_progress'",
+                    "UPDATE jobs SET status = 'failed', finished_at = ?, error = ? "
+                    "WHERE id = ? AND status = 'in_progress'",
                     (time.time(), f"{reason} (after {job.attempts} attempts)", job.id),
                 )
 
@@ -302,8 +307,9 @@ class JobStore:
     def heartbeat(self, worker: str, *, instance: str, group_id: str, state: str, info: dict) -> None:
         with self._write() as db:
             db.execute(
-                "INSERT INTO workers (worker, instance, group_id, state, info, heartbeat_at) VALUES (?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (worker) DO UPDATE SET instance = excluded.instance, group_id = excluded.group_id, "
+                "INSERT INTO workers (worker, instance, group_id, state, info, heartbeat_at) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (worker) DO UPDATE SET instance = excluded.instance, "
+                "group_id = excluded.group_id, "
                 "state = excluded.state, info = excluded.info, heartbeat_at = excluded.heartbeat_at",
                 (worker, instance, group_id, state, json.dumps(info), time.time()),
             )

@@ -1,15 +1,19 @@
 """Runs the worker group as a torchrun child of the API process and keeps it alive.
 
-- Launch: `python -m torch.distributed.run --standalone --nproc-per-node N -m server.worker <settings>` with a
-  fresh group id in its environment (jobs it claims are tagged `<instance>/<group>/replica<k>`; a reset finds
-  every rank by that id, as torchrun puts each rank in a session of its own).
-- A group that exits (a rank killed, a crash, a reset) fails the jobs it was running with the exit code in the
-  error, and is started again. Restarts are counted; `restart_budget` groups in a row that die before they were ever
-  ready mean the failure is fatal: `on_fatal` ends the server so the container's restart policy applies.
+- Launch: `python -m torch.distributed.run --standalone --nproc-per-node N -m server.worker <settings>`
+  with a fresh group id in its environment (jobs it claims are tagged `<instance>/<group>/replica<k>`; a
+  reset finds every rank by that id, as torchrun puts each rank in a session of its own).
+- A group that exits (a rank killed, a crash, a reset) fails the jobs it was running with the exit code in
+  the error, and is started again. Restarts are counted; `restart_budget` groups in a row that die before
+  they were ever ready mean the failure is fatal: `on_fatal` ends the server so the container's restart
+  policy applies.
 - A job past `job_timeout` is failed and the group is killed and restarted (a hung collective cannot be
   interrupted any other way).
-- `stop(grace)`: drain (the leader stops claiming and exits once its running job is done), then kill what is left.
-- At start, jobs this instance left in_progress in a previous run are re-queued (or failed after max_attempts).
+- `stop(grace)`: drain (the leader stops claiming and exits once its running job is done), then kill what
+  is left.
+- At start, jobs this instance left in_progress in a previous run are re-queued (or failed after
+  max_attempts).
+
 """
 
 from __future__ import annotations

@@ -2,13 +2,15 @@
 
     python -m torch.distributed.run --nproc-per-node 2 -m server.worker --data-dir ithaca-data --preset tiny
 
-Each data-parallel replica serves its own jobs. Its leader polls the job store, claims the oldest queued job and
-broadcasts the spec over the replica's gloo control group; idle ranks wait there (the leader sends a keep-alive
-while idle, so the wait never reaches the gloo timeout and never sits inside NCCL). Every rank runs the pipeline;
-the leader records progress after each step, turns the job's cancel flag into the callback's False, writes the
-MP4 and the terminal state. A drain request (store flag or SIGTERM) makes the leader send "stop" once idle.
-Any failure other than a cancel leaves the group's state unknown: the leader fails the job and every rank exits
-non-zero, so torchrun ends the group and the supervisor starts a fresh one.
+Each data-parallel replica serves its own jobs. Its leader polls the job store, claims the oldest queued
+job and broadcasts the spec over the replica's gloo control group; idle ranks wait there (the leader sends
+a keep-alive while idle, so the wait never reaches the gloo timeout and never sits inside NCCL). Every
+rank runs the pipeline; the leader records progress after each step, turns the job's cancel flag into the
+callback's False, writes the MP4 and the terminal state. A drain request (store flag or SIGTERM) makes the
+leader send "stop" once idle. Any failure other than a cancel leaves the group's state unknown: the leader
+fails the job and every rank exits non-zero, so torchrun ends the group and the supervisor starts a fresh
+one.
+
 """
 
 from __future__ import annotations

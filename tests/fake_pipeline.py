@@ -1,9 +1,10 @@
 """A fake instant pipeline with the `dit.pipeline` surface, for the server's load tests and bench/server.py.
 
-No model work: `generate` sleeps `ITHACA_FAKE_STEP_S` seconds per step (default 0) and returns small random frames.
-Everything else is the real thing: the request/limits dataclasses and `validate` of `dit.pipeline` (tiny limits),
-the per-step callback and cancel broadcast of `dit.sampling`, the real mesh. Selected with
-`--pipeline-module tests.fake_pipeline`.
+No model work: `generate` sleeps `ITHACA_FAKE_STEP_S` seconds per step (default 0) and returns small
+random frames. Everything else is the real thing: the request/limits dataclasses and `validate` of
+`dit.pipeline` (tiny limits), the per-step callback and cancel broadcast of `dit.sampling`, the real mesh.
+Selected with `--pipeline-module tests.fake_pipeline`.
+
 """
 
 from __future__ import annotations

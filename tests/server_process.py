@@ -1,4 +1,4 @@
-"""Start `ithaca serve` as a real process on a free loopback port, for the server tests and bench/server.py."""
+"""Start `ithaca serve` as a real process on a free loopback port (server tests and bench/server.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""The server end to end: real uvicorn on a loopback port, a real worker group of 2 CPU ranks (gloo) running the
-real `tiny` pipeline, API key on. One server for the whole module (starting a group costs ~20 s on 2 cores)."""
+"""The server end to end: real uvicorn on a loopback port, a real worker group of 2 CPU ranks (gloo) running
+the real `tiny` pipeline, API key on. One server for the whole module (starting a group costs ~20 s on 2
+cores).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Faults with real processes (real `tiny` pipeline, 2 CPU ranks): a rank killed with SIGKILL mid-job, the API
-killed with jobs queued and one running, a job past its time limit, a graceful SIGTERM with a job in flight. The tests run in order and share
-one data folder (one job store) across server restarts."""
+"""Faults with real processes (real `tiny` pipeline, 2 CPU ranks): a rank killed with SIGKILL mid-job, the
+API killed with jobs queued and one running, a job past its time limit, a graceful SIGTERM with a job in
+flight. The tests run in order and share one data folder (one job store) across server restarts.
+"""
 
 from __future__ import annotations
 

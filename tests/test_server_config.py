@@ -1,0 +1,39 @@
+"""`ithaca serve` settings: flags, ITHACA_* environment variables, defaults, and what reaches the workers."""
+
+from __future__ import annotations
+
+import argparse
+
+from server.config import ServeConfig, add_arguments, from_args
+
+
+def _parse(argv: list[str], env: dict) -> ServeConfig:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return from_args(parser.parse_args(argv), environ=env)
+
+
+def test_defaults_env_and_flag_precedence():
+    default = _parse([], {})
+    assert (default.preset, default.device, default.nproc, default.host, default.port) == (
+        "tiny",
+        "cpu",
+        2,
+        "127.0.0.1",
+        8000,
+    )
+    env = {
+        "ITHACA_NPROC": "8",
+        "ITHACA_ULYSSES": "8",
+        "ITHACA_API_KEY": "",
+        "ITHACA_WORKERS": "0",
+        "ITHACA_MODEL_PATH": "/models/wan",
+        "ITHACA_JOB_TIMEOUT": "90.5",
+        "ITHACA_CFG": "2",
+    }
+    config = _parse(["--cfg", "1"], env)
+    assert (config.nproc, config.ulysses, config.cfg, config.job_timeout) == (8, 8, 1, 90.5)
+    assert config.api_key is None and config.workers is False and config.model == "/models/wan"
+    argv = config.worker_argv()
+    assert argv[argv.index("--model-path") + 1] == "/models/wan" and "--api-key" not in argv
+    assert _parse(["--no-workers"], {"ITHACA_WORKERS": "1"}).workers is False
