@@ -52,6 +52,7 @@ def job_view(services: Services, job: Job) -> dict:
         "finished_at": job.finished_at,
         "timings": job.timings,
         "attempts": job.attempts,
+        "worker": job.worker,
         "cancel_requested": job.cancel_requested,
         "error": job.error,
         "video_url": f"/jobs/{job.id}/video" if job.status == "completed" else None,
@@ -112,8 +113,8 @@ async def job_events(request: Request, job_id: str):
 
     async def stream():
         last = None
-        while True:
-            view = job_view(services, services.job(job_id))
+        while (job := services.store.get(job_id)) is not None:  # None: deleted meanwhile (/v1/videos)
+            view = job_view(services, job)
             terminal = view["status"] in ("completed", "failed", "cancelled")
             key = (view["status"], view["step"], view["queue_position"])
             if key != last:

@@ -21,7 +21,11 @@ LIMITS_CACHE_S = 1.0
 
 def unprocessable(field_name: str, message: str) -> HTTPException:
     """422 in FastAPI's own validation-error shape, naming the field."""
-    return HTTPException(422, [{"loc": ["body", field_name], "msg": message, "type": "value_error"}])
+    return HTTPException(422, [_error(field_name, message)])
+
+
+def _error(field_name: str, message: str) -> dict:
+    return {"loc": ["body", field_name], "msg": message, "type": "value_error"}
 
 
 @dataclass
@@ -52,8 +56,9 @@ class Services:
     def submit(
         self, spec: dict, *, meta: dict | None = None, idempotency_key: str | None
     ) -> tuple[Job, bool]:
-        for name, message in limits_mod.check(spec, self.worker_info().get("limits", {})):
-            raise unprocessable(name, message)
+        errors = limits_mod.check(spec, self.worker_info().get("limits", {}))
+        if errors:
+            raise HTTPException(422, [_error(f, m) for f, m in errors])
         if idempotency_key is not None and len(idempotency_key) > 255:
             raise HTTPException(400, "Idempotency-Key is longer than 255 characters")
         queued = self.store.queued_count()

@@ -1,6 +1,7 @@
-"""Concurrent clients against a real server and worker group (2 CPU ranks) running the FAKE INSTANT PIPELINE
-(tests/fake_pipeline.py: the real request checks, callback and cancel broadcast, no model work), so the test
-exercises the server, the job store and the worker loop, not the model. API key off."""
+"""Concurrent clients against a real server and worker group (2 CPU ranks as two data-parallel replicas)
+running the FAKE INSTANT PIPELINE (tests/fake_pipeline.py: the real request checks, callback and cancel
+broadcast, no model work), so the test exercises the server, the job store and the worker loop, not the model.
+API key off."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ from tests.server_process import FAKE, ServerProcess
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(tmp_path_factory.mktemp("load"), "--pipeline-module", FAKE, "--max-queue", "200")
+    # --ulysses 1 on 2 ranks: two data-parallel replicas of one rank, claiming from one queue side by side
+    srv = ServerProcess(
+        tmp_path_factory.mktemp("load"), "--pipeline-module", FAKE, "--max-queue", "200", "--ulysses", "1"
+    )
     try:
         srv.wait()
         yield srv
@@ -54,6 +58,7 @@ def test_50_submissions_and_1000_polls_from_20_threads(server):
     assert len(submitted) == 50 and len(set(submitted)) == 50
     jobs = [server.wait_job(job_id) for job_id in submitted]
     assert all(j["status"] == "completed" and j["attempts"] == 1 for j in jobs)  # each ran exactly once
+    assert {j["worker"].rsplit("/", 1)[1] for j in jobs} == {"replica0", "replica1"}
     listed = server.client.get("/jobs", params={"limit": 100}).json()["data"]
     assert {j["id"] for j in listed} == set(submitted)
     videos = os.listdir(os.path.join(server.data_dir, "videos"))
