@@ -122,3 +122,12 @@ def test_api_restart_runs_queued_jobs_and_requeues_the_interrupted_one(data_dir)
         assert _rank_pids(data_dir) == []
     finally:
         srv.stop()
+
+
+def test_group_that_never_becomes_ready_ends_the_server(tmp_path):
+    srv = ServerProcess(tmp_path, "--pipeline-module", "tests.no_such_pipeline", "--restart-budget", "2")
+    try:
+        assert srv.proc.wait(timeout=120) == 1  # non-zero: the container's restart policy takes over
+        assert "failed 2 times in a row before becoming ready" in srv.log()
+    finally:
+        srv.stop()
