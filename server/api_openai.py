@@ -5,7 +5,6 @@
 model's default pixel count (rounded to the allowed multiples); `seconds` becomes the nearest valid frame
 count at the model's fps. The reply reports the size and seconds actually generated. A cancelled job shows
 as `failed` with code "cancelled".
-
 """
 
 from __future__ import annotations

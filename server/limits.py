@@ -6,7 +6,6 @@ published limits (`check`) and answers 422 naming the field and the allowed rang
 published them (first start, model still loading) the API only checks types and sanity bounds; the worker
 runs `pipe.validate` on every claimed job anyway, which turns anything the API could not check (the
 prompt's length in tokens needs the tokenizer) into a failed job with the pipeline's own message.
-
 """
 
 from __future__ import annotations

@@ -3,7 +3,6 @@
 Histograms live as counters in the job store (`counters` table): the worker leader adds a finished job's
 step latencies and duration there, so every API process sharing the store reports the same numbers, across
 restarts.
-
 """
 
 from __future__ import annotations

@@ -5,7 +5,6 @@ its worker leaders, a second replica's API) share one file. Every statement is p
 parameters and `RETURNING`, so another SQL database can replace SQLite behind the same `JobStore` methods.
 Each thread gets its own connection; every write runs inside `BEGIN IMMEDIATE` so a claim can never race
 another replica's claim.
-
 """
 
 from __future__ import annotations

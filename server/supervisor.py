@@ -13,7 +13,6 @@
   is left.
 - At start, jobs this instance left in_progress in a previous run are re-queued (or failed after
   max_attempts).
-
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ callback's False, writes the MP4 and the terminal state. A drain request (store 
 leader send "stop" once idle. Any failure other than a cancel leaves the group's state unknown: the leader
 fails the job and every rank exits non-zero, so torchrun ends the group and the supervisor starts a fresh
 one.
-
 """
 
 from __future__ import annotations

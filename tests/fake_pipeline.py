@@ -4,7 +4,6 @@ No model work: `generate` sleeps `ITHACA_FAKE_STEP_S` seconds per step (default 
 random frames. Everything else is the real thing: the request/limits dataclasses and `validate` of
 `dit.pipeline` (tiny limits), the per-step callback and cancel broadcast of `dit.sampling`, the real mesh.
 Selected with `--pipeline-module tests.fake_pipeline`.
-
 """
 
 from __future__ import annotations
