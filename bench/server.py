@@ -8,7 +8,8 @@ else: uvicorn, the SQLite job store, a 2-rank gloo worker group, the real MP4 en
   `timings.encode_s`): what the queue, the claim, the broadcast, the per-step progress writes and the
   terminal write cost.
 - status polls/s: `GET /jobs/{id}` from N client threads for a fixed time (the clients share the machine).
-  Targets (issue 4): overhead ≤ 20 ms per job, ≥ 500 polls/s.
+
+Targets (issue 4): overhead ≤ 20 ms per job, ≥ 500 polls/s.
 """
 
 from __future__ import annotations
