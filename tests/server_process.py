@@ -24,21 +24,36 @@ def free_port() -> int:
 class ServerProcess:
     """`ithaca serve --data-dir DIR --port P ...`; logs go to DIR/server-<port>.log."""
 
-    def __init__(self, data_dir: str, *flags: str, api_key: str | None = None, env: dict | None = None):
-        self.data_dir, self.port, self.api_key = str(data_dir), free_port(), api_key
+    def __init__(
+        self,
+        data_dir: str,
+        *flags: str,
+        api_key: str | None = None,
+        env: dict | None = None,
+        entrypoint_only: bool = False,
+    ):
+        """`entrypoint_only`: no flags at all, as a container's `ithaca serve` entrypoint runs; every setting
+        comes from `env` (the port and API key too)."""
+        env = dict(env or {})
+        self.data_dir, self.port = str(data_dir), free_port()
+        self.api_key = env.get("ITHACA_API_KEY") if entrypoint_only else api_key
         self.url = f"http://127.0.0.1:{self.port}"
         os.makedirs(self.data_dir, exist_ok=True)
         self.log_path = os.path.join(self.data_dir, f"server-{self.port}.log")
-        args = ["--data-dir", self.data_dir, "--port", str(self.port), "--log-level", "info", *flags]
-        if api_key:
-            args += ["--api-key", api_key]
+        if entrypoint_only:
+            env["ITHACA_PORT"] = str(self.port)
+            args = []
+        else:
+            args = ["--data-dir", self.data_dir, "--port", str(self.port), "--log-level", "info", *flags]
+            if api_key:
+                args += ["--api-key", api_key]
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "server.cli", "serve", *args],
                 cwd=REPO,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=os.environ | {"PYTHONUNBUFFERED": "1"} | (env or {}),
+                env=os.environ | {"PYTHONUNBUFFERED": "1"} | env,
             )
         self.client = httpx.Client(base_url=self.url, headers=self.headers(), timeout=30)
 

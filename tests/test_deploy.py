@@ -1,0 +1,150 @@
+"""Deployment files, checked without a Docker engine: compose validation by docker-compose, the settings an
+8×GPU box needs, no committed secret, and the server started exactly as the container's entrypoint would."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from tests.server_process import REPO, ServerProcess
+
+DEPLOY = os.path.join(REPO, "deploy")
+COMPOSE_FILES = ("docker-compose.yml", "docker-compose.replicas.yml")
+
+
+def _compose(name: str) -> dict:
+    with open(os.path.join(DEPLOY, name)) as f:
+        return yaml.safe_load(f)
+
+
+def _services(name: str) -> dict:
+    return _compose(name)["services"]
+
+
+def _dockerfile() -> str:
+    with open(os.path.join(DEPLOY, "Dockerfile")) as f:
+        return f.read()
+
+
+def _dockerfile_env() -> dict[str, str]:
+    """The image's ENV settings (`ENV A=1 \\ B=2` blocks), `$VAR` references left as written."""
+    text = _dockerfile().replace("\\\n", " ")
+    env = {}
+    for line in text.splitlines():
+        if line.startswith("ENV "):
+            env.update(item.split("=", 1) for item in shlex.split(line[4:]))
+    return env
+
+
+def _seconds(duration: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600}
+    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)([smh])", str(duration)))
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_docker_compose_validates(name):
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("docker-compose is missing; .ci/run installs Debian's docker-compose")
+        pytest.skip("Debian's docker-compose is not installed here (CI installs it)")
+    out = subprocess.run(
+        [exe, "-f", os.path.join(DEPLOY, name), "config"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    resolved = yaml.safe_load(out.stdout)
+    assert resolved["services"], "no services after resolution"
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_has_what_an_8_gpu_box_needs(name):
+    services = _services(name)
+    gpus_claimed = []
+    for svc_name, svc in services.items():
+        devices = svc["deploy"]["resources"]["reservations"]["devices"]
+        assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices), svc_name
+        gpus_claimed += [i for d in devices for i in d.get("device_ids", [])]
+        assert all(d.get("count") == "all" or d.get("device_ids") for d in devices)
+        # NCCL needs shared memory between ranks and unlimited locked memory.
+        assert svc.get("ipc") == "host" or svc.get("shm_size"), svc_name
+        assert svc["ulimits"]["memlock"] == -1
+        assert svc["restart"] in ("always", "unless-stopped")
+        env = svc["environment"]
+        for key in ("ITHACA_MODEL_PATH", "ITHACA_NPROC", "ITHACA_ULYSSES", "ITHACA_CFG", "ITHACA_COMM"):
+            assert key in env, (svc_name, key)
+        # The stop grace period must cover the server's own drain of a running job.
+        grace = float(re.sub(r"\$\{ITHACA_SHUTDOWN_GRACE:-(\d+)\}", r"\1", str(env["ITHACA_SHUTDOWN_GRACE"])))
+        assert _seconds(svc["stop_grace_period"]) > grace
+        health = svc["healthcheck"]
+        assert "/ready" in " ".join(health["test"]) and _seconds(health["start_period"]) >= 300
+        volumes = svc["volumes"]
+        assert any(v.endswith(":/models:ro") for v in volumes), "weights mounted read-only"
+        assert any(re.search(r":/data(:rw)?$", v) for v in volumes), "a volume for jobs and videos"
+    assert len(gpus_claimed) == len(set(gpus_claimed)), "two replicas claim the same GPU"
+    if len(services) > 1:  # replicas share one job store and must tell their jobs apart
+        instances = {svc["environment"]["ITHACA_INSTANCE"] for svc in services.values()}
+        assert len(instances) == len(services)
+
+
+def test_dockerfile_runs_the_server_as_non_root_with_a_ready_healthcheck():
+    text = _dockerfile()
+    user = re.findall(r"^USER (\S+)", text, re.M)
+    assert user and user[-1] not in ("root", "0")
+    assert re.search(r"^HEALTHCHECK .*--start-period", text, re.M) and "/ready" in text
+    assert re.search(r'^ENTRYPOINT \["ithaca", "serve"\]', text, re.M)
+    assert re.search(r"^ARG FLASH_ATTN=0", text, re.M), "flash-attn is an opt-in build argument"
+    assert re.search(r"^ARG BASE_IMAGE=nvidia/cuda:\S+", text, re.M)
+
+
+def test_no_secret_is_committed():
+    tracked = subprocess.run(
+        ["git", "ls-files", "deploy"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert "deploy/.env" not in tracked
+    for path in tracked:
+        with open(os.path.join(REPO, path)) as f:
+            for line in f:
+                m = re.match(r"\s*(?:ENV\s+)?ITHACA_API_KEY(?:=|:\s)\s*(\S*)", line)
+                if m:  # only empty, a ${...} reference, or the documented placeholder
+                    assert m.group(1) in ("", "change-me") or m.group(1).startswith("${"), (path, line)
+    ignored = subprocess.run(["git", "check-ignore", "-q", "deploy/.env"], cwd=REPO)
+    assert ignored.returncode == 0, "deploy/.env must be git-ignored"
+
+
+def _container_env(tmp_path) -> dict[str, str]:
+    """The environment the container's entrypoint sees, moved to this CPU machine: the image's ENV and the
+    compose service's environment with its defaults, then only what a CPU box must differ in."""
+    env = dict(_dockerfile_env())
+    for key, value in _services("docker-compose.yml")["ithaca"]["environment"].items():
+        env[key] = re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", str(value))
+    env.pop("PATH", None)
+    env.pop("VIRTUAL_ENV", None)
+    env.update(
+        ITHACA_MODEL_PATH="",  # no weights here: empty means unset, so the tiny preset serves
+        ITHACA_DEVICE="cpu",
+        ITHACA_DTYPE="float32",
+        ITHACA_NPROC="2",
+        ITHACA_ULYSSES="2",
+        ITHACA_HOST="127.0.0.1",
+        ITHACA_DATA_DIR=str(tmp_path),
+        ITHACA_API_KEY="deploy-test-key",
+    )
+    return env
+
+
+def test_server_starts_from_the_container_environment(tmp_path):
+    env = _container_env(tmp_path)
+    assert env["ITHACA_COMM"] == "alltoall" and env["ITHACA_CFG"] == "1"
+    srv = ServerProcess(tmp_path, env=env, entrypoint_only=True)
+    try:
+        srv.wait("/ready", timeout=180)
+        assert srv.client.get("/ready").status_code == 200
+        assert srv.client.get("/ready", headers={"Authorization": ""}).status_code == 401
+    finally:
+        srv.stop()
