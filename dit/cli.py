@@ -26,13 +26,25 @@ FRAME_TOL_EXACT = 2  # uint8 levels: a latent difference of 1e-6 may still flip 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument(
-        "--model-path", help="diffusers-format Wan2.1 pipeline folder (e.g. Wan2.1-T2V-1.3B-Diffusers)"
+        "--model-path",
+        help="diffusers-format pipeline folder; the family comes from its transformer/config.json "
+        "(e.g. Wan2.1-T2V-1.3B-Diffusers, HunyuanVideo-1.5-Diffusers-480p_t2v)",
     )
-    src.add_argument("--preset", default="tiny", help="tiny | wan2.1-1.3b | wan2.1-14b (random weights)")
+    src.add_argument(
+        "--preset",
+        default="tiny",
+        help="tiny | tiny-joint (HunyuanVideo-1.5) | wan2.1-1.3b | wan2.1-14b | hunyuanvideo-1.5-480p-t2v "
+        "(random weights)",
+    )
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--device", default=None, help="default: cuda:LOCAL_RANK when GPUs are present, else cpu")
     p.add_argument("--attn-backend", default="auto")
-    p.add_argument("--sampler", default="unipc", choices=("unipc", "euler"))
+    p.add_argument(
+        "--sampler",
+        default=None,
+        choices=("unipc", "euler"),
+        help="default: the family's (Wan unipc, Hunyuan euler)",
+    )
     p.add_argument(
         "--flow-shift", type=float, default=None, help="default: the folder's scheduler config, else 3"
     )
@@ -205,12 +217,12 @@ def _common_argv(args) -> list[str]:
     for flag, value in (("--frames", args.frames), ("--height", args.height), ("--width", args.width),
                         ("--steps", args.steps), ("--guidance", args.guidance), ("--fps", args.fps),
                         ("--model-path", args.model_path), ("--device", args.device),
-                        ("--flow-shift", args.flow_shift)):  # fmt: skip
+                        ("--flow-shift", args.flow_shift), ("--sampler", args.sampler)):  # fmt: skip
         if value is not None:
             argv += [flag, str(value)]
     if not args.model_path:
         argv += ["--preset", args.preset]
-    return argv + ["--dtype", args.dtype, "--attn-backend", args.attn_backend, "--sampler", args.sampler]
+    return argv + ["--dtype", args.dtype, "--attn-backend", args.attn_backend]
 
 
 def _launch(argv: list[str], nproc: int, out: Path) -> tuple[dict | None, str]:

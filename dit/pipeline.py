@@ -15,9 +15,8 @@ import torch
 
 import dit
 import parallel
-from dit import vae as vae_lib
-from dit.sampling import SAMPLERS, Callback, GenerationCancelled, denoise, folder_flow_shift, make_scheduler
-from dit.text_encoder import load_text_encoder
+from dit.families import TINY_LIMITS, Limits, PipelineFamily, pipeline_family
+from dit.sampling import SAMPLERS, Callback, GenerationCancelled, denoise, folder_flow_shift
 
 __all__ = [
     "GenerationCancelled",
@@ -25,6 +24,7 @@ __all__ = [
     "Limits",
     "Pipeline",
     "PipelineConfig",
+    "TINY_LIMITS",
     "load_pipeline",
 ]
 
@@ -34,13 +34,13 @@ MAX_SEED = 2**63 - 1
 
 @dataclass
 class PipelineConfig:
-    model: str = "tiny"  # a preset name ("tiny", "wan2.1-1.3b", ...) or a diffusers Wan pipeline folder
+    model: str = "tiny"  # a preset ("tiny", "tiny-joint", "wan2.1-1.3b", ...) or a diffusers pipeline folder
     device: str | None = None  # None: the mesh's device (cuda:LOCAL_RANK under torchrun on GPUs, else cpu)
     dtype: str = "float32"  # the DiT's and text encoder's dtype; the VAE always decodes in float32
     comm: str = "alltoall"  # sequence-parallel exchange: alltoall | fp8 | p2p | p2p+fp8
     attn_backend: str = "auto"  # attention kernel: auto | flash | cudnn | sdpa | math (parallel.kernels)
-    sampler: str = "unipc"  # unipc | euler
-    flow_shift: float | None = None  # None: the folder's scheduler config, else 3.0 (Wan's 480p value)
+    sampler: str | None = None  # unipc | euler; None: the family's (Wan: unipc, HunyuanVideo-1.5: euler)
+    flow_shift: float | None = None  # None: the folder's scheduler config, else the family's default
 
 
 @dataclass
@@ -58,44 +58,6 @@ class GenerationRequest:
     fps: int | None = None
 
 
-@dataclass(frozen=True)
-class Limits:
-    """Allowed ranges and defaults. Frames are `frame_step`·k + 1 (the VAE's time compression); height and
-    width are multiples of `size_multiple` (the VAE's space compression × the DiT's patch size)."""
-
-    min_frames: int = 5
-    max_frames: int = 129
-    default_frames: int = 81
-    frame_step: int = 4
-    min_size: int = 16
-    max_size: int = 1280
-    size_multiple: int = 16
-    default_height: int = 480
-    default_width: int = 832
-    min_steps: int = 1
-    max_steps: int = 100
-    default_steps: int = 50
-    min_guidance: float = 1.0
-    max_guidance: float = 20.0
-    default_guidance: float = 5.0
-    max_prompt_tokens: int = 512
-    min_fps: int = 1
-    max_fps: int = 60
-    default_fps: int = 16
-
-
-# `tiny` runs on a CPU in seconds: a short, small video with few steps.
-TINY_LIMITS = Limits(
-    max_frames=33,
-    default_frames=9,
-    max_size=256,
-    default_height=64,
-    default_width=64,
-    max_steps=50,
-    default_steps=8,
-)
-
-
 def _check_int(
     name: str, value, low: int, high: int, rule: str = "an integer", step: int = 1, offset: int = 0
 ):
@@ -110,10 +72,20 @@ def _check_int(
 
 class Pipeline:
     def __init__(
-        self, config: PipelineConfig, mesh, model, text_encoder, vae, limits: Limits, flow_shift: float
+        self,
+        config: PipelineConfig,
+        mesh,
+        family: PipelineFamily,
+        model,
+        text_encoder,
+        vae,
+        limits: Limits,
+        flow_shift: float,
+        folder: Path | None = None,
     ):
-        self.config, self.mesh, self.model = config, mesh, model
+        self.config, self.mesh, self.family, self.model, self.folder = config, mesh, family, model, folder
         self.text_encoder, self.vae, self.limits, self.flow_shift = text_encoder, vae, limits, flow_shift
+        self.sampler = config.sampler or family.default_sampler
 
     def validate(self, req: GenerationRequest) -> GenerationRequest:
         """The request with defaults filled in; ValueError naming the field and its allowed values if not."""
@@ -166,7 +138,7 @@ class Pipeline:
         return next(self.model.parameters()).device
 
     def latent_shape(self, req: GenerationRequest) -> tuple[int, ...]:
-        t, s = vae_lib.WAN_COMPRESSION
+        t, s = self.family.compression
         channels = self.model.config.in_channels
         return (1, channels, (req.num_frames - 1) // t + 1, req.height // s, req.width // s)
 
@@ -184,25 +156,33 @@ class Pipeline:
         # Encode only what this rank's passes use: CFG-parallel's cfg rank 1 runs the negative prompt alone.
         need_cond = mesh.cfg_size == 1 or mesh.cfg_rank == 0
         need_uncond = (mesh.cfg_size == 2 and mesh.cfg_rank == 1) or (mesh.cfg_size == 1 and guided)
-        cond = self.text_encoder.encode(req.prompt).to(dtype) if need_cond else None
-        uncond = self.text_encoder.encode(req.negative_prompt).to(dtype) if need_uncond else None
+        cond = self.text_condition(req.prompt, dtype) if need_cond else None
+        uncond = self.text_condition(req.negative_prompt, dtype) if need_uncond else None
         return denoise(
             self.model,
             self.initial_noise(req),
             cond=cond,
             uncond=uncond,
-            scheduler=make_scheduler(self.config.sampler, self.flow_shift),
+            scheduler=self.family.scheduler(self.sampler, self.flow_shift, self.folder),
             steps=req.num_inference_steps,
             guidance=req.guidance_scale,
             mesh=mesh,
             callback=callback,
+            sigmas=self.family.sigmas(req.num_inference_steps),
         )
+
+    def text_condition(self, text: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The model's text keyword arguments; states in the model's dtype, masks as they come."""
+        return {
+            name: t.to(dtype) if t.is_floating_point() else t
+            for name, t in self.text_encoder.condition(text).items()
+        }
 
     def decode(self, latents: torch.Tensor) -> np.ndarray:
         """uint8 frames `[F, H, W, 3]`; only the replica leader holds the VAE."""
         if self.vae is None:
             raise RuntimeError("only the replica leader decodes (it alone holds the VAE)")
-        return vae_lib.decode(self.vae, latents)
+        return self.family.decode(self.vae, latents)
 
     def generate(self, req: GenerationRequest, callback: Callback | None = None) -> np.ndarray | None:
         """Frames on the replica leader, None on the other ranks."""
@@ -211,31 +191,33 @@ class Pipeline:
 
 
 def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
-    """Build the pipeline on this rank. `config.model` is a preset or a diffusers Wan pipeline folder (its
-    `transformer/`, `text_encoder/` + `tokenizer/`, `vae/`, `scheduler/`); a preset without a folder pairs the
-    DiT with the tiny text encoder and VAE sized to it (random weights, for development and benchmarks)."""
+    """Build the pipeline on this rank. `config.model` is a preset or a diffusers pipeline folder (its
+    `transformer/`, text encoder(s) + tokenizer(s), `vae/`, `scheduler/`); the family (Wan2.1 or
+    HunyuanVideo-1.5) comes from the transformer's `_class_name`. A preset without a folder pairs the DiT with
+    the family's tiny text encoder(s) and VAE (random weights, for development and benchmarks)."""
     if config.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {config.dtype!r}")
-    if config.sampler not in SAMPLERS:
+    if config.sampler is not None and config.sampler not in SAMPLERS:
         raise ValueError(f"sampler must be one of {SAMPLERS}, got {config.sampler!r}")
     mesh = mesh if mesh is not None else parallel.init_parallel()
     device = torch.device(config.device) if config.device else mesh.device
     dtype = DTYPES[config.dtype]
     folder = Path(config.model) if Path(config.model).is_dir() else None
+    family = pipeline_family(config.model)
 
-    model = dit.load_transformer(config.model, dtype=dtype, device=device).eval()
+    model = family.wrap(dit.load_transformer(config.model, dtype=dtype, device=device).eval())
     model = dit.parallelize(model, mesh, comm=config.comm, backend=config.attn_backend)
-    text_encoder = load_text_encoder(folder, dim=model.config.text_dim, dtype=dtype, device=device)
+    text_encoder = family.text_encoder(folder, model, dtype, device)
     channels = model.config.in_channels
-    vae = vae_lib.load_vae(folder, z_dim=channels, device=device) if mesh.is_replica_leader else None
+    vae = family.vae(folder, channels, device) if mesh.is_replica_leader else None
 
-    base = TINY_LIMITS if folder is None and config.model == "tiny" else Limits()
-    t, s = vae_lib.WAN_COMPRESSION
+    t, s = family.compression
     limits = replace(
-        base,
+        family.limits(folder, config.model),
         frame_step=t,
         size_multiple=s * max(model.config.patch_size[1:]),
         max_prompt_tokens=text_encoder.max_tokens,
     )
-    shift = config.flow_shift if config.flow_shift is not None else folder_flow_shift(folder) or 3.0
-    return Pipeline(config, mesh, model, text_encoder, vae, limits, shift)
+    shift = config.flow_shift if config.flow_shift is not None else folder_flow_shift(folder)
+    shift = family.default_shift if shift is None else shift
+    return Pipeline(config, mesh, family, model, text_encoder, vae, limits, shift, folder)

@@ -25,11 +25,13 @@ class GenerationCancelled(RuntimeError):
 
 
 def folder_flow_shift(folder: str | Path | None) -> float | None:
-    """The shift a diffusers pipeline folder's `scheduler/` was published with (480p: 3, 720p: 5)."""
+    """The shift a diffusers pipeline folder's `scheduler/` was published with (Wan 480p: 3, 720p: 5; UniPC
+    calls it `flow_shift`, flow-match Euler `shift`)."""
     config_file = Path(folder) / "scheduler" / "scheduler_config.json" if folder is not None else None
     if config_file is None or not config_file.is_file():
         return None
-    return json.loads(config_file.read_text()).get("flow_shift")
+    config = json.loads(config_file.read_text())
+    return config.get("flow_shift", config.get("shift"))
 
 
 def make_scheduler(sampler: str = "unipc", flow_shift: float = 3.0) -> SchedulerMixin:
@@ -46,17 +48,18 @@ def make_scheduler(sampler: str = "unipc", flow_shift: float = 3.0) -> Scheduler
     raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
 
 
-def guided_noise(model, x, t, cond, uncond, guidance: float, mesh) -> torch.Tensor:
-    """One guided prediction. CFG-parallel (cfg_size 2): cfg rank 0 runs the prompt, cfg rank 1 the negative
-    prompt, and one all-gather gives both to every rank. Otherwise both passes run here, one after the other
-    (not batched, so that every layout reduces in the same order and gives the same numbers)."""
+def guided_noise(model, x, t, cond: dict, uncond: dict | None, guidance: float, mesh) -> torch.Tensor:
+    """One guided prediction; `cond`/`uncond` are the model's text keyword arguments. CFG-parallel (cfg_size
+    2): cfg rank 0 runs the prompt, cfg rank 1 the negative prompt, and one all-gather gives both to every
+    rank. Otherwise both passes run here, one after the other (not batched, so that every layout reduces in
+    the same order and gives the same numbers)."""
     if mesh.cfg_size == 2:
-        mine = model(x, t, cond if mesh.cfg_rank == 0 else uncond).float()
+        mine = model(x, t, **(cond if mesh.cfg_rank == 0 else uncond)).float()
         cond_pred, uncond_pred = parallel.cfg_all_gather(mine, mesh)
     elif guidance == 1.0:  # no guidance: the unconditional pass would be multiplied by zero
-        return model(x, t, cond).float()
+        return model(x, t, **cond).float()
     else:
-        cond_pred, uncond_pred = model(x, t, cond).float(), model(x, t, uncond).float()
+        cond_pred, uncond_pred = model(x, t, **cond).float(), model(x, t, **uncond).float()
     if guidance == 1.0:
         return cond_pred
     return uncond_pred + guidance * (cond_pred - uncond_pred)
@@ -75,18 +78,22 @@ def denoise(
     model,
     latents: torch.Tensor,
     *,
-    cond: torch.Tensor | None,
-    uncond: torch.Tensor | None,
+    cond: dict[str, torch.Tensor] | None,
+    uncond: dict[str, torch.Tensor] | None,
     scheduler: SchedulerMixin,
     steps: int,
     guidance: float,
     mesh,
     callback: Callback | None = None,
+    sigmas: list[float] | None = None,
 ) -> torch.Tensor:
     """Run `steps` denoising steps from `latents` (float32) and return the final latents (float32, the same on
     every rank). The model sees its own dtype; the scheduler works in float32."""
     dtype = next(model.parameters()).dtype
-    scheduler.set_timesteps(steps, device=latents.device)
+    if sigmas is None:
+        scheduler.set_timesteps(steps, device=latents.device)
+    else:  # an explicit schedule (HunyuanVideo-1.5's linspace(1, 0)), shifted by the scheduler
+        scheduler.set_timesteps(sigmas=sigmas, device=latents.device)
     for i, t in enumerate(scheduler.timesteps):
         timestep = t.expand(latents.shape[0])
         noise = guided_noise(model, latents.to(dtype), timestep, cond, uncond, guidance, mesh)

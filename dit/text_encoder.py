@@ -30,7 +30,8 @@ class TextEncoder(nn.Module):
         return len(self.token_ids(prompt_clean(text)))
 
     @torch.no_grad()
-    def encode(self, text: str) -> torch.Tensor:
+    def states_and_mask(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(states `[1, max_tokens, dim]`, zero past the prompt's tokens; mask `[1, max_tokens]` bool)."""
         ids = self.token_ids(prompt_clean(text))[: self.max_tokens]
         device = next(self.parameters()).device
         padded = torch.zeros(1, self.max_tokens, dtype=torch.long, device=device)
@@ -38,7 +39,14 @@ class TextEncoder(nn.Module):
         mask = torch.zeros_like(padded)
         mask[0, : len(ids)] = 1
         hidden = self.hidden_states(padded, mask)
-        return hidden * mask[..., None].to(hidden.dtype)
+        return hidden * mask[..., None].to(hidden.dtype), mask.bool()
+
+    def encode(self, text: str) -> torch.Tensor:
+        return self.states_and_mask(text)[0]
+
+    def condition(self, text: str) -> dict[str, torch.Tensor]:
+        """The model's text keyword arguments (Wan: the zero-padded states alone)."""
+        return {"encoder_hidden_states": self.encode(text)}
 
 
 class UMT5TextEncoder(TextEncoder):

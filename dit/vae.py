@@ -39,14 +39,20 @@ def load_vae(folder: str | Path | None, *, z_dim: int, device: torch.device | st
         vae = AutoencoderKLWan.from_pretrained(Path(folder) / "vae", torch_dtype=torch.float32)
     else:
         vae = tiny_vae(z_dim)
-    if vae.config.z_dim != z_dim:
-        raise ValueError(f"the VAE has {vae.config.z_dim} latent channels but the DiT expects {z_dim}")
     found = (vae.config.scale_factor_temporal, vae.config.scale_factor_spatial)
-    if found != WAN_COMPRESSION:
+    return check_vae(vae, vae.config.z_dim, z_dim, found, WAN_COMPRESSION).to(device)
+
+
+def check_vae(vae, channels: int, expected_channels: int, compression, expected_compression):
+    """The VAE in eval mode; ValueError if it does not fit the DiT (channels) or the family (compression)."""
+    if channels != expected_channels:
+        raise ValueError(f"the VAE has {channels} latent channels but the DiT expects {expected_channels}")
+    if tuple(compression) != tuple(expected_compression):
         raise ValueError(
-            f"the VAE compresses (time, space) by {found}; this pipeline expects {WAN_COMPRESSION}"
+            f"the VAE compresses (time, space) by {tuple(compression)}; "
+            f"this pipeline expects {tuple(expected_compression)}"
         )
-    return vae.to(device).eval()
+    return vae.eval()
 
 
 @torch.no_grad()
@@ -58,6 +64,10 @@ def decode(vae: AutoencoderKLWan, latents: torch.Tensor) -> np.ndarray:
     std = torch.tensor(cfg.latents_std, dtype=torch.float32).view(shape)
     device = next(vae.parameters()).device
     z = latents.to(device, torch.float32) * std.to(device) + mean.to(device)
-    video = vae.decode(z, return_dict=False)[0]  # [1, 3, F, H, W] in [-1, 1]
+    return to_uint8(vae.decode(z, return_dict=False)[0])
+
+
+def to_uint8(video: torch.Tensor) -> np.ndarray:
+    """A decoded video `[1, 3, F, H, W]` in [-1, 1] → uint8 frames `[F, H, W, 3]`."""
     video = ((video[0].clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
     return video.permute(1, 2, 3, 0).cpu().numpy()

@@ -1,49 +1,58 @@
-"""`tiny-joint`: the HunyuanVideo-1.5 tiny preset driven by the shared pipeline through the t2v adapter, with
-the built-in tiny text encoder and VAE. (Assembled here the way `dit.pipeline.load_pipeline` will once it
-switches on the family.)"""
+"""`tiny-joint`: the HunyuanVideo-1.5 tiny preset through `load_pipeline` (family picked from the preset's
+`_class_name`): tiny Qwen-stand-in and glyph encoders with real masks, a tiny `AutoencoderKLHunyuanVideo15`
+(×4 time, ×16 space), flow-match Euler; world 1 vs 2 latents."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
+import pytest
 import torch
 
 from tests.distributed import run_distributed
 
 
-def _pipeline(comm="alltoall", **degrees):
+def _pipeline(comm="alltoall", attn_backend="auto", **degrees):
     import parallel
-    from dit import load_transformer
-    from dit.hunyuan import parallelize_hunyuan
-    from dit.hunyuan.t2v import HunyuanT2V
-    from dit.pipeline import TINY_LIMITS, Pipeline, PipelineConfig
-    from dit.text_encoder import TinyTextEncoder
-    from dit.vae import tiny_vae
+    from dit.pipeline import PipelineConfig, load_pipeline
 
     mesh = parallel.init_parallel(**degrees)
-    model = parallelize_hunyuan(HunyuanT2V(load_transformer("tiny-joint")), mesh, comm)
-    encoder = TinyTextEncoder(model.config.text_dim)
-    limits = replace(TINY_LIMITS, size_multiple=8, max_prompt_tokens=encoder.max_tokens)
-    vae = tiny_vae(model.config.in_channels) if mesh.is_replica_leader else None
-    return Pipeline(PipelineConfig(model="tiny-joint"), mesh, model, encoder, vae, limits, flow_shift=3.0)
+    config = PipelineConfig(model="tiny-joint", device="cpu", comm=comm, attn_backend=attn_backend)
+    return load_pipeline(config, mesh)
 
 
-def _request():
+def _request(prompt="a red fox"):
     from dit.pipeline import GenerationRequest
 
-    return GenerationRequest("a red fox", num_frames=9, height=24, width=40, num_inference_steps=2)
+    return GenerationRequest(prompt, num_frames=9, height=48, width=80, num_inference_steps=2)
 
 
 def latents_on_world(degrees: dict) -> torch.Tensor:
-    return _pipeline(**degrees).denoise(_request())
+    return _pipeline(**degrees).denoise(_request('a sign that reads "OPEN"'))
 
 
 def test_tiny_joint_generates_frames():
-    frames = _pipeline().generate(_request())
-    assert frames.shape == (9, 24, 40, 3) and frames.dtype.name == "uint8"
+    pipe = _pipeline()
+    assert (pipe.sampler, pipe.flow_shift, pipe.limits.size_multiple) == ("euler", 5.0, 16)
+    frames = pipe.generate(_request())
+    assert frames.shape == (9, 48, 80, 3) and frames.dtype.name == "uint8"
+
+
+def test_tiny_joint_text_carries_real_masks():
+    text = _pipeline().text_encoder
+    plain, quoted = text.condition("a red fox"), text.condition('a sign that reads "OPEN"')
+    assert plain["encoder_attention_mask"].sum() == len("a red fox") + 1  # bytes + end token
+    assert plain["encoder_attention_mask_2"].sum() == 0  # no quoted text: the glyph tokens are all padding
+    # the reference's glyph text 'Text "OPEN". ', whitespace-trimmed by the tiny encoder, + end token
+    assert quoted["encoder_attention_mask_2"].sum() == len('Text "OPEN".') + 1
+
+
+def test_tiny_joint_attn_backend_math_matches_sdpa():
+    with pytest.raises(ValueError, match="attn_backend must be one of"):
+        _pipeline(attn_backend="flash3")
+    got = {b: _pipeline(attn_backend=b).denoise(_request()) for b in ("math", "sdpa")}
+    torch.testing.assert_close(got["math"], got["sdpa"], rtol=1e-5, atol=1e-5)
 
 
 def test_tiny_joint_latents_same_on_two_ranks():
-    expected = _pipeline().denoise(_request())  # 3 frames x 3 x 5 = 45 tokens: odd
+    expected = latents_on_world({})  # 3 frames x 3 x 5 = 45 tokens: odd
     for got in run_distributed(2, latents_on_world, dict(ulysses=2)):
         assert ((got - expected).norm() / expected.norm()).item() <= 1e-5

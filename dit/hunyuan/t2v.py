@@ -1,25 +1,32 @@
-"""Text-to-video adapter: lets the shared pipeline (`dit.pipeline`, written around Wan's `model(x, t, text)`
-call) drive a HunyuanVideo-1.5 transformer.
+"""HunyuanVideo-1.5 text-to-video for the shared pipeline (`dit.pipeline`): the model adapter and the
+pipeline family (text encoders, VAE, flow-match Euler schedule, limits) registered for its `_class_name`.
 
 HunyuanVideo-1.5's input is `[noisy latent, conditioning latent, mask]` along channels (2C+1); for
-text-to-video the last two are zero. The shared text encoders return `[B, T, dim]` with padding rows exactly
-zero, which gives the text mask back; no ByT5 or image tokens are used (the reference then treats them as
-padding).
+text-to-video the last two are zero, and there are no image tokens (the reference passes all-zero image
+embeddings, which it treats as padding). The text arrives with its real masks: Qwen2.5-VL's states with
+`encoder_attention_mask` and ByT5's glyph states with `encoder_attention_mask_2`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
 from torch import nn
 
+from dit.families import TINY_LIMITS, Limits, PipelineFamily, folder_config, register_pipeline_family
+from dit.hunyuan import vae
+from dit.hunyuan.config import DIFFUSERS_CLASS_NAME
 from dit.hunyuan.model import HunyuanVideo15Transformer
+from dit.hunyuan.text import load_text_encoders
 
 
 @dataclass(frozen=True)
 class T2VConfig:
-    """The config fields the shared pipeline reads, in Wan's terms."""
+    """The config fields the shared pipeline reads."""
 
     in_channels: int  # latent channels the pipeline samples
     text_dim: int
@@ -35,8 +42,72 @@ class HunyuanT2V(nn.Module):
         self.transformer = transformer
         self.config = T2VConfig(cfg.out_channels, cfg.text_embed_dim, cfg.patch)
 
-    def forward(self, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        latents: torch.Tensor,
+        timestep: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        encoder_attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states_2: torch.Tensor | None = None,
+        encoder_attention_mask_2: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         b, c, f, h, w = latents.shape
         condition = latents.new_zeros(b, c + 1, f, h, w)  # no image: zero conditioning latent and mask
-        text_mask = text.ne(0).any(dim=-1)
-        return self.transformer(torch.cat([latents, condition], dim=1), timestep, text, text_mask)
+        return self.transformer(
+            torch.cat([latents, condition], dim=1),
+            timestep,
+            encoder_hidden_states,
+            encoder_attention_mask,
+            encoder_hidden_states_2=encoder_hidden_states_2,
+            encoder_attention_mask_2=encoder_attention_mask_2,
+        )
+
+
+def _limits(folder: Path | None, preset: str) -> Limits:
+    if folder is None and preset == "tiny-joint":
+        return TINY_LIMITS
+    from diffusers.pipelines.hunyuan_video1_5.image_processor import HunyuanVideo15ImageProcessor
+
+    # The reference's defaults: 121 frames at 24 fps, the 16:9 size closest to the model's target size
+    # (480p: 480x848), the guidance its guider/ was published with.
+    target = folder_config(folder, "transformer", "config.json").get("target_size", 640)
+    processor = HunyuanVideo15ImageProcessor(vae_scale_factor=vae.COMPRESSION[1])
+    height, width = processor.calculate_default_height_width(9, 16, target)
+    guidance = folder_config(folder, "guider", "guider_config.json").get("guidance_scale", 6.0)
+    return Limits(
+        max_frames=241,
+        default_frames=121,
+        default_height=height,
+        default_width=width,
+        default_guidance=guidance,
+        default_fps=24,
+    )
+
+
+def _scheduler(sampler: str, shift: float, folder: Path | None) -> FlowMatchEulerDiscreteScheduler:
+    if sampler != "euler":
+        raise ValueError(f"HunyuanVideo-1.5 samples with its published flow-match Euler; sampler must be "
+                         f"'euler', got {sampler!r}")  # fmt: skip
+    config = folder_config(folder, "scheduler", "scheduler_config.json")
+    return FlowMatchEulerDiscreteScheduler.from_config({**config, "shift": shift})
+
+
+def _sigmas(steps: int) -> list[float]:
+    """The reference's schedule: linspace(1, 0) without the final 0 (the scheduler shifts it)."""
+    return np.linspace(1.0, 0.0, steps + 1)[:-1].tolist()
+
+
+FAMILY = PipelineFamily(
+    class_name=DIFFUSERS_CLASS_NAME,
+    compression=vae.COMPRESSION,
+    default_shift=5.0,  # the 480p text-to-video scheduler's shift
+    default_sampler="euler",
+    wrap=HunyuanT2V,
+    text_encoder=load_text_encoders,
+    vae=vae.load_vae,
+    decode=vae.decode,
+    limits=_limits,
+    scheduler=_scheduler,
+    sigmas=_sigmas,
+)
+register_pipeline_family(FAMILY)

@@ -1,0 +1,139 @@
+"""Pipeline families: the parts that differ between model families (text encoders, VAE, scheduler, limits),
+picked from the model folder's `transformer/config.json` `_class_name` or the preset's.
+
+A family's model is called as `model(latents, timestep, **text)` where `text` is what its text encoder's
+`condition(prompt)` returns (Wan: `encoder_hidden_states`; HunyuanVideo-1.5: the states and masks of both of
+its encoders), so the shared pipeline needs no per-family switch. Families register here when their package is
+imported (`dit.loading.FAMILY_PACKAGES`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers import SchedulerMixin
+from torch import nn
+
+from dit import vae as wan_vae
+from dit.loading import _import_families
+from dit.presets import PRESETS
+from dit.sampling import make_scheduler
+from dit.text_encoder import load_text_encoder
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Allowed ranges and defaults. Frames are `frame_step`·k + 1 (the VAE's time compression); height and
+    width are multiples of `size_multiple` (the VAE's space compression × the DiT's patch size)."""
+
+    min_frames: int = 5
+    max_frames: int = 129
+    default_frames: int = 81
+    frame_step: int = 4
+    min_size: int = 16
+    max_size: int = 1280
+    size_multiple: int = 16
+    default_height: int = 480
+    default_width: int = 832
+    min_steps: int = 1
+    max_steps: int = 100
+    default_steps: int = 50
+    min_guidance: float = 1.0
+    max_guidance: float = 20.0
+    default_guidance: float = 5.0
+    max_prompt_tokens: int = 512
+    min_fps: int = 1
+    max_fps: int = 60
+    default_fps: int = 16
+
+
+# Tiny presets run on a CPU in seconds: a short, small video with few steps.
+TINY_LIMITS = Limits(
+    max_frames=33,
+    default_frames=9,
+    max_size=256,
+    default_height=64,
+    default_width=64,
+    max_steps=50,
+    default_steps=8,
+)
+
+
+@dataclass(frozen=True)
+class PipelineFamily:
+    class_name: str  # the transformer's config.json `_class_name`
+    compression: tuple[int, int]  # the VAE's (time, space) compression
+    default_shift: float  # flow shift when neither the request config nor the folder's scheduler/ gives one
+    default_sampler: str
+    # transformer → model(latents, timestep, **text) with `.config.in_channels` (latent channels sampled)
+    wrap: Callable[[nn.Module], nn.Module]
+    # (folder or None, wrapped model, dtype, device) → text encoder: `condition(text)` (the model's text
+    # keyword arguments), `count_tokens(text)`, `max_tokens`
+    text_encoder: Callable[..., nn.Module]
+    # (folder or None, latent channels, device) → VAE; only the replica leader loads one
+    vae: Callable[..., nn.Module]
+    decode: Callable[[nn.Module, torch.Tensor], np.ndarray]  # (vae, latents) → uint8 frames [F, H, W, 3]
+    limits: Callable[[Path | None, str], Limits]  # (folder or None, preset name) → limits before compression
+    # (sampler, shift, folder or None) → scheduler; `sigmas(steps)` the schedule to set (None: its default)
+    scheduler: Callable[[str, float, Path | None], SchedulerMixin]
+    sigmas: Callable[[int], list[float] | None] = lambda steps: None
+
+
+_PIPELINE_FAMILIES: dict[str, PipelineFamily] = {}
+
+
+def register_pipeline_family(family: PipelineFamily) -> None:
+    _PIPELINE_FAMILIES[family.class_name] = family
+
+
+def model_class_name(model: str) -> str | None:
+    """The transformer `_class_name` of a preset or a pipeline/transformer folder."""
+    _import_families()  # they may add presets
+    if model in PRESETS:
+        return PRESETS[model].get("_class_name")
+    root = Path(model)
+    for config in (root / "transformer" / "config.json", root / "config.json"):
+        if config.is_file():
+            return json.loads(config.read_text()).get("_class_name")
+    raise FileNotFoundError(f"{model}: neither a preset ({', '.join(sorted(PRESETS))}) nor a model folder")
+
+
+def pipeline_family(model: str) -> PipelineFamily:
+    name = model_class_name(model)
+    if name not in _PIPELINE_FAMILIES:
+        raise ValueError(f"no pipeline for model class {name!r}; known: {sorted(_PIPELINE_FAMILIES)}")
+    return _PIPELINE_FAMILIES[name]
+
+
+def folder_config(folder: Path | None, component: str, file: str) -> dict:
+    """A diffusers pipeline folder's `component/file` JSON, or {} when absent."""
+    path = folder / component / file if folder is not None else None
+    return json.loads(path.read_text()) if path is not None and path.is_file() else {}
+
+
+def _wan_limits(folder: Path | None, preset: str) -> Limits:
+    return TINY_LIMITS if folder is None and preset == "tiny" else Limits()
+
+
+# Wan2.1: UMT5 (or the tiny encoder), AutoencoderKLWan (×4 time, ×8 space), UniPC flow sampling.
+WAN = PipelineFamily(
+    class_name="WanTransformer3DModel",
+    compression=wan_vae.WAN_COMPRESSION,
+    default_shift=3.0,  # Wan's 480p value
+    default_sampler="unipc",
+    wrap=lambda transformer: transformer,
+    text_encoder=lambda folder, model, dtype, device: load_text_encoder(
+        folder, dim=model.config.text_dim, dtype=dtype, device=device
+    ),
+    vae=lambda folder, channels, device: wan_vae.load_vae(folder, z_dim=channels, device=device),
+    decode=wan_vae.decode,
+    limits=_wan_limits,
+    scheduler=lambda sampler, shift, folder: make_scheduler(sampler, shift),
+)
+register_pipeline_family(WAN)
+register_pipeline_family(replace(WAN, class_name="WanModel"))  # an original Wan checkpoint folder

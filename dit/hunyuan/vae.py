@@ -1,0 +1,42 @@
+"""HunyuanVideo-1.5's VAE (diffusers `AutoencoderKLHunyuanVideo15`: ×4 time, ×16 space, 32 channels) from a
+pipeline folder's `vae/`, or a tiny random one of the same compression for `tiny-joint`. Decodes in float32
+(as `dit.vae` does for Wan)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers import AutoencoderKLHunyuanVideo15
+
+from dit.vae import check_vae, to_uint8
+
+COMPRESSION = (4, 16)
+
+
+def tiny_vae(latent_channels: int, *, seed: int = 0) -> AutoencoderKLHunyuanVideo15:
+    """The published compression (5 levels: ×16 space, ×4 time) with 8 channels per level."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        vae = AutoencoderKLHunyuanVideo15(
+            latent_channels=latent_channels, block_out_channels=(8, 8, 8, 8, 8), layers_per_block=1
+        )
+    return vae.eval()
+
+
+def load_vae(folder: Path | None, channels: int, device) -> AutoencoderKLHunyuanVideo15:
+    if folder is not None and (folder / "vae").is_dir():
+        vae = AutoencoderKLHunyuanVideo15.from_pretrained(Path(folder) / "vae", torch_dtype=torch.float32)
+    else:
+        vae = tiny_vae(channels)
+    cfg = vae.config
+    found = (cfg.temporal_compression_ratio, cfg.spatial_compression_ratio)
+    return check_vae(vae, cfg.latent_channels, channels, found, COMPRESSION).to(device)
+
+
+@torch.no_grad()
+def decode(vae: AutoencoderKLHunyuanVideo15, latents: torch.Tensor) -> np.ndarray:
+    """Latents `[1, C, f, h, w]` (the DiT's space: the VAE's latents × scaling_factor) → uint8 frames."""
+    z = latents.to(next(vae.parameters()).device, torch.float32) / vae.config.scaling_factor
+    return to_uint8(vae.decode(z, return_dict=False)[0])
