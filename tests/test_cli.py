@@ -50,3 +50,12 @@ def test_parity_two_ranks(tmp_path):
     assert rows["alltoall"]["layout"] == "2x1x1" and rows["cfg"]["layout"] == "1x1x2"
     assert rows["cfg"]["latents_rel"] <= 1e-5 and rows["cfg"]["frames_max_abs"] <= 1
     assert rows["hybrid"]["status"] == "skipped"  # needs 4 ranks
+
+
+def test_generate_picks_the_hunyuan_family_from_the_preset(tmp_path):
+    proc = _run("generate", 'a neon sign reading "OPEN"', "--preset", "tiny-joint", "--out", "joint.mp4",
+                "--frames", "5", "--height", "32", "--width", "48", "--steps", "2", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert read_mp4(tmp_path / "joint.mp4").frames.shape == (5, 32, 48, 3)
+    proc = _run("generate", "a fox", "--preset", "tiny-joint", "--height", "40", cwd=tmp_path)
+    assert proc.returncode == 2 and "height must be a multiple of 16" in proc.stderr  # ×16 VAE
