@@ -220,4 +220,7 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     )
     shift = config.flow_shift if config.flow_shift is not None else folder_flow_shift(folder)
     shift = family.default_shift if shift is None else shift
+    family.scheduler(
+        config.sampler or family.default_sampler, shift, folder
+    )  # fails now on a sampler it lacks
     return Pipeline(config, mesh, family, model, text_encoder, vae, limits, shift, folder)

@@ -36,6 +36,13 @@ def test_tiny_joint_generates_frames():
     assert frames.shape == (9, 48, 80, 3) and frames.dtype.name == "uint8"
 
 
+def test_tiny_joint_rejects_a_sampler_it_does_not_offer():
+    from dit.pipeline import PipelineConfig, load_pipeline
+
+    with pytest.raises(ValueError, match="sampler must be 'euler', got 'unipc'"):
+        load_pipeline(PipelineConfig(model="tiny-joint", device="cpu", sampler="unipc"))
+
+
 def test_tiny_joint_text_carries_real_masks():
     text = _pipeline().text_encoder
     plain, quoted = text.condition("a red fox"), text.condition('a sign that reads "OPEN"')
