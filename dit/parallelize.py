@@ -7,6 +7,7 @@ Contract a model follows to be parallelised (Wan here; other families may reuse 
   `time_embed(timestep, ...)` with `[B, S]` timesteps — per-token timesteps sharded before embedding
   `head(...)`        → per-token outputs `[B, S_local, ...]` — gathered and unpadded
   `blocks[i].self_attn.attention(q, k, v)`             — replaced by `parallel.attention` over the sp group
+  `blocks[i].cross_attn.attention(q, k, v)`            — set to the local kernel on `backend`
 Only the sp group is used, so a mesh with cfg > 1 works unchanged (the pipeline combines CFG halves).
 A family whose model does not follow this contract registers its own step (`register_parallelizer`).
 """
@@ -69,9 +70,12 @@ def parallelize(model, mesh, comm="alltoall", backend="auto"):
             return fn(model, mesh, comm, backend)
     if getattr(model, "sequence_parallel", None) is not None:
         raise ValueError("model is already parallelized")
+    local = partial(parallel.local_attention, backend=backend)
+    for block in model.blocks:
+        block.cross_attn.attention = local  # text K/V are replicated: cross-attention always stays local
     if mesh.sp_size == 1:
         for block in model.blocks:
-            block.self_attn.attention = partial(parallel.local_attention, backend=backend)
+            block.self_attn.attention = local
         return model
     sp = SequenceParallel(mesh, comm, backend)
     model.sequence_parallel = sp

@@ -131,7 +131,6 @@ def test_attn_backend_is_checked_and_applied(monkeypatch):
         b: load_pipeline(PipelineConfig(model="tiny", device="cpu", attn_backend=b)).denoise(req)
         for b in ("sdpa", "math")
     }
-    # Wan's cross-attention stays on "auto"; self-attention alone reaches the math kernel: 2 layers × 2 steps
-    # × (prompt, negative prompt).
-    assert len(math_calls) == 2 * 2 * 2
+    # Self- and cross-attention both reach the math kernel: 2 kinds × 2 layers × 2 steps × (prompt, negative).
+    assert len(math_calls) == 2 * 2 * 2 * 2
     torch.testing.assert_close(by_backend["math"], by_backend["sdpa"], rtol=1e-5, atol=1e-5)

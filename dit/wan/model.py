@@ -127,12 +127,13 @@ class CrossAttention(nn.Module):
         self.norm_q = nn.RMSNorm(cfg.dim, eps=cfg.eps)
         self.norm_k = nn.RMSNorm(cfg.dim, eps=cfg.eps)
         self.out = nn.Linear(cfg.dim, cfg.dim)
+        self.attention = local_attention  # the kernel choice is set from outside (`dit.parallelize`)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         k, v = self.kv(context).chunk(2, dim=-1)
         q = self.norm_q(self.q(x)).unflatten(-1, (self.num_heads, -1))
         k = self.norm_k(k).unflatten(-1, (self.num_heads, -1))
-        out = local_attention(q, k, v.unflatten(-1, (self.num_heads, -1)))
+        out = self.attention(q, k, v.unflatten(-1, (self.num_heads, -1)))
         return self.out(out.flatten(2).type_as(x))
 
 
