@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import time
 
 import torch
+
+
+def add_run_args(p: argparse.ArgumentParser, dtypes, cuda: bool) -> None:
+    """The options every DiT bench shares: precision, device, repetitions, compile, JSON."""
+    p.add_argument("--dtype", choices=dtypes, default="bfloat16" if cuda else "float32")
+    p.add_argument("--device", default="cuda" if cuda else "cpu")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--compile", action="store_true", help="also time torch.compile'd models")
+    p.add_argument("--json", action="store_true")
 
 
 def timed(fn, warmup: int, iters: int, device: torch.device) -> tuple[float, torch.Tensor]:

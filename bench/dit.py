@@ -1,6 +1,7 @@
 """DiT forward time: ours vs diffusers' WanTransformer3DModel with the same weights, in the same run.
 
     python bench/dit.py                      # CPU: a small Wan config at 128x128, 33 frames, fp32
+    python bench/dit.py --family hunyuanvideo-1.5 [...]   # HunyuanVideo-1.5: the options of bench/hunyuan.py
     python bench/dit.py --compile --json     # adds torch.compile for both; JSON after the table
     python bench/dit.py --preset wan2.1-14b  # CUDA default: 480x832, 81 frames (32760 tokens), bf16
 
@@ -19,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from bench.common import compare, device_name, report  # noqa: E402
+from bench.common import add_run_args, compare, device_name, report  # noqa: E402
 from dit.loading import build_empty  # noqa: E402
 from dit.presets import PRESETS  # noqa: E402
 from dit.weights import load_state, random_init  # noqa: E402
@@ -65,7 +66,19 @@ def ours_from(ref, config_json: dict, dtype: torch.dtype, device: torch.device):
     return model.eval().requires_grad_(False)
 
 
+def _family(argv: list[str]) -> tuple[str, list[str]]:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--family", choices=("wan", "hunyuanvideo-1.5"), default="wan")
+    known, rest = p.parse_known_args(argv)
+    return known.family, rest
+
+
 def main(argv=None) -> None:
+    family, argv = _family(sys.argv[1:] if argv is None else argv)
+    if family == "hunyuanvideo-1.5":
+        from bench.hunyuan import main as hunyuan_main
+
+        return hunyuan_main(argv)
     cuda = torch.cuda.is_available()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="wan2.1-14b" if cuda else "small", help="small or a dit preset")
@@ -74,12 +87,7 @@ def main(argv=None) -> None:
     p.add_argument("--height", type=int, default=480 if cuda else 128)
     p.add_argument("--width", type=int, default=832 if cuda else 128)
     p.add_argument("--text-len", type=int, default=512 if cuda else 64)
-    p.add_argument("--dtype", choices=DTYPES, default="bfloat16" if cuda else "float32")
-    p.add_argument("--device", default="cuda" if cuda else "cpu")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--iters", type=int, default=3)
-    p.add_argument("--compile", action="store_true", help="also time torch.compile'd models")
-    p.add_argument("--json", action="store_true")
+    add_run_args(p, DTYPES, cuda)
     args = p.parse_args(argv)
 
     config_json = dict(SMALL if args.preset == "small" else PRESETS[args.preset])

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from bench.common import compare, device_name, report  # noqa: E402
+from bench.common import add_run_args, compare, device_name, report  # noqa: E402
 from dit.hunyuan.config import PRESETS, HunyuanVideo15Config  # noqa: E402
 from dit.hunyuan.model import HunyuanVideo15Transformer  # noqa: E402
 from dit.hunyuan.weights import resolve  # noqa: E402
@@ -62,12 +62,7 @@ def main(argv=None) -> None:
     p.add_argument("--width", type=int, default=848 if cuda else 128)
     p.add_argument("--text-len", type=int, default=1000 if cuda else 64)
     p.add_argument("--valid-text", type=int, default=120 if cuda else 24, help="real tokens of --text-len")
-    p.add_argument("--dtype", choices=DTYPES, default="bfloat16" if cuda else "float32")
-    p.add_argument("--device", default="cuda" if cuda else "cpu")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--iters", type=int, default=3)
-    p.add_argument("--compile", action="store_true", help="also time torch.compile'd models")
-    p.add_argument("--json", action="store_true")
+    add_run_args(p, DTYPES, cuda)
     args = p.parse_args(argv)
 
     cfg = SMALL if args.preset == "small" else PRESETS[args.preset]
