@@ -20,8 +20,7 @@ from diffusers import SchedulerMixin
 from torch import nn
 
 from dit import vae as wan_vae
-from dit.loading import _import_families
-from dit.presets import PRESETS
+from dit.loading import presets
 from dit.sampling import make_scheduler
 from dit.text_encoder import load_text_encoder
 
@@ -93,14 +92,13 @@ def register_pipeline_family(family: PipelineFamily) -> None:
 
 def model_class_name(model: str) -> str | None:
     """The transformer `_class_name` of a preset or a pipeline/transformer folder."""
-    _import_families()  # they may add presets
-    if model in PRESETS:
-        return PRESETS[model].get("_class_name")
+    if model in presets():
+        return presets()[model].get("_class_name")
     root = Path(model)
     for config in (root / "transformer" / "config.json", root / "config.json"):
         if config.is_file():
             return json.loads(config.read_text()).get("_class_name")
-    raise FileNotFoundError(f"{model}: neither a preset ({', '.join(sorted(PRESETS))}) nor a model folder")
+    raise FileNotFoundError(f"{model}: neither a preset ({', '.join(sorted(presets()))}) nor a model folder")
 
 
 def pipeline_family(model: str) -> PipelineFamily:

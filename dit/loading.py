@@ -47,6 +47,12 @@ def _import_families() -> None:
                 raise
 
 
+def presets() -> dict[str, dict]:
+    """Every preset (config.json form), the families' own included."""
+    _import_families()
+    return PRESETS
+
+
 def family_for(class_name: str | None) -> Family:
     _import_families()
     if class_name not in _FAMILIES:
@@ -70,8 +76,7 @@ def load_transformer(
 ) -> nn.Module:
     """Preset name ("tiny", "wan2.1-1.3b", "wan2.1-14b": random weights from `seed`), a diffusers
     `transformer/` folder, a whole pipeline folder, or an original Wan checkpoint folder → eval-mode model."""
-    _import_families()  # they may add presets
-    if isinstance(path_or_preset, str) and path_or_preset in PRESETS:
+    if isinstance(path_or_preset, str) and path_or_preset in presets():
         return build_random(PRESETS[path_or_preset], dtype=dtype, device=device, seed=seed)
     folder = _checkpoint_dir(Path(path_or_preset))
     family, config, model = build_empty(json.loads((folder / "config.json").read_text()), dtype, device)

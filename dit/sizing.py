@@ -69,11 +69,9 @@ def count_params(module: torch.nn.Module) -> int:
 
 def transformer_shape(preset: str) -> tuple[int, dict]:
     """(parameter count, config json) of a dit preset, built on the meta device."""
-    from dit.loading import _import_families, family_for
-    from dit.presets import PRESETS
+    from dit.loading import family_for, presets
 
-    _import_families()
-    config_json = PRESETS[preset]
+    config_json = presets()[preset]
     family = family_for(config_json["_class_name"])
     with torch.device("meta"):
         model = family.build(family.parse_config(config_json))
