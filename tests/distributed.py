@@ -1,9 +1,9 @@
 """A pool of CPU processes joined in one gloo process group, reused across tests.
 
-Spawning a fresh group per test costs seconds of `import torch`; the pool starts each world size once and runs
-module-level functions on every rank. Every collective runs under a short gloo timeout, and every call under a
-wall-clock deadline, so a mismatch fails the test instead of hanging it. After any failure the pool is torn down
-and the next call starts a fresh one, so one broken group never poisons later tests.
+Spawning a fresh group per test costs seconds of `import torch`; the pool starts each world size once and
+runs module-level functions on every rank. Every collective runs under a short gloo timeout, and every call
+under a wall-clock deadline, so a mismatch fails the test instead of hanging it. After any failure the pool
+is torn down and the next call starts a fresh one, so one broken group never poisons later tests.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ COLLECTIVE_TIMEOUT_S = 15.0
 
 
 class DistError(RuntimeError):
-    """One or more ranks raised, or the call ran past its deadline; the message holds every rank's traceback."""
+    """One or more ranks raised, or the call ran past its deadline; the message holds every traceback."""
 
 
 def _free_port() -> int:
@@ -79,7 +79,9 @@ class DistPool:
         self._tasks = [ctx.Queue() for _ in range(world_size)]
         self._results = ctx.Queue()
         self._procs = [
-            ctx.Process(target=_worker, args=(r, world_size, port, self._tasks[r], self._results), daemon=True)
+            ctx.Process(
+                target=_worker, args=(r, world_size, port, self._tasks[r], self._results), daemon=True
+            )
             for r in range(world_size)
         ]
         for p in self._procs:
