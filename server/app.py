@@ -7,7 +7,7 @@ import logging
 
 from fastapi import FastAPI
 
-from server import api_jobs, api_openai, api_ops
+from server import api_jobs, api_openai, api_ops, openai_errors
 from server.config import ServeConfig
 from server.middleware import GuardMiddleware
 from server.services import Services
@@ -39,5 +39,6 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
     app.state.services = Services(config, store, supervisor)
     for module in (api_ops, api_jobs, api_openai):
         app.include_router(module.router)
+    openai_errors.install(app)
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
     return app

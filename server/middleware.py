@@ -5,9 +5,12 @@ from __future__ import annotations
 import hmac
 import json
 
+from server.openai_errors import PREFIX, error_body
 
-async def _send_json(send, status: int, detail: str, headers: list | None = None) -> None:
-    body = json.dumps({"detail": detail}).encode()
+
+async def _send_json(scope, send, status: int, detail: str, headers: list | None = None) -> None:
+    openai = scope["path"].startswith(PREFIX)
+    body = json.dumps(error_body(status, detail) if openai else {"detail": detail}).encode()
     await send(
         {
             "type": "http.response.start",
@@ -40,6 +43,7 @@ class GuardMiddleware:
         if self.expected is not None and scope["path"] != "/health":
             if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
                 return await _send_json(
+                    scope,
                     send,
                     401,
                     "missing or wrong API key (Authorization: Bearer <key>)",
@@ -48,9 +52,11 @@ class GuardMiddleware:
         length = headers.get(b"content-length")
         if length is not None:
             if not length.isdigit():
-                return await _send_json(send, 400, "invalid Content-Length")
+                return await _send_json(scope, send, 400, "invalid Content-Length")
             if int(length) > self.max_body_bytes:
-                return await _send_json(send, 413, f"request body is larger than {self.max_body_bytes} bytes")
+                return await _send_json(
+                    scope, send, 413, f"request body is larger than {self.max_body_bytes} bytes"
+                )
             return await self.app(scope, receive, send)
         if scope["method"] in ("GET", "HEAD", "DELETE"):
             return await self.app(scope, receive, send)
@@ -62,7 +68,9 @@ class GuardMiddleware:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_body_bytes:
-                return await _send_json(send, 413, f"request body is larger than {self.max_body_bytes} bytes")
+                return await _send_json(
+                    scope, send, 413, f"request body is larger than {self.max_body_bytes} bytes"
+                )
             if not message.get("more_body"):
                 break
         replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]

@@ -200,3 +200,18 @@ def test_openai_sdk_create_retrieve_list_download(server, tmp_path):
     assert frames.shape[1:3] == (48, 80) and frames.shape[0] == 17  # 1 s at 16 fps → 4k+1 frames
     deleted = client.videos.delete(video.id)
     assert deleted.deleted and server.client.get(f"/jobs/{video.id}").status_code == 404
+
+
+def test_openai_errors_have_openai_shape(server):
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+    with pytest.raises(openai.UnprocessableEntityError) as bad:
+        client.videos.create(prompt="a boat", seconds="-3")
+    assert "seconds" in bad.value.message and bad.value.body["param"] == "seconds"
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.videos.retrieve("0" * 32)
+    assert missing.value.body["type"] == "not_found_error"
+    with pytest.raises(openai.AuthenticationError) as denied:
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).videos.list()
+    assert "API key" in denied.value.message
+    native = server.client.get("/jobs/" + "0" * 32)  # the native API keeps FastAPI's {"detail": ...}
+    assert native.status_code == 404 and "detail" in native.json()
