@@ -3,8 +3,9 @@ picked from the model folder's `transformer/config.json` `_class_name` or the pr
 
 A family's model is called as `model(latents, timestep, **text)` where `text` is what its text encoder's
 `condition(prompt)` returns (Wan: `encoder_hidden_states`; HunyuanVideo-1.5: the states and masks of both of
-its encoders), so the shared pipeline needs no per-family switch. Families register here when their package is
-imported (`dit.loading.FAMILY_PACKAGES`).
+its encoders), so the shared pipeline needs no per-family switch; only the replica leader loads the text
+encoder, and the pipeline broadcasts `text` to the replica's other ranks. Families register here when their
+package is imported (`dit.loading.FAMILY_PACKAGES`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,7 +24,7 @@ from torch import nn
 from dit import vae as wan_vae
 from dit.loading import presets
 from dit.sampling import make_scheduler
-from dit.text_encoder import load_text_encoder
+from dit.text_encoder import load_text_encoder, load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -71,8 +73,10 @@ class PipelineFamily:
     default_sampler: str
     # transformer → model(latents, timestep, **text) with `.config.in_channels` (latent channels sampled)
     wrap: Callable[[nn.Module], nn.Module]
-    # (folder or None, wrapped model, dtype, device) → text encoder: `condition(text)` (the model's text
-    # keyword arguments), `count_tokens(text)`, `max_tokens`
+    # folder or None → the prompt tokenizer: `count_tokens(text)`, `max_tokens`; small, loaded on every rank
+    tokenizer: Callable[[Path | None], Any]
+    # (folder or None, wrapped model, tokenizer, dtype, device) → text encoder: `condition(text)` (the model's
+    # text keyword arguments); only the replica leader loads one
     text_encoder: Callable[..., nn.Module]
     # (folder or None, latent channels, device) → VAE; only the replica leader loads one
     vae: Callable[..., nn.Module]
@@ -125,8 +129,9 @@ WAN = PipelineFamily(
     default_shift=3.0,  # Wan's 480p value
     default_sampler="unipc",
     wrap=lambda transformer: transformer,
-    text_encoder=lambda folder, model, dtype, device: load_text_encoder(
-        folder, dim=model.config.text_dim, dtype=dtype, device=device
+    tokenizer=load_tokenizer,
+    text_encoder=lambda folder, model, tokenizer, dtype, device: load_text_encoder(
+        folder, tokenizer, dim=model.config.text_dim, dtype=dtype, device=device
     ),
     vae=lambda folder, channels, device: wan_vae.load_vae(folder, z_dim=channels, device=device),
     decode=wan_vae.decode,

@@ -1,8 +1,11 @@
 """Text-to-video: encode the prompt → seeded noise → denoise with the (sequence-parallel) DiT → VAE decode.
 
 Every rank of a replica runs `generate` with the same request. The noise comes from a CPU generator seeded by
-the request alone, so any world size and layout start from the same latents and end with the same video; the
-VAE lives on the replica leader only, which is the one rank that returns frames.
+the request alone, so any world size and layout start from the same latents and end with the same video. The
+text encoder(s) and the VAE live on the replica leader only: it encodes the prompts and broadcasts the text
+conditioning to the replica's other ranks (which hold the DiT alone), and it is the one rank that returns
+frames. Every rank loads the tokenizer, so every rank validates a request on its own and rejects it the same
+way.
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ class Pipeline:
         mesh,
         family: PipelineFamily,
         model,
+        tokenizer,
         text_encoder,
         vae,
         limits: Limits,
@@ -84,7 +88,8 @@ class Pipeline:
         folder: Path | None = None,
     ):
         self.config, self.mesh, self.family, self.model, self.folder = config, mesh, family, model, folder
-        self.text_encoder, self.vae, self.limits, self.flow_shift = text_encoder, vae, limits, flow_shift
+        self.tokenizer, self.limits, self.flow_shift = tokenizer, limits, flow_shift
+        self.text_encoder, self.vae = text_encoder, vae  # None except on the replica leader
         self.sampler = config.sampler or family.default_sampler
 
     def validate(self, req: GenerationRequest) -> GenerationRequest:
@@ -125,7 +130,7 @@ class Pipeline:
         if not isinstance(req.prompt, str) or not req.prompt.strip():
             raise ValueError("prompt must be a non-empty string")
         for name in ("prompt", "negative_prompt"):
-            tokens = self.text_encoder.count_tokens(getattr(req, name))
+            tokens = self.tokenizer.count_tokens(getattr(req, name))
             if tokens > lim.max_prompt_tokens:
                 raise ValueError(
                     f"{name} is {tokens} tokens long; "
@@ -151,13 +156,7 @@ class Pipeline:
     def denoise(self, req: GenerationRequest, callback: Callback | None = None) -> torch.Tensor:
         """Final latents (float32, the same on every rank). Raises GenerationCancelled on every rank."""
         req = self.validate(req)
-        mesh, dtype = self.mesh, next(self.model.parameters()).dtype
-        guided = req.guidance_scale != 1.0
-        # Encode only what this rank's passes use: CFG-parallel's cfg rank 1 runs the negative prompt alone.
-        need_cond = mesh.cfg_size == 1 or mesh.cfg_rank == 0
-        need_uncond = (mesh.cfg_size == 2 and mesh.cfg_rank == 1) or (mesh.cfg_size == 1 and guided)
-        cond = self.text_condition(req.prompt, dtype) if need_cond else None
-        uncond = self.text_condition(req.negative_prompt, dtype) if need_uncond else None
+        cond, uncond = self.conditioning(req)
         return denoise(
             self.model,
             self.initial_noise(req),
@@ -166,13 +165,33 @@ class Pipeline:
             scheduler=self.family.scheduler(self.sampler, self.flow_shift, self.folder),
             steps=req.num_inference_steps,
             guidance=req.guidance_scale,
-            mesh=mesh,
+            mesh=self.mesh,
             callback=callback,
             sigmas=self.family.sigmas(req.num_inference_steps),
         )
 
+    def conditioning(self, req: GenerationRequest) -> tuple[dict, dict | None]:
+        """(prompt, negative prompt or None) text keyword arguments on this rank's device. The replica
+        leader encodes both prompts its replica's passes use (the negative one when guided, or for
+        CFG-parallel's cfg rank 1) and sends them to the other ranks in one broadcast over the gloo control
+        group, as CPU tensors."""
+        mesh, text = self.mesh, None
+        shared = mesh.cfg_size * mesh.sp_size > 1  # other ranks in this replica wait for the leader's text
+        if mesh.is_replica_leader:
+            dtype = next(self.model.parameters()).dtype
+            need_uncond = req.guidance_scale != 1.0 or mesh.cfg_size == 2
+            text = (
+                self.text_condition(req.prompt, dtype),
+                self.text_condition(req.negative_prompt, dtype) if need_uncond else None,
+            )
+            if shared:
+                text = tuple(_on(part, torch.device("cpu")) for part in text)
+        text = mesh.broadcast_object(text)
+        return tuple(_on(part, self.device) for part in text)
+
     def text_condition(self, text: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        """The model's text keyword arguments; states in the model's dtype, masks as they come."""
+        """The model's text keyword arguments (replica leader only); states in the model's dtype, masks as
+        they come."""
         return {
             name: t.to(dtype) if t.is_floating_point() else t
             for name, t in self.text_encoder.condition(text).items()
@@ -188,6 +207,10 @@ class Pipeline:
         """Frames on the replica leader, None on the other ranks."""
         latents = self.denoise(req, callback)
         return self.decode(latents) if self.mesh.is_replica_leader else None
+
+
+def _on(text: dict[str, torch.Tensor] | None, device: torch.device) -> dict[str, torch.Tensor] | None:
+    return None if text is None else {name: t.to(device) for name, t in text.items()}
 
 
 def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
@@ -207,20 +230,22 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
 
     model = family.wrap(dit.load_transformer(config.model, dtype=dtype, device=device).eval())
     model = dit.parallelize(model, mesh, comm=config.comm, backend=config.attn_backend)
-    text_encoder = family.text_encoder(folder, model, dtype, device)
-    channels = model.config.in_channels
-    vae = family.vae(folder, channels, device) if mesh.is_replica_leader else None
+    tokenizer = family.tokenizer(folder)
+    # The replica leader alone encodes text and decodes video; the other ranks hold the DiT only.
+    leader = mesh.is_replica_leader
+    text_encoder = family.text_encoder(folder, model, tokenizer, dtype, device) if leader else None
+    vae = family.vae(folder, model.config.in_channels, device) if leader else None
 
     t, s = family.compression
     limits = replace(
         family.limits(folder, config.model),
         frame_step=t,
         size_multiple=s * max(model.config.patch_size[1:]),
-        max_prompt_tokens=text_encoder.max_tokens,
+        max_prompt_tokens=tokenizer.max_tokens,
     )
     shift = config.flow_shift if config.flow_shift is not None else folder_flow_shift(folder)
     shift = family.default_shift if shift is None else shift
     family.scheduler(
         config.sampler or family.default_sampler, shift, folder
     )  # fails now on a sampler it lacks
-    return Pipeline(config, mesh, family, model, text_encoder, vae, limits, shift, folder)
+    return Pipeline(config, mesh, family, model, tokenizer, text_encoder, vae, limits, shift, folder)

@@ -27,10 +27,10 @@ class _WordCounter:
 
 
 class FakePipeline:
-    validate = Pipeline.validate  # the real request checks, against self.limits and self.text_encoder
+    validate = Pipeline.validate  # the real request checks, against self.limits and self.tokenizer
 
     def __init__(self, mesh):
-        self.mesh, self.limits, self.text_encoder = mesh, TINY_LIMITS, _WordCounter()
+        self.mesh, self.limits, self.tokenizer = mesh, TINY_LIMITS, _WordCounter()
         self.step_s = float(os.environ.get("ITHACA_FAKE_STEP_S", "0"))
 
     def generate(self, req: GenerationRequest, callback=None):

@@ -21,7 +21,7 @@ from dit.families import TINY_LIMITS, Limits, PipelineFamily, folder_config, reg
 from dit.hunyuan import vae
 from dit.hunyuan.config import DIFFUSERS_CLASS_NAME
 from dit.hunyuan.model import HunyuanVideo15Transformer
-from dit.hunyuan.text import load_text_encoders
+from dit.hunyuan.text import load_text_encoders, load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,7 @@ FAMILY = PipelineFamily(
     default_shift=5.0,  # the 480p text-to-video scheduler's shift
     default_sampler="euler",
     wrap=HunyuanT2V,
+    tokenizer=load_tokenizer,
     text_encoder=load_text_encoders,
     vae=vae.load_vae,
     decode=vae.decode,

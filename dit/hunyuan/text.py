@@ -3,7 +3,8 @@ the third-to-last layer, the template's system tokens cropped) and the ByT5 glyp
 quotes, for rendering it in the video). The encoding itself is the reference's (diffusers'
 `HunyuanVideo15Pipeline` static helpers), so real weights give the reference's tokens and masks exactly.
 
-`tiny-joint` pairs the model with two tiny built-in byte-level encoders instead (nothing downloaded).
+`tiny-joint` pairs the model with two tiny built-in byte-level encoders instead (nothing downloaded). Every
+rank loads the main encoder's tokenizer (to count prompt tokens); only the replica leader loads the encoders.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from diffusers.pipelines.hunyuan_video1_5.pipeline_hunyuan_video1_5 import (
 )
 from torch import nn
 
-from dit.text_encoder import TinyTextEncoder
+from dit.text_encoder import ByteTokenizer, TinyTextEncoder
 
 MLLM_MAX_TOKENS = 1000  # the reference's `tokenizer_max_length`: prompt tokens kept after the crop
 TEMPLATE_CROP = 108  # the reference's `prompt_template_encode_start_idx`: system-template tokens dropped
@@ -29,19 +30,15 @@ BYT5_MAX_TOKENS = 256  # the reference's `tokenizer_2_max_length`
 SYSTEM_MESSAGE = inspect.signature(Reference._get_mllm_prompt_embeds).parameters["system_message"].default
 
 
-class QwenVLTextEncoder(nn.Module):
-    """Qwen2.5-VL's text model from a pipeline folder's `text_encoder/` and `tokenizer/`."""
+class QwenTokenizer:
+    """Qwen2.5-VL's tokenizer from a pipeline folder's `tokenizer/`: every rank loads it to count tokens."""
 
     max_tokens = MLLM_MAX_TOKENS
 
-    def __init__(self, folder: Path, *, dtype: torch.dtype, device: torch.device | str):
-        super().__init__()
-        from transformers import AutoTokenizer, Qwen2_5_VLTextModel
+    def __init__(self, folder: Path):
+        from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(folder / "tokenizer")
-        self.model = (
-            Qwen2_5_VLTextModel.from_pretrained(folder / "text_encoder", dtype=dtype).to(device).eval()
-        )
 
     def count_tokens(self, text: str) -> int:
         """Tokens the DiT sees: the templated prompt minus the cropped system part."""
@@ -51,11 +48,31 @@ class QwenVLTextEncoder(nn.Module):
         )
         return len(ids["input_ids"]) - TEMPLATE_CROP
 
+
+class QwenVLTextEncoder(nn.Module):
+    """Qwen2.5-VL's text model from a pipeline folder's `text_encoder/`."""
+
+    max_tokens = MLLM_MAX_TOKENS
+
+    def __init__(
+        self, folder: Path, tokenizer: QwenTokenizer, *, dtype: torch.dtype, device: torch.device | str
+    ):
+        super().__init__()
+        from transformers import Qwen2_5_VLTextModel
+
+        self.tokenizer = tokenizer
+        self.model = (
+            Qwen2_5_VLTextModel.from_pretrained(folder / "text_encoder", dtype=dtype).to(device).eval()
+        )
+
+    def count_tokens(self, text: str) -> int:
+        return self.tokenizer.count_tokens(text)
+
     @torch.no_grad()
     def states_and_mask(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:
         device = next(self.model.parameters()).device
         return Reference._get_mllm_prompt_embeds(
-            self.model, self.tokenizer, text, device, MLLM_MAX_TOKENS, crop_start=TEMPLATE_CROP
+            self.model, self.tokenizer.tokenizer, text, device, MLLM_MAX_TOKENS, crop_start=TEMPLATE_CROP
         )
 
 
@@ -109,17 +126,28 @@ class HunyuanTextEncoder(nn.Module):
         return out
 
 
+def _has_qwen(folder: Path | None) -> bool:
+    return folder is not None and (folder / "text_encoder").is_dir()
+
+
+def load_tokenizer(folder: Path | None) -> QwenTokenizer | ByteTokenizer:
+    """The main encoder's tokenizer (what request validation counts): Qwen2.5-VL's from a folder with a
+    `text_encoder/`, else the tiny encoder's byte tokens."""
+    return QwenTokenizer(folder) if _has_qwen(folder) else ByteTokenizer()
+
+
 def load_text_encoders(
-    folder: Path | None, model, dtype: torch.dtype, device: torch.device | str
+    folder: Path | None, model, tokenizer, dtype: torch.dtype, device: torch.device | str
 ) -> HunyuanTextEncoder:
     """Qwen2.5-VL (+ ByT5 when the folder has `text_encoder_2/`; without it quoted text is not rendered
-    specially) from `folder`; without a folder the tiny encoders at the transformer's text widths."""
-    if folder is not None and (folder / "text_encoder").is_dir():
-        main = QwenVLTextEncoder(folder, dtype=dtype, device=device)
+    specially) from `folder`; without a folder the tiny encoders at the transformer's text widths.
+    `tokenizer` is `load_tokenizer(folder)`'s, shared rather than loaded twice."""
+    if _has_qwen(folder):
+        main = QwenVLTextEncoder(folder, tokenizer, dtype=dtype, device=device)
         has_glyph = (folder / "text_encoder_2").is_dir()
         glyph = ByT5GlyphEncoder(folder, dtype=dtype, device=device) if has_glyph else None
         return HunyuanTextEncoder(main, glyph)
     cfg = model.transformer.config
-    main = TinyTextEncoder(cfg.text_embed_dim)
+    main = TinyTextEncoder(cfg.text_embed_dim, tokenizer)
     glyph = TinyGlyphEncoder(cfg.text_embed_2_dim, seed=1)
     return HunyuanTextEncoder(main, glyph).to(device=device, dtype=dtype)
