@@ -3,7 +3,9 @@
 Parameter counts come from building each component on the meta device from its published config, so they are
 exact for those configs. Activation memory is an estimate from the tensor shapes of one DiT block's forward
 (see `activation_bytes`): sequence parallelism divides activations by the number of ranks, while every rank
-holds a full copy of the weights. `python -m dit.sizing` prints the table in deploy/README.md.
+holds a full copy of the DiT's weights. Only the replica leader holds the text encoder(s) and the VAE (it
+encodes the prompts and broadcasts the conditioning, and it decodes), so the table gives the leader's memory
+and the other ranks'. `python -m dit.sizing` prints the table in deploy/README.md.
 """
 
 from __future__ import annotations
@@ -141,8 +143,8 @@ def table(ranks_list=(1, 2, 4, 8)) -> list[dict]:
         for res in model.resolutions:
             seq = tokens(model, res, patch)
             for ranks in ranks_list:
-                weights = (dit_params + text_params) * BF16
                 act = activation_bytes(seq, dim, ffn, ranks)
+                other = (dit_params * BF16 + act) / GIB  # every rank: the DiT and its activations share
                 rows.append(
                     dict(
                         model=model.name,
@@ -151,9 +153,9 @@ def table(ranks_list=(1, 2, 4, 8)) -> list[dict]:
                         ranks=ranks,
                         dit_params_b=dit_params / 1e9,
                         text_params_b=text_params / 1e9,
-                        weights_gib=weights / GIB,
                         activations_gib=act / GIB,
-                        total_gib=(weights + act) / GIB,
+                        leader_gib=other + text_params * BF16 / GIB,  # + text encoder(s) and VAE
+                        other_gib=other if ranks > 1 else None,
                         ulysses_ok=heads % ranks == 0,
                     )  # fmt: skip
                 )
@@ -162,15 +164,17 @@ def table(ranks_list=(1, 2, 4, 8)) -> list[dict]:
 
 def markdown(rows: list[dict]) -> str:
     out = [
-        "| model | res | tokens | ranks | DiT params | text encoder + VAE params | weights/rank (GiB) "
-        "| activations/rank (GiB) | total/rank (GiB) | Ulysses degree fits heads |",
+        "| model | res | tokens | ranks | DiT params | text encoder + VAE params | activations/rank (GiB) "
+        "| leader: DiT + text encoder + VAE (GiB) | other ranks: DiT only (GiB) "
+        "| Ulysses degree fits heads |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in rows:
+        other = "—" if r["other_gib"] is None else f"{r['other_gib']:.1f}"
         out.append(
             f"| {r['model']} | {r['resolution']} | {r['tokens']} | {r['ranks']} | {r['dit_params_b']:.2f} B "
-            f"| {r['text_params_b']:.2f} B | {r['weights_gib']:.1f} | {r['activations_gib']:.2f} "
-            f"| {r['total_gib']:.1f} | {'yes' if r['ulysses_ok'] else 'no: use ring or cfg'} |"
+            f"| {r['text_params_b']:.2f} B | {r['activations_gib']:.2f} | {r['leader_gib']:.1f} | {other} "
+            f"| {'yes' if r['ulysses_ok'] else 'no: use ring or cfg'} |"
         )
     return "\n".join(out)
 
