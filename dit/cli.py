@@ -40,6 +40,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="default: cuda:LOCAL_RANK when GPUs are present, else cpu")
     p.add_argument("--attn-backend", default="auto")
     p.add_argument(
+        "--text-encoder-device", help="e.g. cpu: keep the text encoder off the GPU (default: --device)"
+    )
+    p.add_argument(
         "--sampler",
         default=None,
         choices=("unipc", "euler"),
@@ -100,6 +103,7 @@ def _pipeline_config(args, comm: str):
         dtype=args.dtype,
         comm=comm,
         attn_backend=args.attn_backend,
+        text_encoder_device=args.text_encoder_device,
         sampler=args.sampler,
         flow_shift=args.flow_shift,
     )
@@ -217,7 +221,8 @@ def _common_argv(args) -> list[str]:
     for flag, value in (("--frames", args.frames), ("--height", args.height), ("--width", args.width),
                         ("--steps", args.steps), ("--guidance", args.guidance), ("--fps", args.fps),
                         ("--model-path", args.model_path), ("--device", args.device),
-                        ("--flow-shift", args.flow_shift), ("--sampler", args.sampler)):  # fmt: skip
+                        ("--flow-shift", args.flow_shift), ("--sampler", args.sampler),
+                        ("--text-encoder-device", args.text_encoder_device)):  # fmt: skip
         if value is not None:
             argv += [flag, str(value)]
     if not args.model_path:

@@ -44,6 +44,9 @@ class PipelineConfig:
     attn_backend: str = "auto"  # attention kernel: auto | flash | cudnn | sdpa | math (parallel.kernels)
     sampler: str | None = None  # unipc | euler; None: the family's (Wan: unipc, HunyuanVideo-1.5: euler)
     flow_shift: float | None = None  # None: the folder's scheduler config, else the family's default
+    # None: `device`. "cpu" keeps the text encoder(s) in host memory (the leader then needs no GPU memory for
+    # them: UMT5-XXL is 11 GiB in bf16); encoding a prompt is a small part of a job.
+    text_encoder_device: str | None = None
 
 
 @dataclass
@@ -233,7 +236,8 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     tokenizer = family.tokenizer(folder)
     # The replica leader alone encodes text and decodes video; the other ranks hold the DiT only.
     leader = mesh.is_replica_leader
-    text_encoder = family.text_encoder(folder, model, tokenizer, dtype, device) if leader else None
+    text_device = torch.device(config.text_encoder_device) if config.text_encoder_device else device
+    text_encoder = family.text_encoder(folder, model, tokenizer, dtype, text_device) if leader else None
     vae = family.vae(folder, model.config.in_channels, device) if leader else None
 
     t, s = family.compression

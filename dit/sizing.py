@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 BF16 = 2
+FP32 = 4  # the VAE decodes in float32 whatever the DiT runs in
 GIB = 1024**3
 
 
@@ -133,7 +134,7 @@ def table(ranks_list=(1, 2, 4, 8)) -> list[dict]:
     rows = []
     for model in MODELS:
         dit_params, cfg = transformer_shape(model.preset)
-        text_params = text_encoder_params(model.text_encoder) + vae_params(model.vae)
+        text_params, vae = text_encoder_params(model.text_encoder), vae_params(model.vae)
         heads = cfg.get("num_attention_heads")
         head_dim = cfg.get("attention_head_dim")
         dim = heads * head_dim
@@ -153,8 +154,9 @@ def table(ranks_list=(1, 2, 4, 8)) -> list[dict]:
                         ranks=ranks,
                         dit_params_b=dit_params / 1e9,
                         text_params_b=text_params / 1e9,
+                        vae_params_b=vae / 1e9,
                         activations_gib=act / GIB,
-                        leader_gib=other + text_params * BF16 / GIB,  # + text encoder(s) and VAE
+                        leader_gib=other + (text_params * BF16 + vae * FP32) / GIB,  # + text encoder(s), VAE
                         other_gib=other if ranks > 1 else None,
                         ulysses_ok=heads % ranks == 0,
                     )  # fmt: skip
@@ -164,16 +166,18 @@ def table(ranks_list=(1, 2, 4, 8)) -> list[dict]:
 
 def markdown(rows: list[dict]) -> str:
     out = [
-        "| model | res | tokens | ranks | DiT params | text encoder + VAE params | activations/rank (GiB) "
+        "| model | res | tokens | ranks | DiT params | text encoder params | VAE params (fp32) "
+        "| activations/rank (GiB) "
         "| leader: DiT + text encoder + VAE (GiB) | other ranks: DiT only (GiB) "
         "| Ulysses degree fits heads |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in rows:
         other = "—" if r["other_gib"] is None else f"{r['other_gib']:.1f}"
         out.append(
             f"| {r['model']} | {r['resolution']} | {r['tokens']} | {r['ranks']} | {r['dit_params_b']:.2f} B "
-            f"| {r['text_params_b']:.2f} B | {r['activations_gib']:.2f} | {r['leader_gib']:.1f} | {other} "
+            f"| {r['text_params_b']:.2f} B | {r['vae_params_b']:.2f} B | {r['activations_gib']:.2f} "
+            f"| {r['leader_gib']:.1f} | {other} "
             f"| {'yes' if r['ulysses_ok'] else 'no: use ring or cfg'} |"
         )
     return "\n".join(out)

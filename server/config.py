@@ -34,6 +34,9 @@ class ServeConfig:
     cfg: int = _opt(1, "classifier-free-guidance parallel degree (1 or 2)", worker=True)
     comm: str = _opt("alltoall", "alltoall, fp8, p2p or p2p+fp8", worker=True)
     attn_backend: str = _opt("auto", "attention kernel backend", worker=True)
+    text_encoder_device: str | None = _opt(
+        None, "device of the text encoder (cpu: keep it off the GPU; default: the DiT's)", worker=True
+    )
     api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on every route but /health")
     max_queue: int = _opt(64, "queued jobs beyond this are refused with 429")
     max_body_bytes: int = _opt(65536, "larger request bodies are refused with 413")

@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
             dtype=config.dtype,
             comm=config.comm,
             attn_backend=config.attn_backend,
+            text_encoder_device=config.text_encoder_device,
         ),
         mesh,
     )

@@ -134,3 +134,24 @@ def test_attn_backend_is_checked_and_applied(monkeypatch):
     # Self- and cross-attention both reach the math kernel: 2 kinds × 2 layers × 2 steps × (prompt, negative).
     assert len(math_calls) == 2 * 2 * 2 * 2
     torch.testing.assert_close(by_backend["math"], by_backend["sdpa"], rtol=1e-5, atol=1e-5)
+
+
+def test_text_encoder_device_is_its_own(monkeypatch):
+    """`text_encoder_device` places the text encoder apart from the DiT (e.g. host memory on a GPU box)."""
+    from dataclasses import replace
+
+    from dit.families import pipeline_family, register_pipeline_family
+
+    family, devices = pipeline_family("tiny"), []
+
+    def placed(folder, model, tokenizer, dtype, device):
+        devices.append(torch.device(device))
+        return family.text_encoder(folder, model, tokenizer, dtype, "cpu")
+
+    register_pipeline_family(replace(family, text_encoder=placed))
+    try:
+        load_pipeline(PipelineConfig(model="tiny", device="cpu", text_encoder_device="meta"))
+        load_pipeline(PipelineConfig(model="tiny", device="cpu"))
+    finally:
+        register_pipeline_family(family)
+    assert devices == [torch.device("meta"), torch.device("cpu")]
