@@ -48,6 +48,9 @@ class ServeConfig:
     )
     max_attempts: int = _opt(2, "runs a job interrupted by a restart may get before it is failed")
     restart_budget: int = _opt(3, "consecutive worker-group failures before the server exits")
+    orphan_timeout: float = _opt(
+        60.0, "seconds without a worker heartbeat before its running job is re-queued (any server's)"
+    )
     poll_interval: float = _opt(0.005, "seconds between an idle worker's queue polls", worker=True)
     pipeline_module: str = _opt(
         "dit.pipeline", "module providing load_pipeline (tests use a fake)", worker=True

@@ -284,6 +284,17 @@ class JobStore:
         ).fetchall()
         return [_job(r) for r in rows]
 
+    def orphans(self, *, stale_after: float) -> list[Job]:
+        """Running jobs whose worker has sent no heartbeat for `stale_after` seconds (or never did), whichever
+        server claimed them: their group is gone and no supervisor is left to fail them."""
+        rows = self._db.execute(
+            "SELECT jobs.* FROM jobs LEFT JOIN workers ON workers.worker = jobs.worker "
+            "WHERE jobs.status = 'in_progress' AND jobs.started_at < ? "
+            "AND (workers.heartbeat_at IS NULL OR workers.heartbeat_at < ?) ORDER BY jobs.seq",
+            (time.time() - stale_after,) * 2,
+        ).fetchall()
+        return [_job(r) for r in rows]
+
     def requeue_or_fail(self, job: Job, *, max_attempts: int, reason: str) -> None:
         """Give an interrupted job another run, or fail it once it has used up its attempts."""
         with self._write() as db:

@@ -12,7 +12,8 @@
 - `stop(grace)`: drain (the leader stops claiming and exits once its running job is done), then kill what
   is left.
 - At start, jobs this instance left in_progress in a previous run are re-queued (or failed after
-  max_attempts).
+  max_attempts). While running, jobs of any server sharing the store whose worker sent no heartbeat for
+  `orphan_timeout` seconds are re-queued the same way (a replica that vanished for good).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from server.store import JobStore
 
 log = logging.getLogger("ithaca.supervisor")
 FRESH_HEARTBEAT_S = 5.0
+ORPHAN_SWEEP_S = 5.0
 
 
 def group_ready(store: JobStore, *, group_id: str | None = None) -> bool:
@@ -62,6 +64,7 @@ class Supervisor:
     def __init__(self, config: ServeConfig, store: JobStore, on_fatal):
         self.config, self.store, self.on_fatal = config, store, on_fatal
         self.restarts = 0
+        self._last_sweep = 0.0
         self.group_id: str | None = None
         self.fatal: str | None = None
         self._proc: subprocess.Popen | None = None
@@ -123,6 +126,7 @@ class Supervisor:
                     was_ready, failures_in_a_row = True, 0
                     log.info("worker group %s is ready", self.group_id)
                 self._enforce_time_limit()
+                self._sweep_orphans()
                 time.sleep(0.2)
             if self._stopping.is_set():
                 return
@@ -145,6 +149,24 @@ class Supervisor:
                 log.critical("%s; stopping the server", self.fatal)
                 self.on_fatal()
                 return
+
+    def _sweep_orphans(self) -> None:
+        """Re-queue (or fail) running jobs whose worker stopped answering, also those another server sharing
+        the store claimed and then vanished with: otherwise they would stay in_progress forever."""
+        now = time.monotonic()
+        if now - self._last_sweep < ORPHAN_SWEEP_S:
+            return
+        self._last_sweep = now
+        stale = self.config.orphan_timeout
+        for job in self.store.orphans(stale_after=stale):
+            log.warning(
+                "job %s: its worker %s sent no heartbeat for %g s; re-queueing", job.id, job.worker, stale
+            )
+            self.store.requeue_or_fail(
+                job,
+                max_attempts=self.config.max_attempts,
+                reason=f"its worker {job.worker} stopped answering (no heartbeat for {stale:g} s)",
+            )
 
     def _enforce_time_limit(self) -> None:
         now = time.time()

@@ -94,20 +94,24 @@ def test_api_restart_runs_queued_jobs_and_requeues_the_interrupted_one(data_dir)
     try:
         attached.wait("/health")
         assert attached.client.get("/ready").status_code == 503
-        queued = [attached.submit(prompt=f"queued {i}", num_inference_steps=2) for i in range(3)]
+        queued = [attached.submit(prompt=f"queued {i}", num_inference_steps=2) for i in range(4)]
         store = JobStore(os.path.join(data_dir, "jobs.db"))
         interrupted = store.claim("fault-box/old-group/replica0", "fault-box")  # as if a group was running it
-        assert interrupted.id == queued[0]["id"]
+        # ... and one claimed by another server sharing the store that vanished for good (never beats again)
+        vanished = store.claim("vanished-box/gone/replica0", "vanished-box")
+        assert [interrupted.id, vanished.id] == [queued[0]["id"], queued[1]["id"]]
     finally:
         attached.stop(signal.SIGKILL)
 
-    srv = ServerProcess(data_dir, *INSTANCE)
+    srv = ServerProcess(data_dir, *INSTANCE, "--orphan-timeout", "2")
     try:
         srv.wait()
         for job in queued:
             done = srv.wait_job(job["id"])
             assert done["status"] == "completed", done
         assert srv.client.get(f"/jobs/{interrupted.id}").json()["attempts"] == 2  # re-queued once, then ran
+        assert srv.client.get(f"/jobs/{vanished.id}").json()["attempts"] == 2  # swept from the silent server
+        assert "sent no heartbeat" in srv.log()
         old = srv.client.get("/jobs", params={"status": "completed", "order": "asc", "limit": 1}).json()[
             "data"
         ][0]

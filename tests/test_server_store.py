@@ -74,3 +74,24 @@ def test_limits_are_published_from_the_pipeline_dataclass():
     errors = dict(limits.check({"num_frames": 10, "height": 4096, "guidance_scale": 0.5}, described))
     assert "5..33 in steps of 4" in errors["num_frames"] and "16..256" in errors["height"]
     assert "guidance_scale" in errors
+
+
+def test_orphans_are_running_jobs_whose_worker_went_silent(tmp_path):
+    """A replica that vanished for good leaves in_progress jobs no supervisor of its own will ever fail."""
+    import time
+
+    store = JobStore(str(tmp_path / "jobs.db"))
+    for prompt in ("gone", "alive", "fresh"):
+        store.create({"prompt": prompt})
+    gone, alive = store.claim("b/g1/replica0", "b"), store.claim("a/g2/replica0", "a")
+    for worker, instance in (("b/g1/replica0", "b"), ("a/g2/replica0", "a")):
+        store.heartbeat(worker, instance=instance, group_id="g", state="busy", info={})
+    long_ago = time.time() - 600
+    with store._write() as db:  # both jobs started long ago; b's worker last beat long ago
+        db.execute("UPDATE jobs SET started_at = ? WHERE id IN (?, ?)", (long_ago, gone.id, alive.id))
+        db.execute("UPDATE workers SET heartbeat_at = ? WHERE worker = 'b/g1/replica0'", (long_ago,))
+    fresh = store.claim("c/g3/replica0", "c")  # just claimed, no heartbeat yet: not an orphan
+    assert [j.id for j in store.orphans(stale_after=60)] == [gone.id]
+    store.requeue_or_fail(store.orphans(stale_after=60)[0], max_attempts=2, reason="silent")
+    assert store.get(gone.id).status == "queued"
+    assert store.get(alive.id).status == store.get(fresh.id).status == "in_progress"
