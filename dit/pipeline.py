@@ -18,6 +18,7 @@ import torch
 
 import dit
 import parallel
+from dit.compile import compile_blocks
 from dit.families import TINY_LIMITS, Limits, PipelineFamily, pipeline_family
 from dit.sampling import SAMPLERS, Callback, GenerationCancelled, denoise, folder_flow_shift
 
@@ -47,6 +48,9 @@ class PipelineConfig:
     # None: `device`. "cpu" keeps the text encoder(s) in host memory (the leader then needs no GPU memory for
     # them: UMT5-XXL is 11 GiB in bf16); encoding a prompt is a small part of a job.
     text_encoder_device: str | None = None
+    # torch.compile each DiT block (regional; the sequence-parallel attention op stays eager): faster
+    # forwards on GPUs after a one-off compile at each new video size's first step.
+    compile: bool = False
 
 
 @dataclass
@@ -233,6 +237,8 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
 
     model = family.wrap(dit.load_transformer(config.model, dtype=dtype, device=device).eval())
     model = dit.parallelize(model, mesh, comm=config.comm, backend=config.attn_backend)
+    if config.compile:
+        model = compile_blocks(model)
     tokenizer = family.tokenizer(folder)
     # The replica leader alone encodes text and decodes video; the other ranks hold the DiT only.
     leader = mesh.is_replica_leader

@@ -37,6 +37,7 @@ class ServeConfig:
     text_encoder_device: str | None = _opt(
         None, "device of the text encoder (cpu: keep it off the GPU; default: the DiT's)", worker=True
     )
+    compile: bool = _opt(False, "torch.compile each DiT block (faster GPU steps after warm-up)", worker=True)
     api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on every route but /health")
     max_queue: int = _opt(64, "queued jobs beyond this are refused with 429")
     max_body_bytes: int = _opt(65536, "larger request bodies are refused with 413")
@@ -74,7 +75,11 @@ class ServeConfig:
         argv = []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.metadata["worker"] and value is not None:
+            if not f.metadata["worker"] or value is None:
+                continue
+            if isinstance(value, bool):  # BooleanOptionalAction flags take no value
+                argv.append(_flag(f.name) if value else _flag("no_" + f.name))
+            else:
                 argv += [_flag(f.name), str(value)]
         return argv
 

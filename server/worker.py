@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
             comm=config.comm,
             attn_backend=config.attn_backend,
             text_encoder_device=config.text_encoder_device,
+            compile=config.compile,
         ),
         mesh,
     )
