@@ -118,6 +118,13 @@ def folder_config(folder: Path | None, component: str, file: str) -> dict:
     return json.loads(path.read_text()) if path is not None and path.is_file() else {}
 
 
+def folder_flow_shift(folder: Path | None) -> float | None:
+    """The shift a pipeline folder's `scheduler/` was published with (Wan 480p: 3, 720p: 5; UniPC calls it
+    `flow_shift`, flow-match Euler `shift`), or None."""
+    config = folder_config(folder, "scheduler", "scheduler_config.json")
+    return config.get("flow_shift", config.get("shift"))
+
+
 def _wan_limits(folder: Path | None, preset: str) -> Limits:
     return TINY_LIMITS if folder is None and preset == "tiny" else Limits()
 

@@ -19,8 +19,8 @@ import torch
 import dit
 import parallel
 from dit.compile import compile_blocks
-from dit.families import TINY_LIMITS, Limits, PipelineFamily, pipeline_family
-from dit.sampling import SAMPLERS, Callback, GenerationCancelled, denoise, folder_flow_shift
+from dit.families import TINY_LIMITS, Limits, PipelineFamily, folder_flow_shift, pipeline_family
+from dit.sampling import SAMPLERS, Callback, GenerationCancelled, denoise
 
 __all__ = [
     "GenerationCancelled",

@@ -3,9 +3,7 @@ the per-step callback that can stop every rank of a replica at the same step."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, SchedulerMixin, UniPCMultistepScheduler
@@ -22,16 +20,6 @@ class GenerationCancelled(RuntimeError):
     def __init__(self, step: int, total: int):
         super().__init__(f"generation cancelled after step {step} of {total}")
         self.step, self.total = step, total
-
-
-def folder_flow_shift(folder: str | Path | None) -> float | None:
-    """The shift a diffusers pipeline folder's `scheduler/` was published with (Wan 480p: 3, 720p: 5; UniPC
-    calls it `flow_shift`, flow-match Euler `shift`)."""
-    config_file = Path(folder) / "scheduler" / "scheduler_config.json" if folder is not None else None
-    if config_file is None or not config_file.is_file():
-        return None
-    config = json.loads(config_file.read_text())
-    return config.get("flow_shift", config.get("shift"))
 
 
 def make_scheduler(sampler: str = "unipc", flow_shift: float = 3.0) -> SchedulerMixin:
