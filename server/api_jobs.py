@@ -98,11 +98,16 @@ async def cancel_job(request: Request, job_id: str):
     return job_view(services, services.cancel(job_id))
 
 
-@router.get("/jobs/{job_id}/video")
-async def get_video(request: Request, job_id: str):
+def video_file(request: Request, job_id: str) -> FileResponse:
+    """The finished MP4 of a job (404 until completed); both APIs serve it this way."""
     services = svc(request)
     job = services.job(job_id)
     return FileResponse(services.video_path(job), media_type="video/mp4", filename=f"{job.id}.mp4")
+
+
+@router.get("/jobs/{job_id}/video")
+async def get_video(request: Request, job_id: str):
+    return video_file(request, job_id)
 
 
 @router.get("/jobs/{job_id}/events")

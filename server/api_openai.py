@@ -14,10 +14,9 @@ import re
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request
-from fastapi.responses import FileResponse
 from starlette.datastructures import UploadFile
 
-from server.api_jobs import svc
+from server.api_jobs import svc, video_file
 from server.services import Services, unprocessable
 from server.store import Job
 
@@ -162,6 +161,4 @@ async def delete_video(request: Request, video_id: str):
 
 @router.get("/{video_id}/content")
 async def video_content(request: Request, video_id: str, variant: Literal["video"] = "video"):
-    services = svc(request)
-    job = services.job(video_id)
-    return FileResponse(services.video_path(job), media_type="video/mp4", filename=f"{job.id}.mp4")
+    return video_file(request, video_id)
