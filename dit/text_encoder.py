@@ -70,9 +70,6 @@ class TextEncoder(nn.Module):
     def hidden_states(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def count_tokens(self, text: str) -> int:
-        return self.tokenizer.count_tokens(text)
-
     @torch.no_grad()
     def states_and_mask(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(states `[1, max_tokens, dim]`, zero past the prompt's tokens; mask `[1, max_tokens]` bool)."""

@@ -112,9 +112,7 @@ def test_folder_loads_with_the_family_parts(folder):
     text = pipe.text_encoder.condition(REQUEST["prompt"])
     words = len(_words(REQUEST["prompt"]))
     # after the crop: the prompt's words, <|im_end|>, <|im_start|> assistant
-    assert (
-        text["encoder_attention_mask"].sum() == words + 3 == pipe.text_encoder.count_tokens(REQUEST["prompt"])
-    )
+    assert text["encoder_attention_mask"].sum() == words + 3 == pipe.tokenizer.count_tokens(REQUEST["prompt"])
     assert text["encoder_hidden_states"].shape == (1, 1000, 32)
     assert text["encoder_attention_mask_2"].sum() == len('Text "OPEN". ') + 1  # ByT5 bytes + </s>
 

@@ -70,7 +70,7 @@ def test_pipeline_folder_loads_and_generates(folder):
     emb = pipe.text_encoder.encode("a  red fox")
     ids = torch.tensor([[3, 4, 5, 1]])
     direct = pipe.text_encoder.model(ids, torch.ones_like(ids)).last_hidden_state
-    assert emb.shape == (1, 512, 32) and pipe.text_encoder.count_tokens("a red fox") == 4
+    assert emb.shape == (1, 512, 32) and pipe.tokenizer.count_tokens("a red fox") == 4
     torch.testing.assert_close(emb[:, :4], direct, rtol=1e-5, atol=1e-6)
     assert emb[:, 4:].abs().max() == 0
 

@@ -52,8 +52,6 @@ class QwenTokenizer:
 class QwenVLTextEncoder(nn.Module):
     """Qwen2.5-VL's text model from a pipeline folder's `text_encoder/`."""
 
-    max_tokens = MLLM_MAX_TOKENS
-
     def __init__(
         self, folder: Path, tokenizer: QwenTokenizer, *, dtype: torch.dtype, device: torch.device | str
     ):
@@ -64,9 +62,6 @@ class QwenVLTextEncoder(nn.Module):
         self.model = (
             Qwen2_5_VLTextModel.from_pretrained(folder / "text_encoder", dtype=dtype).to(device).eval()
         )
-
-    def count_tokens(self, text: str) -> int:
-        return self.tokenizer.count_tokens(text)
 
     @torch.no_grad()
     def states_and_mask(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,10 +107,6 @@ class HunyuanTextEncoder(nn.Module):
     def __init__(self, main: nn.Module, glyph: nn.Module | None):
         super().__init__()
         self.main, self.glyph = main, glyph
-        self.max_tokens = main.max_tokens
-
-    def count_tokens(self, text: str) -> int:
-        return self.main.count_tokens(text)
 
     def condition(self, text: str) -> dict[str, torch.Tensor]:
         states, mask = self.main.states_and_mask(text)
