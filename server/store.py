@@ -21,6 +21,10 @@ ACTIVE = ("queued", "in_progress")
 TERMINAL = ("completed", "failed", "cancelled")
 STATUSES = ACTIVE + TERMINAL
 
+
+class StoreBusy(RuntimeError):
+    """Another process held the store's write lock past this store's busy timeout: the API answers 503."""
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
