@@ -82,6 +82,10 @@ def denoise(
         scheduler.set_timesteps(steps, device=latents.device)
     else:  # an explicit schedule (HunyuanVideo-1.5's linspace(1, 0)), shifted by the scheduler
         scheduler.set_timesteps(sigmas=sigmas, device=latents.device)
+    # Begin at the first timestep by position, as diffusers' WanPipeline does: a large shift with many steps
+    # repeats a timestep (UniPC's integer ones start 999, 999), and a lookup by value takes the second match.
+    if hasattr(scheduler, "set_begin_index"):
+        scheduler.set_begin_index(0)
     for i, t in enumerate(scheduler.timesteps):
         timestep = t.expand(latents.shape[0])
         noise = guided_noise(model, latents.to(dtype), timestep, cond, uncond, guidance, mesh)
