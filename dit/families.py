@@ -23,7 +23,7 @@ from torch import nn
 
 from dit import vae as wan_vae
 from dit.loading import presets
-from dit.sampling import make_scheduler
+from dit.sampling import SAMPLERS, SCHEDULERS, make_scheduler
 from dit.text_encoder import load_text_encoder, load_tokenizer
 
 
@@ -69,7 +69,7 @@ TINY_LIMITS = Limits(
 class PipelineFamily:
     class_name: str  # the transformer's config.json `_class_name`
     compression: tuple[int, int]  # the VAE's (time, space) compression
-    default_shift: float  # flow shift when neither the request config nor the folder's scheduler/ gives one
+    default_shift: float  # flow shift when neither the user nor the folder's scheduler/ gives one
     default_sampler: str
     # transformer → model(latents, timestep, **text) with `.config.in_channels` (latent channels sampled)
     wrap: Callable[[nn.Module], nn.Module]
@@ -82,8 +82,8 @@ class PipelineFamily:
     vae: Callable[..., nn.Module]
     decode: Callable[[nn.Module, torch.Tensor], np.ndarray]  # (vae, latents) → uint8 frames [F, H, W, 3]
     limits: Callable[[Path | None, str], Limits]  # (folder or None, preset name) → limits before compression
-    # (sampler, shift, folder or None) → scheduler; `sigmas(steps)` the schedule to set (None: its default)
-    scheduler: Callable[[str, float, Path | None], SchedulerMixin]
+    samplers: tuple[str, ...]  # the `dit.sampling.SCHEDULERS` names it samples with (`pick_scheduler`)
+    # steps → the schedule to set (None: the scheduler's default)
     sigmas: Callable[[int], list[float] | None] = lambda steps: None
 
 
@@ -118,18 +118,41 @@ def folder_config(folder: Path | None, component: str, file: str) -> dict:
     return json.loads(path.read_text()) if path is not None and path.is_file() else {}
 
 
-def folder_flow_shift(folder: Path | None) -> float | None:
-    """The shift a pipeline folder's `scheduler/` was published with (Wan 480p: 3, 720p: 5; UniPC calls it
-    `flow_shift`, flow-match Euler `shift`), or None."""
+def pick_scheduler(
+    family: PipelineFamily, folder: Path | None, sampler: str | None = None, flow_shift: float | None = None
+) -> tuple[str, float, SchedulerMixin]:
+    """(sampler, flow shift, scheduler) of a pipeline, decided here only. The sampler is the user's, else the
+    folder's `scheduler/` class, else the family's; the shift is the user's, else the folder's (UniPC calls it
+    `flow_shift`, flow-match Euler `shift`; Wan 480p: 3, 720p: 5), else the family's. When the folder's class
+    is the one sampled, its whole config is used, as diffusers does. A folder class not in
+    `dit.sampling.SCHEDULERS` is an error unless the user picks a sampler."""
     config = folder_config(folder, "scheduler", "scheduler_config.json")
-    return config.get("flow_shift", config.get("shift"))
+    class_name = config.get("_class_name")
+    by_class = {cls.__name__: name for name, cls in SCHEDULERS.items()}
+    if sampler is None and class_name is not None:
+        if class_name not in by_class:
+            raise ValueError(
+                f"{folder / 'scheduler'}: scheduler class {class_name!r} is not supported; supported: "
+                f"{', '.join(by_class)}; or pick a sampler ({' | '.join(SAMPLERS)}) to sample with its "
+                f"default config"
+            )
+        sampler = by_class[class_name]
+    if sampler is None:
+        sampler = family.default_sampler
+    if sampler not in family.samplers:
+        raise ValueError(f"sampler must be {' or '.join(map(repr, family.samplers))}, got {sampler!r}")
+    if flow_shift is None:
+        flow_shift = config.get("flow_shift", config.get("shift", family.default_shift))
+    own = config if class_name == SCHEDULERS[sampler].__name__ else None
+    return sampler, flow_shift, make_scheduler(sampler, flow_shift, own)
 
 
 def _wan_limits(folder: Path | None, preset: str) -> Limits:
     return TINY_LIMITS if folder is None and preset == "tiny" else Limits()
 
 
-# Wan2.1: UMT5 (or the tiny encoder), AutoencoderKLWan (×4 time, ×8 space), UniPC flow sampling.
+# Wan2.1: UMT5 (or the tiny encoder), AutoencoderKLWan (×4 time, ×8 space), UniPC flow sampling unless the
+# folder's scheduler is flow-match Euler.
 WAN = PipelineFamily(
     class_name="WanTransformer3DModel",
     compression=wan_vae.WAN_COMPRESSION,
@@ -143,7 +166,7 @@ WAN = PipelineFamily(
     vae=lambda folder, channels, device: wan_vae.load_vae(folder, z_dim=channels, device=device),
     decode=wan_vae.decode,
     limits=_wan_limits,
-    scheduler=lambda sampler, shift, folder: make_scheduler(sampler, shift),
+    samplers=SAMPLERS,
 )
 register_pipeline_family(WAN)
 register_pipeline_family(replace(WAN, class_name="WanModel"))  # an original Wan checkpoint folder

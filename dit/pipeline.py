@@ -15,12 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from diffusers import SchedulerMixin
 
 import dit
 import parallel
 from dit.compile import compile_blocks
-from dit.families import TINY_LIMITS, Limits, PipelineFamily, folder_flow_shift, pipeline_family
-from dit.sampling import SAMPLERS, Callback, GenerationCancelled, denoise
+from dit.families import TINY_LIMITS, Limits, PipelineFamily, pick_scheduler, pipeline_family
+from dit.sampling import Callback, GenerationCancelled, denoise
 
 __all__ = [
     "GenerationCancelled",
@@ -43,7 +44,9 @@ class PipelineConfig:
     dtype: str = "float32"  # the DiT's and text encoder's dtype; the VAE always decodes in float32
     comm: str = "alltoall"  # sequence-parallel exchange: alltoall | fp8 | p2p | p2p+fp8
     attn_backend: str = "auto"  # attention kernel: auto | flash | cudnn | sdpa | math (parallel.kernels)
-    sampler: str | None = None  # unipc | euler; None: the family's (Wan: unipc, HunyuanVideo-1.5: euler)
+    # unipc | euler; None: the folder's scheduler class, else the family's (Wan: unipc, HunyuanVideo-1.5:
+    # euler); a folder's scheduler config is used when its class is the one sampled (families.pick_scheduler)
+    sampler: str | None = None
     flow_shift: float | None = None  # None: the folder's scheduler config, else the family's default
     # None: `device`. "cpu" keeps the text encoder(s) in host memory (the leader then needs no GPU memory for
     # them: UMT5-XXL is 11 GiB in bf16); encoding a prompt is a small part of a job.
@@ -91,13 +94,13 @@ class Pipeline:
         text_encoder,
         vae,
         limits: Limits,
-        flow_shift: float,
-        folder: Path | None = None,
+        sampling: tuple[str, float, SchedulerMixin],
     ):
-        self.config, self.mesh, self.family, self.model, self.folder = config, mesh, family, model, folder
-        self.tokenizer, self.limits, self.flow_shift = tokenizer, limits, flow_shift
+        self.config, self.mesh, self.family, self.model = config, mesh, family, model
+        self.tokenizer, self.limits = tokenizer, limits
         self.text_encoder, self.vae = text_encoder, vae  # None except on the replica leader
-        self.sampler = config.sampler or family.default_sampler
+        # `families.pick_scheduler`'s choice; `denoise` resets the scheduler's state at every run
+        self.sampler, self.flow_shift, self.scheduler = sampling
 
     def validate(self, req: GenerationRequest) -> GenerationRequest:
         """The request with defaults filled in; ValueError naming the field and its allowed values if not."""
@@ -169,7 +172,7 @@ class Pipeline:
             self.initial_noise(req),
             cond=cond,
             uncond=uncond,
-            scheduler=self.family.scheduler(self.sampler, self.flow_shift, self.folder),
+            scheduler=self.scheduler,
             steps=req.num_inference_steps,
             guidance=req.guidance_scale,
             mesh=self.mesh,
@@ -227,13 +230,12 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     the family's tiny text encoder(s) and VAE (random weights, for development and benchmarks)."""
     if config.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {config.dtype!r}")
-    if config.sampler is not None and config.sampler not in SAMPLERS:
-        raise ValueError(f"sampler must be one of {SAMPLERS}, got {config.sampler!r}")
     mesh = mesh if mesh is not None else parallel.init_parallel()
     device = torch.device(config.device) if config.device else mesh.device
     dtype = DTYPES[config.dtype]
     folder = Path(config.model) if Path(config.model).is_dir() else None
     family = pipeline_family(config.model)
+    sampling = pick_scheduler(family, folder, config.sampler, config.flow_shift)  # before any weights load
 
     model = family.wrap(dit.load_transformer(config.model, dtype=dtype, device=device).eval())
     model = dit.parallelize(model, mesh, comm=config.comm, backend=config.attn_backend)
@@ -253,9 +255,4 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
         size_multiple=s * max(model.config.patch_size[1:]),
         max_prompt_tokens=tokenizer.max_tokens,
     )
-    shift = config.flow_shift if config.flow_shift is not None else folder_flow_shift(folder)
-    shift = family.default_shift if shift is None else shift
-    family.scheduler(
-        config.sampler or family.default_sampler, shift, folder
-    )  # fails now on a sampler it lacks
-    return Pipeline(config, mesh, family, model, tokenizer, text_encoder, vae, limits, shift, folder)
+    return Pipeline(config, mesh, family, model, tokenizer, text_encoder, vae, limits, sampling)

@@ -10,7 +10,16 @@ from diffusers import FlowMatchEulerDiscreteScheduler, SchedulerMixin, UniPCMult
 
 import parallel
 
-SAMPLERS = ("unipc", "euler")
+# The schedulers Ithaca samples with, by their `--sampler` name; a pipeline folder's `scheduler/` must be one
+# of these classes.
+SCHEDULERS: dict[str, type[SchedulerMixin]] = {
+    "unipc": UniPCMultistepScheduler,
+    "euler": FlowMatchEulerDiscreteScheduler,
+}
+SAMPLERS = tuple(SCHEDULERS)
+_SHIFT_KEY = {"unipc": "flow_shift", "euler": "shift"}  # each class's name for the flow shift
+# A sampler's config without a folder's: UniPC in flow-prediction mode as Wan publishes it; flow-match Euler.
+_DEFAULT_CONFIG = {"unipc": {"prediction_type": "flow_prediction", "use_flow_sigmas": True}, "euler": {}}
 Callback = Callable[[int, int], "bool | None"]
 
 
@@ -22,18 +31,13 @@ class GenerationCancelled(RuntimeError):
         self.step, self.total = step, total
 
 
-def make_scheduler(sampler: str = "unipc", flow_shift: float = 3.0) -> SchedulerMixin:
-    """UniPC in flow-prediction mode (Wan's published scheduler config) or flow-match Euler, both shifted."""
-    if sampler == "unipc":
-        return UniPCMultistepScheduler(
-            prediction_type="flow_prediction",
-            use_flow_sigmas=True,
-            flow_shift=flow_shift,
-            num_train_timesteps=1000,
-        )
-    if sampler == "euler":
-        return FlowMatchEulerDiscreteScheduler(shift=flow_shift, num_train_timesteps=1000)
-    raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+def make_scheduler(
+    sampler: str = "unipc", flow_shift: float = 3.0, config: dict | None = None
+) -> SchedulerMixin:
+    """`sampler`'s scheduler from `config` (a pipeline folder's scheduler config of that class; None: the
+    sampler's default config) with `flow_shift` set."""
+    base = _DEFAULT_CONFIG[sampler] if config is None else config
+    return SCHEDULERS[sampler].from_config({**base, _SHIFT_KEY[sampler]: flow_shift})
 
 
 def guided_noise(model, x, t, cond: dict, uncond: dict | None, guidance: float, mesh) -> torch.Tensor:

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler
 from torch import nn
 
 from dit.families import TINY_LIMITS, Limits, PipelineFamily, folder_config, register_pipeline_family
@@ -84,14 +83,6 @@ def _limits(folder: Path | None, preset: str) -> Limits:
     )
 
 
-def _scheduler(sampler: str, shift: float, folder: Path | None) -> FlowMatchEulerDiscreteScheduler:
-    if sampler != "euler":
-        raise ValueError(f"HunyuanVideo-1.5 samples with its published flow-match Euler; sampler must be "
-                         f"'euler', got {sampler!r}")  # fmt: skip
-    config = folder_config(folder, "scheduler", "scheduler_config.json")
-    return FlowMatchEulerDiscreteScheduler.from_config({**config, "shift": shift})
-
-
 def _sigmas(steps: int) -> list[float]:
     """The reference's schedule: linspace(1, 0) without the final 0 (the scheduler shifts it)."""
     return np.linspace(1.0, 0.0, steps + 1)[:-1].tolist()
@@ -108,7 +99,7 @@ FAMILY = PipelineFamily(
     vae=vae.load_vae,
     decode=vae.decode,
     limits=_limits,
-    scheduler=_scheduler,
+    samplers=("euler",),  # its published flow-match Euler
     sigmas=_sigmas,
 )
 register_pipeline_family(FAMILY)
