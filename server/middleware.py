@@ -3,26 +3,12 @@
 from __future__ import annotations
 
 import hmac
-import json
 
-from server.openai_errors import PREFIX, error_body
+from server.openai_errors import error_response
 
 
-async def _send_json(scope, send, status: int, detail: str, headers: list | None = None) -> None:
-    openai = scope["path"].startswith(PREFIX)
-    body = json.dumps(error_body(status, detail) if openai else {"detail": detail}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                *(headers or []),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+async def _send_json(scope, send, status: int, detail: str, headers: dict | None = None) -> None:
+    await error_response(scope["path"], status, detail, headers)(scope, None, send)
 
 
 class GuardMiddleware:
@@ -47,7 +33,7 @@ class GuardMiddleware:
                     send,
                     401,
                     "missing or wrong API key (Authorization: Bearer <key>)",
-                    [(b"www-authenticate", b"Bearer")],
+                    {"WWW-Authenticate": "Bearer"},
                 )
         length = headers.get(b"content-length")
         if length is not None:
