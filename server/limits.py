@@ -4,8 +4,9 @@ The worker leader publishes `pipe.limits` into the job store at startup (`descri
 `{field: {"min", "max", "multiple_of", "default"}}`. The API checks each request against the last
 published limits (`check`) and answers 422 naming the field and the allowed range. Until a worker has
 published them (first start, model still loading) the API only checks types and sanity bounds; the worker
-runs `pipe.validate` on every claimed job anyway, which turns anything the API could not check (the
-prompt's length in tokens needs the tokenizer) into a failed job with the pipeline's own message.
+runs `pipe.validate` on every claimed job anyway, which turns anything the API could not check into a
+failed job with the pipeline's own message. The prompts' limit is in tokens (`{"max_tokens"}`): the API
+counts them with the model's tokenizer (`Services.check_prompts`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def describe(limits) -> dict:
             spec["multiple_of"] = raw[_MULTIPLE[key]]
         if spec:
             out[name] = spec
+    if "max_prompt_tokens" in raw:
+        out["prompt"] = out["negative_prompt"] = {"max_tokens": raw["max_prompt_tokens"]}
     return out
 
 
@@ -47,7 +50,7 @@ def defaults(described: dict) -> dict:
 
 
 def check(request: dict, limits: dict) -> list[tuple[str, str]]:
-    """(field, message) for every value outside the published limits."""
+    """(field, message) for every value outside the published numeric limits."""
     errors = []
     for name, spec in limits.items():
         value = request.get(name)
