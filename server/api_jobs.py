@@ -3,28 +3,35 @@
 from __future__ import annotations
 
 import asyncio
-import json
+import copy
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
+from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
-from server.services import Services
-from server.store import Job
+from server.jsonsafe import SafeJSONResponse, render, shown
+from server.openai_errors import responses
+from server.services import MAX_PROMPT_CHARS, Services
+from server.store import Job, StoreBusy
 
+# Routes that touch the job store are plain `def`: FastAPI runs them in its thread pool, so a store held
+# by another process never stalls the event loop (and /health with it).
 router = APIRouter()
 SSE_POLL_S = 0.1
 _BIG = 1_000_000
+VIDEO = {200: {"content": {"video/mp4": {"schema": {"type": "string", "format": "binary"}}}}}
 
 
 class GenerateBody(BaseModel):
-    """Unknown fields are refused; ranges beyond these sanity bounds come from the loaded model's limits."""
+    """Unknown fields are refused; ranges beyond these sanity bounds come from the loaded model's limits
+    (the OpenAPI document shows the published ones), the prompts' token limit from its tokenizer."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    prompt: str = Field(min_length=1, max_length=20_000)
-    negative_prompt: str = Field("", max_length=20_000)
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    negative_prompt: str = Field("", max_length=MAX_PROMPT_CHARS)
     num_frames: int | None = Field(None, ge=1, le=_BIG)
     height: int | None = Field(None, ge=1, le=_BIG)
     width: int | None = Field(None, ge=1, le=_BIG)
@@ -34,14 +41,47 @@ class GenerateBody(BaseModel):
     fps: int | None = Field(None, ge=1, le=1000)
 
 
+def schema_with_limits(document: dict, limits: dict) -> dict:
+    """The OpenAPI document with the published limits of the loaded model on /generate's fields."""
+    document = copy.deepcopy(document)
+    fields = document["components"]["schemas"]["GenerateBody"]["properties"]
+    for name, spec in limits.items():
+        for branch in fields.get(name, {}).get("anyOf", []):
+            if branch.get("type") not in ("integer", "number"):
+                continue
+            branch |= {
+                key: spec[bound] for bound, key in (("min", "minimum"), ("max", "maximum")) if bound in spec
+            }
+            if spec.get("multiple_of") and spec.get("min", 0) % spec["multiple_of"] == 0:
+                branch["multipleOf"] = spec["multiple_of"]  # frames (4k+1) are not a multiple of anything
+        if "max_tokens" in spec and name in fields:
+            fields[name]["description"] = f"at most {spec['max_tokens']} tokens (the model's tokenizer)"
+    return document
+
+
 def svc(request: Request) -> Services:
     return request.app.state.services
+
+
+def media_type(request: Request, *allowed: str) -> str:
+    """The body's media type; 415 unless it is one of `allowed` (a body is never guessed to be JSON)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind not in allowed:
+        raise HTTPException(
+            415, f"Content-Type {shown(kind)} is not accepted here; send {' or '.join(allowed)}"
+        )
+    return kind
+
+
+async def json_body(request: Request) -> None:
+    media_type(request, "application/json")
 
 
 def job_view(services: Services, job: Job) -> dict:
     return {
         "id": job.id,
         "status": job.status,
+        "phase": job.phase,
         "progress": job.progress,
         "step": job.step,
         "total_steps": job.total_steps,
@@ -59,18 +99,22 @@ def job_view(services: Services, job: Job) -> dict:
     }
 
 
-@router.post("/generate", status_code=202)
-async def generate(
-    request: Request, body: GenerateBody, idempotency_key: Annotated[str | None, Header()] = None
-):
+@router.post(
+    "/generate",
+    status_code=202,
+    dependencies=[Depends(json_body)],
+    responses=responses(400, 401, 409, 413, 415, 422, 429, 503),
+)
+def generate(request: Request, body: GenerateBody, idempotency_key: Annotated[str | None, Header()] = None):
     services = svc(request)
-    job, created = services.submit(body.model_dump(exclude_none=True), idempotency_key=idempotency_key)
+    spec = body.model_dump(exclude_none=True)
+    job, created = services.submit(spec, idempotency_key=idempotency_key, scope="generate", body=spec)
     view = job_view(services, job)
-    return JSONResponse(view, status_code=202, headers={} if created else {"Idempotent-Replayed": "true"})
+    return SafeJSONResponse(view, status_code=202, headers={} if created else {"Idempotent-Replayed": "true"})
 
 
-@router.get("/jobs")
-async def list_jobs(
+@router.get("/jobs", responses=responses(401, 422, 503))
+def list_jobs(
     request: Request,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: str | None = None,
@@ -86,14 +130,16 @@ async def list_jobs(
     }
 
 
-@router.get("/jobs/{job_id}")
-async def get_job(request: Request, job_id: str):
+@router.get("/jobs/{job_id}", responses=responses(401, 404, 503))
+def get_job(request: Request, job_id: str):
     services = svc(request)
-    return JSONResponse(job_view(services, services.job(job_id)))  # the hot poll path: skip jsonable_encoder
+    return SafeJSONResponse(
+        job_view(services, services.job(job_id))
+    )  # the hot poll path: no jsonable_encoder
 
 
-@router.delete("/jobs/{job_id}")
-async def cancel_job(request: Request, job_id: str):
+@router.delete("/jobs/{job_id}", responses=responses(401, 404, 409, 503))
+def cancel_job(request: Request, job_id: str):
     services = svc(request)
     return job_view(services, services.cancel(job_id))
 
@@ -105,26 +151,42 @@ def video_file(request: Request, job_id: str) -> FileResponse:
     return FileResponse(services.video_path(job), media_type="video/mp4", filename=f"{job.id}.mp4")
 
 
-@router.get("/jobs/{job_id}/video")
-async def get_video(request: Request, job_id: str):
+@router.get("/jobs/{job_id}/video", response_class=FileResponse, responses=VIDEO | responses(401, 404, 503))
+def get_video(request: Request, job_id: str):
     return video_file(request, job_id)
 
 
-@router.get("/jobs/{job_id}/events")
-async def job_events(request: Request, job_id: str):
+def _current_view(services: Services, job_id: str) -> dict | None:
+    job = services.store.get(job_id)
+    return None if job is None else job_view(services, job)  # None: deleted meanwhile (/v1/videos)
+
+
+@router.get(
+    "/jobs/{job_id}/events",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}}
+    | responses(401, 404, 503),
+)
+def job_events(request: Request, job_id: str):
     """Server-Sent Events: a `progress` event whenever the job changes, then one final `done` event."""
     services = svc(request)
     services.job(job_id)  # 404 before the stream starts
 
     async def stream():
         last = None
-        while (job := services.store.get(job_id)) is not None:  # None: deleted meanwhile (/v1/videos)
-            view = job_view(services, job)
+        while True:
+            try:
+                view = await run_in_threadpool(_current_view, services, job_id)
+            except StoreBusy:  # the headers are sent: skip this poll rather than break the stream
+                await asyncio.sleep(SSE_POLL_S)
+                continue
+            if view is None:
+                return
             terminal = view["status"] in ("completed", "failed", "cancelled")
             key = (view["status"], view["step"], view["queue_position"])
             if key != last:
                 last = key
-                yield f"event: {'done' if terminal else 'progress'}\ndata: {json.dumps(view)}\n\n"
+                yield f"event: {'done' if terminal else 'progress'}\ndata: {render(view).decode()}\n\n"
             if terminal or await request.is_disconnected():
                 return
             await asyncio.sleep(SSE_POLL_S)

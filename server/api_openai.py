@@ -9,20 +9,49 @@ as `failed` with code "cancelled".
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request
+from fastapi.responses import FileResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from server.api_jobs import svc, video_file
-from server.services import Services, unprocessable
+from server.api_jobs import VIDEO, media_type, svc, video_file
+from server.jsonsafe import shown
+from server.openai_errors import responses
+from server.services import MAX_PROMPT_CHARS, Services, text_field, unprocessable
 from server.store import Job
 
 router = APIRouter(prefix="/v1/videos")
 _FIELDS = {"prompt", "model", "seconds", "size"}
-_SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
+# ASCII digits only, the whole string (`\d` takes any script's digits; `$` lets a final newline through).
+_SIZE = re.compile(r"([0-9]{1,5})x([0-9]{1,5})")
+_SECONDS = re.compile(r"[0-9]{1,4}(\.[0-9]{1,6})?")
+MAX_MODEL_CHARS = 256
+_FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")
+_FORM_SCHEMA = {
+    "type": "object",
+    "required": ["prompt"],
+    "properties": {
+        "prompt": {"type": "string", "minLength": 1, "maxLength": MAX_PROMPT_CHARS},
+        "model": {"type": "string", "maxLength": MAX_MODEL_CHARS},
+        "seconds": {"type": "string", "pattern": f"^{_SECONDS.pattern}$"},
+        "size": {"type": "string", "pattern": f"^{_SIZE.pattern}$"},
+    },
+    "additionalProperties": False,
+}
+_JSON_SCHEMA = _FORM_SCHEMA | {
+    "properties": _FORM_SCHEMA["properties"]
+    | {"seconds": {"anyOf": [_FORM_SCHEMA["properties"]["seconds"], {"type": "number"}]}}
+}
+_CREATE_BODY = {
+    "required": True,
+    "content": {"application/json": {"schema": _JSON_SCHEMA}}
+    | {kind: {"schema": _FORM_SCHEMA} for kind in _FORMS},
+}
 
 
 def _snap(value: float, spec: dict) -> int:
@@ -41,23 +70,16 @@ def _fits(value: int, spec: dict) -> bool:
 def map_request(fields: dict, info: dict) -> dict:
     """OpenAI create fields → our generation request."""
     limits, defaults = info.get("limits", {}), info.get("defaults", {})
-    prompt = fields.get("prompt")
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise unprocessable("prompt", "prompt is required and must be a non-empty string")
-    spec: dict = {"prompt": prompt}
+    spec: dict = {"prompt": fields.get("prompt")}  # the prompt rules are both APIs': Services.check_prompts
     if fields.get("seconds") is not None:
-        try:
-            seconds = float(fields["seconds"])
-        except (TypeError, ValueError):
-            seconds = math.nan
-        if not 0 < seconds <= 3600:
-            raise unprocessable("seconds", f"seconds={fields['seconds']!r} must be a number in (0, 3600]")
+        seconds = _seconds(fields["seconds"])
         fps = defaults.get("fps") or 16
         spec["num_frames"] = _snap(seconds * fps, limits.get("num_frames", {}))
     if fields.get("size") is not None:
-        match = _SIZE.match(str(fields["size"]))
+        size = text_field("size", fields["size"], max_chars=11)
+        match = _SIZE.fullmatch(size)
         if not match or 0 in (int(match[1]), int(match[2])):
-            raise unprocessable("size", f"size={fields['size']!r} must be WIDTHxHEIGHT, e.g. 832x480")
+            raise unprocessable("size", f"size={shown(size)} must be WIDTHxHEIGHT, e.g. 832x480")
         w, h = int(match[1]), int(match[2])
         lw, lh = limits.get("width", {}), limits.get("height", {})
         if not (_fits(w, lw) and _fits(h, lh)) and defaults.get("width") and defaults.get("height"):
@@ -65,6 +87,16 @@ def map_request(fields: dict, info: dict) -> dict:
             w, h = _snap(w * scale, lw), _snap(h * scale, lh)
         spec |= {"width": w, "height": h}
     return spec
+
+
+def _seconds(raw) -> float:
+    """A duration in (0, 3600]: a number, or a string of ASCII digits ("4", "2.5") as the SDK sends it."""
+    if isinstance(raw, str) and _SECONDS.fullmatch(raw):
+        raw = float(raw)
+    # bool is an int to Python; a huge JSON integer compares fine but would overflow float()
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0 < raw <= 3600:
+        raise unprocessable("seconds", f'seconds={shown(raw)} must be a number in (0, 3600], e.g. "4"')
+    return float(raw)
 
 
 def video_view(services: Services, job: Job) -> dict:
@@ -94,40 +126,49 @@ def video_view(services: Services, job: Job) -> dict:
 
 
 async def _create_fields(request: Request) -> dict:
-    content_type = request.headers.get("content-type", "")
-    if content_type.startswith("multipart/form-data") or content_type.startswith("application/x-www-form"):
+    if media_type(request, "application/json", *_FORMS) in _FORMS:
         form = await request.form()
         fields = {}
         for key, item in form.multi_items():
             if isinstance(item, UploadFile):
-                raise unprocessable(key, f"{key}: file inputs (input_reference) are not supported")
+                raise unprocessable(key, f"{shown(key)}: file inputs (input_reference) are not supported")
             fields[key] = item
     else:
         try:
-            fields = await request.json()
-        except ValueError:
-            raise HTTPException(400, "body must be JSON or multipart/form-data") from None
+            fields = json.loads(await request.body())
+        except (ValueError, RecursionError):  # RecursionError: nested past Python's recursion limit
+            raise HTTPException(400, "body must be a JSON object (valid JSON, not nested deeply)") from None
         if not isinstance(fields, dict):
             raise HTTPException(422, "body must be a JSON object")
     for key in fields:
         if key not in _FIELDS:
-            raise unprocessable(key, f"unknown field {key!r}; allowed: {sorted(_FIELDS)}")
+            raise unprocessable(key, f"unknown field {shown(key)}; allowed: {sorted(_FIELDS)}")
     return fields
 
 
-@router.post("")
-async def create_video(request: Request, idempotency_key: Annotated[str | None, Header()] = None):
-    services = svc(request)
-    fields = await _create_fields(request)
-    if fields.get("model") is not None and not isinstance(fields["model"], str):
-        raise unprocessable("model", "model must be a string")
+def _create(services: Services, fields: dict, idempotency_key: str | None) -> dict:
+    model = fields.get("model")
+    if model is not None:
+        text_field("model", model, max_chars=MAX_MODEL_CHARS)
     spec = map_request(fields, services.worker_info())
-    job, _ = services.submit(spec, meta={"model": fields.get("model")}, idempotency_key=idempotency_key)
+    job, _ = services.submit(
+        spec, meta={"model": model}, idempotency_key=idempotency_key, scope="v1", body=fields
+    )
     return video_view(services, job)
 
 
-@router.get("")
-async def list_videos(
+@router.post(
+    "",
+    openapi_extra={"requestBody": _CREATE_BODY},
+    responses=responses(400, 401, 409, 413, 415, 422, 429, 503, openai=True),
+)
+async def create_video(request: Request, idempotency_key: Annotated[str | None, Header()] = None):
+    fields = await _create_fields(request)
+    return await run_in_threadpool(_create, svc(request), fields, idempotency_key)
+
+
+@router.get("", responses=responses(401, 422, 503, openai=True))
+def list_videos(
     request: Request,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: str | None = None,
@@ -145,20 +186,24 @@ async def list_videos(
     }
 
 
-@router.get("/{video_id}")
-async def retrieve_video(request: Request, video_id: str):
+@router.get("/{video_id}", responses=responses(401, 404, 503, openai=True))
+def retrieve_video(request: Request, video_id: str):
     services = svc(request)
     return video_view(services, services.job(video_id))
 
 
-@router.delete("/{video_id}")
-async def delete_video(request: Request, video_id: str):
+@router.delete("/{video_id}", responses=responses(401, 404, 503, openai=True))
+def delete_video(request: Request, video_id: str):
     """Cancels the job if it is still queued or running, hides it and removes its video."""
     services = svc(request)
     job = services.cancel(video_id, delete=True)
     return {"id": job.id, "object": "video.deleted", "deleted": True}
 
 
-@router.get("/{video_id}/content")
-async def video_content(request: Request, video_id: str, variant: Literal["video"] = "video"):
+@router.get(
+    "/{video_id}/content",
+    response_class=FileResponse,
+    responses=VIDEO | responses(401, 404, 422, 503, openai=True),
+)
+def video_content(request: Request, video_id: str, variant: Literal["video"] = "video"):
     return video_file(request, video_id)

@@ -7,17 +7,19 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from server import metrics
 from server.api_jobs import svc
+from server.openai_errors import responses
 
 router = APIRouter()
 
 
 @router.get("/health")
-async def health():
+@router.head("/health")
+async def health():  # no store: it answers while another process holds the store's lock
     return {"status": "ok"}
 
 
-@router.get("/ready")
-async def ready(request: Request):
+@router.get("/ready", responses={503: {"description": "Not ready (the same body)"}} | responses(401))
+def ready(request: Request):
     services = svc(request)
     ok = services.ready()
     supervisor = services.supervisor
@@ -30,8 +32,8 @@ async def ready(request: Request):
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
-@router.get("/metrics")
-async def prometheus(request: Request):
+@router.get("/metrics", response_class=PlainTextResponse, responses=responses(401, 503))
+def prometheus(request: Request):
     services = svc(request)
     text = metrics.render(
         counts=services.store.counts(),

@@ -1,0 +1,357 @@
+"""What a client can send, as a new user or an attacker would: text that UTF-8 cannot encode, non-finite and
+oversized numbers, deep JSON, loose formats, wrong media types, a reused Idempotency-Key, and a job store
+another process keeps locked. In-process (the ASGI app, no worker group): the tiny model's limits are
+published into the store as a worker would."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sqlite3
+import threading
+import time
+
+import httpx
+import pytest
+import schemathesis
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schemathesis import GenerationMode
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from dit.pipeline import TINY_LIMITS
+from server import limits
+from server.app import create_app
+from server.config import ServeConfig
+from server.store import JobStore
+
+MAX_TOKENS = 128  # the tiny model's byte tokenizer
+NUMBERS = ("num_frames", "height", "width", "num_inference_steps", "guidance_scale", "seed", "fps")
+
+
+def _publish(store: JobStore) -> None:
+    described = limits.describe(dataclasses.replace(TINY_LIMITS, max_prompt_tokens=MAX_TOKENS))
+    info = {"limits": described, "defaults": limits.defaults(described), "model": "tiny"}
+    store.heartbeat("test/g/replica0", instance="test", group_id="g", state="ready", info=info)
+
+
+def _app(tmp_path, **settings_):
+    config = ServeConfig(workers=False, data_dir=str(tmp_path), **settings_)
+    app = create_app(config)
+    _publish(app.state.services.store)
+    return app
+
+
+@pytest.fixture
+def client(tmp_path):
+    with TestClient(_app(tmp_path), raise_server_exceptions=False) as c:
+        yield c
+
+
+def _raw(client, path: str, body: bytes, content_type: str = "application/json", **headers):
+    return client.post(path, content=body, headers={"content-type": content_type, **headers})
+
+
+def _field(r) -> str:
+    """The field a 422 names, in either shape."""
+    body = r.json()
+    return body["error"]["param"] if "error" in body else body["detail"][0]["loc"][-1]
+
+
+# -- 1. text that cannot be encoded ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path,body,field",
+    [
+        ("/generate", b'{"prompt": "\\ud800 fox"}', "prompt"),
+        ("/generate", b'{"prompt": "fox", "negative_prompt": "\\udfff"}', "negative_prompt"),
+        ("/generate", b'{"prompt": "fox", "\\ud800": 1}', None),  # a field name: no field to name
+        ("/v1/videos", b'{"prompt": "\\ud800 fox"}', "prompt"),
+        ("/v1/videos", b'{"prompt": "fox", "model": "m\\ud800"}', "model"),
+        ("/v1/videos", b'{"prompt": "fox", "size": "832x480\\ud800"}', "size"),
+        ("/v1/videos", b'{"prompt": "fox", "seconds": "4\\ud800"}', "seconds"),
+        ("/v1/videos", b'{"prompt": "fox", "\\ud800": 1}', None),
+        ("/v1/videos", b'{"prompt": "fox\\u0000"}', "prompt"),
+    ],
+)
+def test_text_that_cannot_be_encoded_is_refused_naming_the_field(client, path, body, field):
+    r = _raw(client, path, body)
+    assert r.status_code == 422 and field in (None, _field(r)), r.text
+    assert client.get("/jobs").json()["data"] == [] and client.get("/v1/videos").status_code == 200
+
+
+def test_utf7_form_cannot_smuggle_a_surrogate(client):
+    """A form body decoded in a charset that makes lone surrogates (UTF-7) meets the same door."""
+    r = client.post(
+        "/v1/videos", content=b"prompt=%2B2AA-", headers={"content-type": "application/x-www-form-urlencoded"}
+    )
+    assert r.status_code in (200, 422)  # urlencoded is read as UTF-8/latin-1: no surrogate can appear
+    form = b'--B\r\nContent-Disposition: form-data; name="prompt"\r\n\r\n+2AA-\r\n--B--\r\n'
+    r = _raw(client, "/v1/videos", form, "multipart/form-data; charset=utf-7; boundary=B")
+    assert r.status_code in (200, 422) and client.get("/v1/videos").status_code == 200
+
+
+def test_reads_survive_a_stored_lone_surrogate(client, tmp_path):
+    """A row an earlier version stored (json.dumps escapes the surrogate, json.loads brings it back)."""
+    db = sqlite3.connect(tmp_path / "jobs.db")
+    with db:
+        db.execute(
+            "INSERT INTO jobs (id, status, spec, meta, created_at, finished_at, error) "
+            "VALUES (?, 'failed', ?, ?, 1.0, 2.0, 'boom')",
+            ("ab" * 16, json.dumps({"prompt": "\ud800 fox"}), json.dumps({"model": "m\udfff"})),
+        )
+    db.close()
+    for path in (
+        "/jobs",
+        "/jobs?status=failed",
+        f"/jobs/{'ab' * 16}",
+        "/v1/videos",
+        f"/v1/videos/{'ab' * 16}",
+    ):
+        r = client.get(path)
+        assert r.status_code == 200, (path, r.text)
+        assert "\ufffd fox" in r.text
+    with client.stream("GET", f"/jobs/{'ab' * 16}/events") as r:
+        text = r.read().decode()
+    assert r.status_code == 200 and "event: done" in text and "\ufffd fox" in text
+
+
+# -- 2. non-finite and oversized numbers, deep JSON, handlers that never raise ------------------------
+
+
+@pytest.mark.parametrize("field", NUMBERS)
+@pytest.mark.parametrize("value", [b"NaN", b"Infinity", b"-Infinity", b"1" + b"0" * 400])
+def test_non_finite_and_huge_numbers_on_generate(client, field, value):
+    r = _raw(client, "/generate", b'{"prompt": "fox", "%s": %s}' % (field.encode(), value))
+    assert r.status_code == 422 and _field(r) == field, r.text
+
+
+@pytest.mark.parametrize(
+    "value", [b"NaN", b"Infinity", b"-1e999", b"1" + b"0" * 400, b"true", b'"nan"', b'"inf"']
+)
+def test_bad_seconds_on_v1(client, value):
+    r = _raw(client, "/v1/videos", b'{"prompt": "fox", "seconds": %s}' % value)
+    assert r.status_code == 422 and _field(r) == "seconds", r.text
+
+
+@pytest.mark.parametrize("path", ["/generate", "/v1/videos"])
+def test_deeply_nested_json(client, path):
+    r = _raw(client, path, b'{"prompt": "fox", "seconds": ' + b"[" * 1000 + b"]" * 1000 + b"}")
+    assert r.status_code in (400, 422) and r.headers["content-type"] == "application/json", r.text
+
+
+def test_an_unexpected_error_is_a_json_500_in_the_route_shape(client, monkeypatch):
+    def broken(job_id):
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(client.app.state.services, "job", broken)
+    assert client.get(f"/jobs/{'a' * 32}").json() == {"detail": "internal server error"}
+    r = client.get(f"/v1/videos/{'a' * 32}")
+    assert r.status_code == 500 and r.json()["error"]["type"] == "api_error"
+
+
+# -- 3. loose validation ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/generate", "/v1/videos"])
+def test_prompt_rules_are_the_same_on_both_routes(client, path):
+    blank = client.post(path, json={"prompt": "  \n\t "})
+    assert blank.status_code == 422 and _field(blank) == "prompt"
+    long = client.post(path, json={"prompt": "x" * 60_000})
+    assert long.status_code == 422 and _field(long) == "prompt"
+    over = client.post(path, json={"prompt": "x" * MAX_TOKENS})  # 128 bytes + end token
+    assert over.status_code == 422 and _field(over) == "prompt" and f"at most {MAX_TOKENS}" in over.text
+    assert client.post(path, json={"prompt": "x" * (MAX_TOKENS - 1)}).status_code in (200, 202)
+
+
+def test_negative_prompt_tokens_are_counted(client):
+    r = client.post("/generate", json={"prompt": "fox", "negative_prompt": "y" * 200})
+    assert r.status_code == 422 and _field(r) == "negative_prompt" and f"at most {MAX_TOKENS}" in r.text
+
+
+@pytest.mark.parametrize(
+    "fields,field",
+    [
+        ({"model": "m" * 60_000}, "model"),
+        ({"model": 3}, "model"),
+        ({"size": "832x480\n"}, "size"),
+        ({"size": "８３２x480"}, "size"),  # fullwidth digits: `\d` matches them
+        ({"size": "٨٣٢x480"}, "size"),
+        ({"size": 832}, "size"),
+        ({"seconds": True}, "seconds"),
+        ({"seconds": "٤"}, "seconds"),
+        ({"seconds": "4\n"}, "seconds"),
+        ({"seconds": "1_0"}, "seconds"),
+    ],
+)
+def test_loose_v1_fields_are_refused(client, fields, field):
+    r = client.post("/v1/videos", json={"prompt": "fox"} | fields)
+    assert r.status_code == 422 and _field(r) == field, r.text
+
+
+@pytest.mark.parametrize(
+    "content_type", ["text/plain", "application/xml", "", "application/x-www-form-urlencoded"]
+)
+def test_generate_takes_json_only(client, content_type):
+    r = _raw(client, "/generate", b'{"prompt": "fox"}', content_type)
+    assert r.status_code == 415, r.text
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/xml", ""])
+def test_v1_takes_json_and_forms_only(client, content_type):
+    r = _raw(client, "/v1/videos", b'{"prompt": "fox"}', content_type)
+    assert r.status_code == 415 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    assert client.post("/v1/videos", data={"prompt": "fox", "seconds": "1"}).status_code == 200
+    assert client.post("/v1/videos", files={"prompt": (None, "fox")}).status_code == 200
+
+
+# -- 4. idempotency ------------------------------------------------------------------------------------------
+
+
+def test_idempotency_key_conflict_scope_and_reuse_after_delete(client):
+    key = {"Idempotency-Key": "k-1"}
+    first = client.post("/generate", json={"prompt": "fox"}, headers=key)
+    again = client.post("/generate", json={"prompt": "fox"}, headers=key)
+    assert first.status_code == again.status_code == 202 and first.json()["id"] == again.json()["id"]
+    other = client.post("/generate", json={"prompt": "cat"}, headers=key)
+    assert other.status_code == 409 and first.json()["id"] in other.json()["detail"]
+
+    v1 = client.post("/v1/videos", json={"prompt": "fox"}, headers=key)  # another route family: another job
+    assert v1.status_code == 200 and v1.json()["id"] != first.json()["id"]
+    conflict = client.post("/v1/videos", json={"prompt": "cat"}, headers=key)
+    assert conflict.status_code == 409 and conflict.json()["error"]["type"] == "invalid_request_error"
+    assert client.delete(f"/v1/videos/{v1.json()['id']}").status_code == 200
+    reused = client.post("/v1/videos", json={"prompt": "cat"}, headers=key)  # free again once deleted
+    assert reused.status_code == 200 and reused.json()["id"] != v1.json()["id"]
+
+
+def test_a_store_from_an_earlier_version_gains_the_hash_column(tmp_path):
+    path = str(tmp_path / "jobs.db")
+    old = JobStore(path)
+    job, _ = old.create({"prompt": "fox"}, idempotency_key="generate:k")
+    old.close()
+    db = sqlite3.connect(path)
+    db.execute("ALTER TABLE jobs DROP COLUMN request_hash")  # as an earlier version created it
+    db.close()
+    store = JobStore(path)
+    assert store.create({"prompt": "fox"}, idempotency_key="generate:k") == (store.get(job.id), False)
+    assert store.create({"prompt": "a"}, idempotency_key="generate:n", request_hash="h")[1]
+
+
+# -- 5. the OpenAPI document ---------------------------------------------------------------------------------
+
+
+def test_openapi_tells_the_truth(client):
+    doc = client.get("/openapi.json").json()
+    paths = doc["paths"]
+    body = paths["/v1/videos"]["post"]["requestBody"]["content"]
+    assert {"application/json", "multipart/form-data", "application/x-www-form-urlencoded"} <= set(body)
+    for path, method, codes in [
+        ("/generate", "post", {"400", "401", "409", "413", "415", "422", "429", "503"}),
+        ("/v1/videos", "post", {"400", "401", "409", "413", "415", "422", "429", "503"}),
+        ("/jobs/{job_id}", "get", {"401", "404", "503"}),
+        ("/jobs/{job_id}", "delete", {"401", "404", "409", "503"}),
+        ("/v1/videos/{video_id}", "get", {"401", "404", "503"}),
+    ]:
+        assert codes <= set(paths[path][method]["responses"]), (path, method)
+    for path in ("/jobs/{job_id}/video", "/v1/videos/{video_id}/content"):
+        assert "video/mp4" in paths[path]["get"]["responses"]["200"]["content"]
+    assert "text/event-stream" in paths["/jobs/{job_id}/events"]["get"]["responses"]["200"]["content"]
+    fields = doc["components"]["schemas"]["GenerateBody"]["properties"]
+    frames = next(b for b in fields["num_frames"]["anyOf"] if b.get("type") == "integer")
+    assert frames["maximum"] == TINY_LIMITS.max_frames and frames["minimum"] == TINY_LIMITS.min_frames
+    assert f"at most {MAX_TOKENS} tokens" in fields["prompt"]["description"]
+    assert client.head("/health").status_code == 200
+
+
+def test_schema_fuzzing(tmp_path):
+    """Every operation of the app's own OpenAPI, positive and negative examples: no 5xx, and every reply is
+    one the document declares (status, media type, body schema). Bounded: a fixed number of examples."""
+    app = _app(tmp_path, max_queue=10_000)
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    checks = [
+        not_a_server_error,
+        status_code_conformance,
+        content_type_conformance,
+        response_schema_conformance,
+    ]
+    start, count = time.monotonic(), 0
+    for result in schema.get_all_operations():
+        strategy = st.one_of(*(result.ok().as_strategy(mode) for mode in GenerationMode))
+
+        @settings(
+            max_examples=40,
+            deadline=None,
+            database=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(strategy)
+        def run(case):
+            nonlocal count
+            count += 1
+            case.call_and_validate(checks=checks)
+
+        run()
+    print(f"schema fuzzing: {count} requests in {time.monotonic() - start:.1f} s")
+    assert count > 300
+
+
+# -- 6. a locked store ---------------------------------------------------------------------------------------
+
+
+def test_a_locked_store_makes_requests_fail_fast_not_hang(tmp_path):
+    app = _app(tmp_path, store_busy_timeout=0.3)
+    held, release = threading.Event(), threading.Event()
+
+    def hold_lock():
+        db = sqlite3.connect(tmp_path / "jobs.db", isolation_level=None)
+        db.execute("BEGIN EXCLUSIVE")
+        held.set()
+        release.wait(10)
+        db.execute("ROLLBACK")
+        db.close()
+
+    holder = threading.Thread(target=hold_lock)
+    holder.start()
+    held.wait(5)
+
+    async def timed(client, method, path, **kw):
+        start = time.monotonic()
+        r = await client.request(method, path, **kw)
+        return r, time.monotonic() - start
+
+    async def main():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            writes = [timed(client, "POST", "/generate", json={"prompt": f"fox {i}"}) for i in range(3)]
+            writes.append(timed(client, "POST", "/v1/videos", json={"prompt": "fox"}))
+            healths = [timed(client, "GET", "/health") for _ in range(5)]
+            return await asyncio.gather(*writes, *healths, timed(client, "GET", "/jobs"))
+
+    try:
+        replies = asyncio.run(main())
+    finally:
+        release.set()
+        holder.join()
+    writes, healths, (jobs, _) = replies[:4], replies[4:9], replies[9]
+    print(
+        "under a held lock: /health",
+        [round(s, 3) for _, s in healths],
+        "writes",
+        [round(s, 3) for _, s in writes],
+    )
+    for r, seconds in healths:
+        assert r.status_code == 200 and seconds < 0.5, seconds
+    for r, seconds in writes:
+        assert r.status_code == 503 and r.headers["retry-after"] and seconds < 3, (r.text, seconds)
+    assert writes[3][0].json()["error"]["type"] == "api_error"  # the /v1 shape
+    assert jobs.status_code in (200, 503)
