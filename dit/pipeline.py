@@ -31,6 +31,7 @@ __all__ = [
     "PipelineConfig",
     "TINY_LIMITS",
     "load_pipeline",
+    "load_prompt_tokenizer",
 ]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -221,6 +222,13 @@ class Pipeline:
 
 def _on(text: dict[str, torch.Tensor] | None, device: torch.device) -> dict[str, torch.Tensor] | None:
     return None if text is None else {name: t.to(device) for name, t in text.items()}
+
+
+def load_prompt_tokenizer(model: str):
+    """The prompt tokenizer of a preset or pipeline folder (`count_tokens(text)`, `max_tokens`) without the
+    model: the API process counts a prompt's tokens with it before queuing the job."""
+    folder = Path(model) if Path(model).is_dir() else None
+    return pipeline_family(model).tokenizer(folder)
 
 
 def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
