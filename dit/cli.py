@@ -12,7 +12,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-COMMS = ("alltoall", "fp8", "p2p", "p2p+fp8")
 MODES = ("alltoall", "fp8", "p2p", "ring", "hybrid", "cfg")
 # Parity tolerances on the final latents, relative to their largest magnitude (max |a - b| / max |ref|).
 # fp32 exact modes differ only by summation order (ring's online softmax, kernel blocking): measured ≤ 1e-6 on
@@ -21,6 +20,16 @@ MODES = ("alltoall", "fp8", "p2p", "ring", "hybrid", "cfg")
 EXACT_TOL = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 1e-2}
 FP8_TOL = 0.1
 FRAME_TOL_EXACT = 2  # uint8 levels: a latent difference of 1e-6 may still flip a rounding boundary
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, except where the help says what leaving it out does (default
+    None) and for off-by-default switches."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -36,9 +45,20 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         help="tiny | tiny-joint (HunyuanVideo-1.5) | wan2.1-1.3b | wan2.1-14b | hunyuanvideo-1.5-480p-t2v "
         "(random weights)",
     )
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--device", default=None, help="default: cuda:LOCAL_RANK when GPUs are present, else cpu")
-    p.add_argument("--attn-backend", default="auto")
+    # Allowed values are checked by dit.preflight, against the lists the pipeline and parallel/ use.
+    p.add_argument(
+        "--dtype", default="float32", help="float32 | bfloat16 | float16 (the DiT and text encoder)"
+    )
+    p.add_argument(
+        "--device",
+        default=None,
+        help="cpu | cuda | cuda:N (default: cuda:LOCAL_RANK when GPUs are present, else cpu)",
+    )
+    p.add_argument(
+        "--attn-backend",
+        default="auto",
+        help="auto | flash | cudnn | sdpa | math (auto: flash-attn on CUDA when installed, else SDPA)",
+    )
     p.add_argument(
         "--text-encoder-device", help="e.g. cpu: keep the text encoder off the GPU (default: --device)"
     )
@@ -50,8 +70,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sampler",
         default=None,
-        choices=("unipc", "euler"),
-        help="default: the family's (Wan unipc, Hunyuan euler)",
+        help="unipc | euler (default: the family's: Wan unipc, HunyuanVideo-1.5 euler)",
     )
     p.add_argument(
         "--flow-shift", type=float, default=None, help="default: the folder's scheduler config, else 3"
@@ -60,42 +79,55 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def _add_request_args(p: argparse.ArgumentParser, prompt_default: str | None = None) -> None:
     if prompt_default is None:
-        p.add_argument("prompt")
+        p.add_argument("prompt", help="what the video shows")
     else:
-        p.add_argument("--prompt", default=prompt_default)
-    p.add_argument("--negative-prompt", default="")
-    p.add_argument("--frames", type=int, default=None, help="4k+1 (model default when left out)")
-    p.add_argument("--height", type=int, default=None, help="multiple of 16")
-    p.add_argument("--width", type=int, default=None, help="multiple of 16")
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--guidance", type=float, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--fps", type=int, default=None)
+        p.add_argument("--prompt", default=prompt_default, help="what the video shows")
+    p.add_argument("--negative-prompt", default="", help="what it should not show (guidance > 1)")
+    p.add_argument("--frames", type=int, default=None, help="4k+1 (default: the model's; tiny 9)")
+    p.add_argument("--height", type=int, default=None, help="multiple of 16 (default: the model's; tiny 64)")
+    p.add_argument("--width", type=int, default=None, help="multiple of 16 (default: the model's; tiny 64)")
+    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's; tiny 8)")
+    p.add_argument("--guidance", type=float, default=None, help="guidance scale (default: the model's)")
+    p.add_argument("--seed", type=int, default=0, help="the initial noise depends on it alone")
+    p.add_argument(
+        "--fps", type=int, default=None, help="frames per second of the MP4 (default: the model's)"
+    )
 
 
 def add_subcommands(subparsers) -> None:
-    g = subparsers.add_parser("generate", help="generate one video and write it as MP4")
+    g = subparsers.add_parser(
+        "generate", help="generate one video and write it as MP4", formatter_class=HelpFormatter
+    )
     _add_request_args(g)
-    g.add_argument("--out", default="video.mp4")
+    g.add_argument("--out", default="video.mp4", help="MP4 file to write")
     _add_model_args(g)
     g.add_argument("--ulysses", type=int, default=None, help="Ulysses degree (default: the ranks left over)")
-    g.add_argument("--ring", type=int, default=1)
-    g.add_argument(
-        "--cfg", type=int, default=1, choices=(1, 2), help="2: prompt and negative prompt in parallel"
-    )
-    g.add_argument("--comm", default="alltoall", choices=COMMS)
+    g.add_argument("--ring", type=int, default=1, help="ring attention degree")
+    g.add_argument("--cfg", type=int, default=1, help="1 | 2 (2: prompt and negative prompt in parallel)")
+    g.add_argument("--comm", default="alltoall", help="Ulysses exchange: alltoall | fp8 | p2p | p2p+fp8")
     g.add_argument("--nproc", type=int, default=1, help="re-launch under torchrun with N CPU/GPU processes")
     g.add_argument("--save-latents", default=None, help="also torch.save the final latents and frames here")
     g.set_defaults(func=run_generate)
 
-    p = subparsers.add_parser("parity", help="same generation on 1 rank and on N ranks per mode; compare")
+    p = subparsers.add_parser(
+        "parity",
+        help="same generation on 1 rank and on N ranks per mode; compare",
+        formatter_class=HelpFormatter,
+    )
     _add_request_args(p, prompt_default="a lighthouse on a cliff at dusk, waves crashing")
     _add_model_args(p)
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
-    p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--tol", type=float, default=None, help="exact modes, relative; default by dtype")
-    p.add_argument("--fp8-tol", type=float, default=FP8_TOL)
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset")
+    p.add_argument("--nproc", type=int, default=2, help="ranks of each mode's run")
+    p.add_argument(
+        "--tol",
+        type=float,
+        default=None,
+        help="exact modes, relative to the latents' largest magnitude (default: by --dtype: "
+        + ", ".join(f"{k} {v:g}" for k, v in EXACT_TOL.items())
+        + ")",
+    )
+    p.add_argument("--fp8-tol", type=float, default=FP8_TOL, help="fp8 mode, relative")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     p.set_defaults(func=run_parity)
 
 
@@ -133,7 +165,38 @@ def _without_nproc(argv: list[str]) -> list[str]:
     return out
 
 
+def _preflight(args, command: str, *, ulysses=None, ring=1, cfg=1, comm="alltoall") -> bool:
+    """Whether dit.preflight accepts the settings; if not, its one line goes to stderr (from rank 0 alone)."""
+    from dit.preflight import preflight
+
+    # Under torchrun (launched by us or by hand) the ranks are already there: check against their count.
+    nproc = int(os.environ.get("WORLD_SIZE", args.nproc))
+    try:
+        preflight(
+            model_path=args.model_path,
+            preset=args.preset,
+            device=args.device,
+            dtype=args.dtype,
+            attn_backend=args.attn_backend,
+            comm=comm,
+            sampler=args.sampler,
+            text_encoder_device=args.text_encoder_device,
+            nproc=nproc,
+            local_nproc=int(os.environ.get("LOCAL_WORLD_SIZE", nproc)),
+            ulysses=ulysses,
+            ring=ring,
+            cfg=cfg,
+        )
+    except ValueError as e:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"ithaca {command}: error: {e}", file=sys.stderr)
+        return False
+    return True
+
+
 def run_generate(args) -> int:
+    if not _preflight(args, "generate", ulysses=args.ulysses, ring=args.ring, cfg=args.cfg, comm=args.comm):
+        return 2
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         return subprocess.call(_torchrun(args.nproc, _without_nproc(sys.argv[1:])))
 
@@ -146,12 +209,7 @@ def run_generate(args) -> int:
     from dit.video import write_mp4
 
     backend = "gloo" if args.device == "cpu" else None
-    try:
-        mesh = parallel.init_parallel(ulysses=args.ulysses, ring=args.ring, cfg=args.cfg, backend=backend)
-    except ValueError as e:  # degrees that do not fit the world size: the message lists the valid ones
-        if os.environ.get("RANK", "0") == "0":
-            print(f"ithaca generate: error: {e}", file=sys.stderr)
-        return 2
+    mesh = parallel.init_parallel(ulysses=args.ulysses, ring=args.ring, cfg=args.cfg, backend=backend)
     try:
         pipe = load_pipeline(_pipeline_config(args, args.comm), mesh)
         request = GenerationRequest(
@@ -206,6 +264,7 @@ class ParityRow:
     frames_max_abs: int | None = None
     frames_rel: float | None = None
     tol: float | None = None
+    seconds: float | None = None  # the run's wall time, launch included
     note: str = ""
 
 
@@ -265,24 +324,35 @@ def run_parity(args) -> int:
                 f"ithaca parity: error: unknown mode {m!r}; choose from {', '.join(MODES)}", file=sys.stderr
             )
             return 2
+    if not _preflight(args, "parity"):
+        return 2
     exact_tol = args.tol if args.tol is not None else EXACT_TOL[args.dtype]
     common = _common_argv(args)
     rows: list[ParityRow] = []
+    # A run takes tens of seconds: each row prints as its run ends. With --json the table is progress on
+    # stderr and stdout holds only the JSON document.
+    table = _Table(sys.stderr if args.json else sys.stdout)
     with tempfile.TemporaryDirectory(prefix="ithaca-parity-") as tmp:
+        start = time.perf_counter()
         ref, err = _launch(common, 1, Path(tmp) / "reference.pt")
         if ref is None:
             print(f"ithaca parity: the 1-rank reference run failed: {err}", file=sys.stderr)
             return 1
+        reference = ParityRow("reference", 1, "1x1x1", "alltoall", "ok", seconds=time.perf_counter() - start)
+        table.print(reference)
         for mode in modes:
             layout = _mode_layout(mode, args.nproc)
             if isinstance(layout, str):
                 rows.append(ParityRow(mode, args.nproc, "-", "-", "skipped", note=layout))
+                table.print(rows[-1])
                 continue
             u, r, c, comm = layout
             tol = args.fp8_tol if "fp8" in comm else exact_tol
             row = ParityRow(mode, args.nproc, f"{u}x{r}x{c}", comm, "error", tol=tol)
             argv = [*common, "--ulysses", str(u), "--ring", str(r), "--cfg", str(c), "--comm", comm]
+            start = time.perf_counter()
             got, err = _launch(argv, args.nproc, Path(tmp) / f"{mode}.pt")
+            row.seconds = time.perf_counter() - start
             if got is None:
                 row.note = err
             else:
@@ -290,35 +360,43 @@ def run_parity(args) -> int:
                 frames_ok = "fp8" in comm or row.frames_max_abs <= FRAME_TOL_EXACT
                 row.status = "ok" if row.latents_rel <= tol and frames_ok else "FAIL"
             rows.append(row)
-    ok = all(r.status in ("ok", "skipped") for r in rows)
+            table.print(row)
+    bad = [r.mode for r in rows if r.status not in ("ok", "skipped")]
+    skipped = sum(r.status == "skipped" for r in rows)
+    print(
+        f"parity: {len(rows) - len(bad) - skipped} of {len(rows)} modes match 1 rank"
+        + (f", {skipped} skipped" if skipped else "")
+        + (f"; FAIL: {', '.join(bad)}" if bad else ""),
+        file=table.out,
+        flush=True,
+    )
     if args.json:
-        print(json.dumps({"ok": ok, "dtype": args.dtype, "rows": [asdict(r) for r in rows]}, indent=2))
-    else:
-        _print_table(rows)
-    return 0 if ok else 1
+        report = {"ok": not bad, "dtype": args.dtype, "reference_seconds": reference.seconds}
+        print(json.dumps({**report, "rows": [asdict(r) for r in rows]}, indent=2))
+    return 1 if bad else 0
 
 
-def _print_table(rows: list[ParityRow]) -> None:
-    def fmt(v):
-        return "-" if v is None else (str(v) if isinstance(v, int) else f"{v:.2e}")
+class _Table:
+    """Parity rows printed one at a time under a header, in fixed-width columns (the note comes last)."""
 
-    head = ("mode", "ranks", "u x r x c", "comm", "latents max abs", "latents rel", "frames max abs",
-            "frames rel", "tol", "result")  # fmt: skip
-    table = [head] + [
-        (
-            r.mode,
-            str(r.ranks),
-            r.layout,
-            r.comm,
-            fmt(r.latents_max_abs),
-            fmt(r.latents_rel),
-            fmt(r.frames_max_abs),
-            fmt(r.frames_rel),
-            fmt(r.tol),
-            f"{r.status} {r.note}".strip(),
-        )  # fmt: skip
-        for r in rows
-    ]
-    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    # (heading, width): wide enough for "reference", "alltoall", "1.23e-05", "1234.5 s"
+    COLUMNS = (("mode", 9), ("ranks", 5), ("u x r x c", 9), ("comm", 8), ("latents max abs", 15),
+               ("latents rel", 11), ("frames max abs", 14), ("frames rel", 10), ("tol", 8), ("time", 8),
+               ("result", 0))  # fmt: skip
+
+    def __init__(self, out):
+        self.out = out
+        self._line(head for head, _ in self.COLUMNS)
+
+    def print(self, r: ParityRow) -> None:
+        def fmt(v):
+            return "-" if v is None else (str(v) if isinstance(v, int) else f"{v:.2e}")
+
+        seconds = "-" if r.seconds is None else f"{r.seconds:.1f} s"
+        self._line((r.mode, str(r.ranks), r.layout, r.comm, fmt(r.latents_max_abs), fmt(r.latents_rel),
+                    fmt(r.frames_max_abs), fmt(r.frames_rel), fmt(r.tol), seconds,
+                    f"{r.status} {r.note}".strip()))  # fmt: skip
+
+    def _line(self, cells) -> None:
+        line = "  ".join(cell.ljust(w) for cell, (_, w) in zip(cells, self.COLUMNS, strict=True))
+        print(line.rstrip(), file=self.out, flush=True)

@@ -66,7 +66,10 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _degrees(world: int, ulysses: int | None, ring: int, cfg: int) -> tuple[int, int, int]:
+def fit_degrees(world: int, ulysses: int | None, ring: int, cfg: int) -> tuple[int, int, int]:
+    """(ulysses, ring, cfg) for `world` ranks (ulysses None: what the others leave), or a ValueError listing
+    every layout that fits. Pure, so a launcher can check degrees before any process group exists."""
+
     def bad(msg):
         choices = [
             (u, r, c)
@@ -101,7 +104,7 @@ def init_parallel(
 ) -> ParallelMesh:
     """Build the mesh from the torchrun environment (or reuse the default group); no env → world 1."""
     if not dist.is_initialized() and "WORLD_SIZE" not in os.environ:
-        _degrees(1, ulysses, ring, cfg)
+        fit_degrees(1, ulysses, ring, cfg)
         return ParallelMesh(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     if not dist.is_initialized():
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -111,7 +114,7 @@ def init_parallel(
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
     backend = backend or dist.get_backend()
     world, rank = dist.get_world_size(), dist.get_rank()
-    u, r, c = _degrees(world, ulysses, ring, cfg)
+    u, r, c = fit_degrees(world, ulysses, ring, cfg)
     key = (u, r, c, backend, id(dist.group.WORLD))  # a re-initialised default group invalidates the cache
     if key in _MESHES:
         return _MESHES[key]

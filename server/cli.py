@@ -16,7 +16,13 @@ def serve(args: argparse.Namespace) -> int:
 
     from server.app import create_app
 
-    config = config_mod.from_args(args)
+    try:
+        config = config_mod.from_args(args)  # an ITHACA_* value of the wrong type
+        if config.workers:  # a group started apart (--no-workers) checks its own settings
+            _preflight(config)
+    except ValueError as e:
+        print(f"ithaca serve: error: {e}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -40,10 +46,25 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _preflight(config: config_mod.ServeConfig) -> None:
+    """The worker group's settings, checked before it starts (ValueError: one line naming the option)."""
+    from dit.preflight import preflight
+
+    # ServeConfig names these fields as preflight names its arguments (serve has no --sampler)
+    checked = ("model_path", "preset", "device", "dtype", "attn_backend", "comm", "text_encoder_device",
+               "nproc", "ulysses", "ring", "cfg")  # fmt: skip
+    preflight(**{name: getattr(config, name) for name in checked})
+
+
+class _Parser(argparse.ArgumentParser):
+    """A usage mistake is one line on stderr and exit code 2 (subcommand parsers inherit this class)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="ithaca", description="Text-to-video generation with sequence parallelism"
-    )
+    parser = _Parser(prog="ithaca", description="Text-to-video generation with sequence parallelism")
     subparsers = parser.add_subparsers(dest="command", required=True)
     try:
         dit_cli = importlib.import_module("dit.cli")

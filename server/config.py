@@ -93,19 +93,26 @@ def env_name(name: str) -> str:
 
 
 def _convert(f: dataclasses.Field, raw: str):
+    """A flag's or variable's text as the field's type. Raises ArgumentTypeError: argparse shows its message
+    after the flag's name (`from_args` puts the variable's name before it)."""
     kind = f.type if isinstance(f.type, str) else f.type.__name__
     if kind == "bool":
         if raw.lower() in ("1", "true", "yes", "on"):
             return True
         if raw.lower() in ("0", "false", "no", "off", ""):
             return False
-        raise ValueError(f"{env_name(f.name)}={raw!r} is not a boolean")
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a boolean (1/0, true/false, yes/no, on/off)")
     if raw == "" and "None" in kind:
         return None  # compose's `${VAR:-}` sets an empty value: the same as unset
-    if kind.startswith("int"):
-        return int(raw)
-    if kind.startswith("float"):
-        return float(raw)
+    try:
+        if kind.startswith("int"):
+            return int(raw)
+        if kind.startswith("float"):
+            return float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{raw!r} is not {'an integer' if kind.startswith('int') else 'a number'}"
+        ) from None
     return raw
 
 
@@ -131,5 +138,8 @@ def from_args(args: argparse.Namespace, environ=os.environ) -> ServeConfig:
         if flag_value is not None:
             values[f.name] = flag_value
         elif env_name(f.name) in environ:
-            values[f.name] = _convert(f, environ[env_name(f.name)])
+            try:
+                values[f.name] = _convert(f, environ[env_name(f.name)])
+            except argparse.ArgumentTypeError as e:
+                raise ValueError(f"{env_name(f.name)}: {e}") from None
     return ServeConfig(**values)

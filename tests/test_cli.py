@@ -1,13 +1,18 @@
 """The `ithaca` console script end to end: `generate` writes a playable MP4, bad input exits 2 with the field
-named, `parity --nproc 2` compares 1 rank with 2 (torchrun subprocesses, gloo on CPU)."""
+named, `parity --nproc 2` compares 1 rank with 2 (torchrun subprocesses, gloo on CPU) and prints each row as
+its run ends; a bad setting is one line and exit code 2 before any rank starts."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from dit.video import read_mp4
 
@@ -40,11 +45,24 @@ def test_generate_rejects_bad_input(tmp_path):
     assert not (tmp_path / "video.mp4").exists()
 
 
-def test_parity_two_ranks(tmp_path):
-    proc = _run("parity", "--nproc", "2", "--modes", "alltoall,cfg,hybrid", "--steps", "2", "--frames", "5",
-                "--height", "32", "--width", "48", "--json", cwd=tmp_path)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(proc.stdout)
+def test_parity_two_ranks_prints_each_row_as_its_run_ends(tmp_path):
+    argv = ["parity", "--nproc", "2", "--modes", "alltoall,cfg,hybrid", "--steps", "2", "--frames", "5",
+            "--height", "32", "--width", "48", "--json"]  # fmt: skip
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([ITHACA, *argv], cwd=tmp_path, **pipes)
+    try:
+        progress = [proc.stderr.readline() for _ in range(3)]  # --json: the table goes to stderr as it grows
+        still_running = proc.poll() is None  # the cfg run has not started yet
+        out, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out + "".join(progress) + err
+    assert progress[0].split()[:2] == ["mode", "ranks"], progress
+    assert progress[1].split()[:3] == ["reference", "1", "1x1x1"], progress
+    assert progress[2].split()[:3] == ["alltoall", "2", "2x1x1"] and progress[2].rstrip().endswith("ok")
+    assert still_running, "the first mode's row came only once every run had ended"
+    assert err.splitlines()[-1] == "parity: 2 of 3 modes match 1 rank, 1 skipped"
+    report = json.loads(out)  # stdout holds the one JSON document
     rows = {row["mode"]: row for row in report["rows"]}
     assert report["ok"] and rows["alltoall"]["status"] == rows["cfg"]["status"] == "ok"
     assert rows["alltoall"]["layout"] == "2x1x1" and rows["cfg"]["layout"] == "1x1x2"
@@ -59,3 +77,99 @@ def test_generate_picks_the_hunyuan_family_from_the_preset(tmp_path):
     assert read_mp4(tmp_path / "joint.mp4").frames.shape == (5, 32, 48, 3)
     proc = _run("generate", "a fox", "--preset", "tiny-joint", "--height", "40", cwd=tmp_path)
     assert proc.returncode == 2 and "height must be a multiple of 16" in proc.stderr  # ×16 VAE
+
+
+def _preflight_error(**settings) -> str:
+    from dit.preflight import preflight
+
+    with pytest.raises(ValueError) as e:
+        preflight(**settings)
+    return str(e.value)
+
+
+def test_preflight_names_the_option_and_what_it_allows(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other" / "transformer").mkdir(parents=True)
+    (tmp_path / "other" / "transformer" / "config.json").write_text(
+        '{"_class_name": "FluxTransformer2DModel"}'
+    )
+    cases = [  # settings → what the one line says
+        (dict(preset="tiny2"), "--preset 'tiny2' is not one of hunyuanvideo-1.5-480p-t2v, tiny, tiny-joint"),
+        (dict(model_path=str(tmp_path / "missing")), "missing: no such folder"),
+        (dict(model_path=str(tmp_path / "empty")), "empty: not a model folder (a diffusers pipeline folder"),
+        (dict(model_path=str(tmp_path / "other")), "no pipeline for model class 'FluxTransformer2DModel'"),
+        (dict(attn_backend="fast"), "--attn-backend 'fast' is not one of auto, flash, cudnn, sdpa, math"),
+        (dict(device="gpu0"), "--device 'gpu0' is not a device; allowed: cpu, cuda, cuda:N"),
+        (dict(device="cuda:99"), "--device cuda:99: "),  # no CUDA here, or fewer than 100 GPUs
+        (dict(text_encoder_device="tpu"), "--text-encoder-device 'tpu' is not a device"),
+        (dict(dtype="fp16"), "--dtype 'fp16' is not one of float32, bfloat16, float16"),
+        (dict(comm="nccl"), "--comm 'nccl' is not one of alltoall, fp8, p2p, p2p+fp8"),
+        (dict(sampler="ddim"), "--sampler 'ddim' is not one of unipc, euler"),
+        (dict(nproc=0), "--nproc must be a positive integer, got 0"),
+        (dict(nproc=4, cfg=3), "--cfg must be 1 or 2"),
+        (dict(nproc=4, ulysses=3), "do not fit --nproc 4: ulysses=3 x ring=1 x cfg=1 does not divide world "
+                                   "size 4; valid ulysses x ring x cfg for world size 4: 1x1x1, 2x1x1"),
+        (dict(nproc=6, ring=4), "do not fit --nproc 6: ring=4 x cfg=1 does not divide world size 6"),
+    ]  # fmt: skip
+    for settings, message in cases:
+        line = _preflight_error(**settings)
+        assert message in line and "\n" not in line, (settings, line)
+    if not __import__("torch").cuda.is_available():
+        assert "no CUDA device here" in _preflight_error(device="cuda")
+        assert "--attn-backend flash needs a CUDA device" in _preflight_error(attn_backend="flash")
+    from dit.preflight import preflight
+
+    preflight(preset="tiny-joint", device="cpu", nproc=8, ulysses=2, ring=2, cfg=2, comm="p2p+fp8")
+
+
+@pytest.mark.parametrize(
+    "argv, env, says",
+    [
+        (["generate", "a fox", "--nproc", "4", "--ulysses", "3"], {}, "--ulysses/--ring/--cfg do not fit"),
+        (["generate", "a fox", "--model-path", "nowhere"], {}, "--model-path nowhere: no such folder"),
+        (["parity", "--device", "cuda:99"], {}, "ithaca parity: error: --device cuda:99: "),
+        (["serve", "--attn-backend", "fast"], {}, "ithaca serve: error: --attn-backend 'fast' is not one of"),
+        (["serve"], {"ITHACA_NPROC": "abc"}, "ithaca serve: error: ITHACA_NPROC: 'abc' is not an integer"),
+    ],
+)  # fmt: skip
+def test_a_mistake_is_one_line_and_exit_code_2(tmp_path, argv, env, says):
+    proc = subprocess.run([ITHACA, *argv], capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                          env=os.environ | env)  # fmt: skip
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
+    assert list(tmp_path.iterdir()) == []  # no server data dir, no video
+
+
+def test_degrees_are_checked_before_torchrun_starts(monkeypatch, capsys):
+    import dit.cli
+    from server.cli import main
+
+    def no_torchrun(*args, **kwargs):
+        raise AssertionError("torchrun started")
+
+    monkeypatch.setattr(dit.cli.subprocess, "call", no_torchrun)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main(["generate", "a fox", "--nproc", "4", "--ulysses", "3"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "ithaca generate: error: --ulysses/--ring/--cfg do not fit --nproc 4"
+    )
+    with pytest.raises(SystemExit) as e:  # argparse's own mistakes: one line too, without the usage block
+        main(["generate", "a fox", "--steps", "many"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err == (
+        "ithaca generate: error: argument --steps: invalid int value: 'many' (see ithaca generate --help)\n"
+    )
+
+
+def test_help_describes_every_option_with_its_default():
+    from dit.cli import add_subcommands
+
+    subparsers = argparse.ArgumentParser().add_subparsers()
+    add_subcommands(subparsers)
+    for name in ("generate", "parity"):
+        parser = subparsers.choices[name]
+        text = " ".join(parser.format_help().split())
+        for action in parser._actions:
+            assert action.help, (name, action.dest)
+            if action.default not in (None, False, argparse.SUPPRESS):
+                assert f"(default: {action.default})" in text, (name, action.dest)

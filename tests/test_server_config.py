@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from server.config import ServeConfig, add_arguments, from_args
 
 
@@ -37,3 +39,20 @@ def test_defaults_env_and_flag_precedence():
     argv = config.worker_argv()
     assert argv[argv.index("--model-path") + 1] == "/models/wan" and "--api-key" not in argv
     assert _parse(["--no-workers"], {"ITHACA_WORKERS": "1"}).workers is False
+
+
+def test_a_bad_value_names_its_variable_or_flag(capsys):
+    for env, says in (
+        ({"ITHACA_NPROC": "abc"}, "ITHACA_NPROC: 'abc' is not an integer"),
+        ({"ITHACA_JOB_TIMEOUT": "soon"}, "ITHACA_JOB_TIMEOUT: 'soon' is not a number"),
+        (
+            {"ITHACA_WORKERS": "maybe"},
+            "ITHACA_WORKERS: 'maybe' is not a boolean (1/0, true/false, yes/no, on/off)",
+        ),
+    ):
+        with pytest.raises(ValueError) as e:
+            _parse([], env)
+        assert str(e.value) == says
+    with pytest.raises(SystemExit):
+        _parse(["--ring", "two"], {})
+    assert "argument --ring: 'two' is not an integer" in capsys.readouterr().err

@@ -1,0 +1,114 @@
+"""Check a launch's settings before any rank starts: a mistake is one ValueError line naming the option and
+what it allows, instead of a traceback from every rank (or torchrun's ChildFailedError) minutes later.
+
+`ithaca generate`/`parity` call `preflight` first thing and `ithaca serve` before it starts its worker group.
+The cheap checks run first, so a bad degree or device fails before diffusers is imported (seconds).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+# Classifier-free guidance has two branches (prompt, negative prompt): at most one rank each.
+CFG_DEGREES = (1, 2)
+
+
+def preflight(
+    *,
+    model_path: str | None = None,
+    preset: str = "tiny",
+    device: str | None = None,
+    dtype: str = "float32",
+    attn_backend: str = "auto",
+    comm: str = "alltoall",
+    sampler: str | None = None,
+    text_encoder_device: str | None = None,
+    nproc: int = 1,
+    local_nproc: int | None = None,
+    ulysses: int | None = None,
+    ring: int = 1,
+    cfg: int = 1,
+) -> None:
+    """Raise ValueError (one line: the option, the value, what is allowed) for settings that cannot run on
+    `nproc` ranks, `local_nproc` of them on this machine (default: all). `device` None: cuda when CUDA is
+    present, else cpu (as the ranks pick)."""
+    from parallel.comm import COMM_MODES
+    from parallel.kernels import BACKENDS
+    from parallel.mesh import fit_degrees
+
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"--nproc must be a positive integer, got {nproc!r}")
+    if cfg not in CFG_DEGREES:
+        raise ValueError(f"--cfg must be 1 or 2 (prompt and negative prompt in parallel), got {cfg!r}")
+    try:
+        fit_degrees(nproc, ulysses, ring, cfg)
+    except ValueError as e:
+        raise ValueError(f"--ulysses/--ring/--cfg do not fit --nproc {nproc}: {e}") from None
+    _check_choice("--comm", comm, COMM_MODES)
+    _check_choice("--attn-backend", attn_backend, BACKENDS)
+    on_cuda = _check_device("--device", device, nproc if local_nproc is None else local_nproc)
+    if text_encoder_device is not None:
+        _check_device("--text-encoder-device", text_encoder_device, 1)
+    if attn_backend == "flash" and not (on_cuda and importlib.util.find_spec("flash_attn")):
+        raise ValueError(
+            "--attn-backend flash needs a CUDA device and flash-attn installed; use auto or sdpa"
+        )
+
+    from dit.families import pipeline_family
+    from dit.loading import presets
+    from dit.pipeline import DTYPES
+    from dit.sampling import SAMPLERS
+
+    _check_choice("--dtype", dtype, DTYPES)
+    if sampler is not None:  # None: the family's own
+        _check_choice("--sampler", sampler, SAMPLERS)
+    if model_path is None:
+        _check_choice("--preset", preset, sorted(presets()))
+        return
+    if not Path(model_path).is_dir():
+        raise ValueError(f"--model-path {model_path}: no such folder")
+    try:
+        pipeline_family(model_path)
+    except FileNotFoundError:
+        raise ValueError(
+            f"--model-path {model_path}: not a model folder (a diffusers pipeline folder with "
+            "transformer/config.json, or a transformer folder with config.json)"
+        ) from None
+    except ValueError as e:  # an unreadable config.json or a model class no family handles
+        raise ValueError(f"--model-path {model_path}: {e}") from None
+
+
+def _check_choice(option: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{option} {value!r} is not one of {', '.join(map(str, allowed))}")
+
+
+def _check_device(option: str, device: str | None, local_nproc: int) -> bool:
+    """Whether the ranks will run on CUDA; ValueError for a device this machine lacks."""
+    import torch
+
+    if device is None:
+        kind, index = ("cuda" if torch.cuda.is_available() else "cpu"), None
+    else:
+        try:
+            parsed = torch.device(device)
+        except RuntimeError:
+            parsed = None
+        if parsed is None or parsed.type not in ("cpu", "cuda"):
+            raise ValueError(f"{option} {device!r} is not a device; allowed: cpu, cuda, cuda:N")
+        kind, index = parsed.type, parsed.index
+    if kind == "cpu":
+        return False
+    gpus = torch.cuda.device_count()
+    if gpus == 0:
+        raise ValueError(
+            f"{option} {device}: no CUDA device here (torch {torch.__version__}); use {option} cpu"
+        )
+    if index is not None and index >= gpus:
+        raise ValueError(f"{option} {device}: this machine has {gpus} GPU(s), cuda:0 to cuda:{gpus - 1}")
+    if local_nproc > gpus:  # one GPU per rank
+        raise ValueError(
+            f"--nproc {local_nproc} needs {local_nproc} GPUs, this machine has {gpus}; or use --device cpu"
+        )
+    return True
