@@ -10,6 +10,7 @@ another replica's claim.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -17,13 +18,25 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from server.store_file import Connection, StoreBusy, StoreError, check_file
+
+__all__ = ["IdempotencyConflict", "Job", "JobStore", "StoreBusy", "StoreError"]
+log = logging.getLogger("ithaca.jobs")
+
 ACTIVE = ("queued", "in_progress")
 TERMINAL = ("completed", "failed", "cancelled")
 STATUSES = ACTIVE + TERMINAL
 
 
-class StoreBusy(RuntimeError):
-    """Another process held the store's write lock past this store's busy timeout: the API answers 503."""
+class IdempotencyConflict(ValueError):
+    """An idempotency key came back with a different request; `args[0]` is the id of the key's job."""
+
+
+PHASES = ("queued", "encoding", "denoising", "decoding", "writing")
+# Progress (0-100) at the start of each phase: denoising steps fill 0..DENOISED, the decode and the MP4
+# the rest, so a long decode is not "99 %" for seconds; 100 is reached only on completion.
+DENOISED = 90
+PHASE_PROGRESS = {"decoding": DENOISED, "writing": 97}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -46,7 +59,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     worker TEXT,
     video TEXT,
     timings TEXT,
-    error TEXT
+    error TEXT,
+    phase TEXT NOT NULL DEFAULT 'queued'
 );
 CREATE INDEX IF NOT EXISTS jobs_status_seq ON jobs (status, seq);
 CREATE TABLE IF NOT EXISTS workers (
@@ -60,6 +74,8 @@ CREATE TABLE IF NOT EXISTS workers (
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS flags (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+# Columns added after the first release: a store written by an earlier version gains them at open.
+_ADDED_COLUMNS = {"phase": "TEXT NOT NULL DEFAULT 'queued'", "request_hash": "TEXT"}
 
 
 @dataclass
@@ -77,10 +93,12 @@ class Job:
     progress: int = 0
     attempts: int = 0
     cancel_requested: bool = False
+    deleted: bool = False
     worker: str | None = None
     video: str | None = None
     timings: dict = field(default_factory=dict)
     error: str | None = None
+    phase: str = "queued"
 
     @property
     def terminal(self) -> bool:
@@ -104,20 +122,34 @@ def _job(row: sqlite3.Row | None) -> Job | None:
         progress=row["progress"],
         attempts=row["attempts"],
         cancel_requested=bool(row["cancel_requested"]),
+        deleted=bool(row["deleted"]),
         worker=row["worker"],
         video=row["video"],
         timings=json.loads(row["timings"] or "{}"),
         error=row["error"],
+        phase=row["phase"],
     )
 
 
 class JobStore:
-    def __init__(self, path: str):
-        self.path = path
+    """`busy_timeout`: seconds a statement waits for another process's write lock before `StoreBusy` (the
+    API uses a short one so a request fails fast with 503; workers wait longer)."""
+
+    def __init__(self, path: str, *, busy_timeout: float = 30.0):
+        self.path, self.busy_timeout = path, busy_timeout
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        check_file(path)
         self._local = threading.local()
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(_SCHEMA)
+        self._add_columns()
+
+    def _add_columns(self) -> None:
+        with self._write() as db:
+            have = {r[1] for r in db.execute("PRAGMA table_info(jobs)")}
+            for name, decl in _ADDED_COLUMNS.items():
+                if name not in have:
+                    db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
 
     # -- connection plumbing -------------------------------------------------------------------------------
 
@@ -125,7 +157,13 @@ class JobStore:
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
         if db is None:
-            db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+            db = sqlite3.connect(
+                self.path,
+                timeout=self.busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+                factory=Connection,
+            )
             db.row_factory = sqlite3.Row
             db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes
             self._local.db = db
@@ -143,25 +181,47 @@ class JobStore:
     # -- jobs: API side ------------------------------------------------------------------------------------
 
     def create(
-        self, spec: dict, *, meta: dict | None = None, idempotency_key: str | None = None
+        self,
+        spec: dict,
+        *,
+        meta: dict | None = None,
+        idempotency_key: str | None = None,
+        request_hash: str | None = None,
     ) -> tuple[Job, bool]:
-        """Insert a queued job; a known idempotency key returns the existing job instead (created=False)."""
+        """Insert a queued job. A known idempotency key returns its job instead (created=False), or raises
+        IdempotencyConflict when it came with another request (`request_hash`). A deleted job's key is
+        free again."""
         with self._write() as db:
             if idempotency_key is not None:
                 row = db.execute(
                     "SELECT * FROM jobs WHERE idempotency_key = ?", (idempotency_key,)
                 ).fetchone()
-                if row is not None:
+                if row is not None and row["deleted"]:
+                    db.execute("UPDATE jobs SET idempotency_key = NULL WHERE seq = ?", (row["seq"],))
+                elif row is not None:
+                    if row["request_hash"] not in (None, request_hash):  # None: kept before hashes were
+                        raise IdempotencyConflict(row["id"])
                     return _job(row), False
             row = db.execute(
-                "INSERT INTO jobs (id, idempotency_key, status, spec, meta, created_at) "
-                "VALUES (?, ?, 'queued', ?, ?, ?) RETURNING *",
-                (uuid.uuid4().hex, idempotency_key, json.dumps(spec), json.dumps(meta or {}), time.time()),
+                "INSERT INTO jobs (id, idempotency_key, request_hash, status, spec, meta, created_at) "
+                "VALUES (?, ?, ?, 'queued', ?, ?, ?) RETURNING *",
+                (
+                    uuid.uuid4().hex,
+                    idempotency_key,
+                    request_hash,
+                    json.dumps(spec),
+                    json.dumps(meta or {}),
+                    time.time(),
+                ),
             ).fetchone()
-            return _job(row), True
+            return _log_change(_job(row)), True
 
-    def get(self, job_id: str) -> Job | None:
-        return _job(self._db.execute("SELECT * FROM jobs WHERE id = ? AND deleted = 0", (job_id,)).fetchone())
+    def get(self, job_id: str, *, include_deleted: bool = False) -> Job | None:
+        deleted = "" if include_deleted else " AND deleted = 0"
+        return _job(self._db.execute(f"SELECT * FROM jobs WHERE id = ?{deleted}", (job_id,)).fetchone())
+
+    def is_empty(self) -> bool:
+        return self._db.execute("SELECT 1 FROM jobs LIMIT 1").fetchone() is None
 
     def list(self, *, limit: int, after: str | None = None, order: str = "desc", status: str | None = None):
         """A page of jobs ordered by creation, starting after the job `after`; returns (jobs, has_more)."""
@@ -188,27 +248,35 @@ class JobStore:
         ).fetchone()[0]
 
     def counts(self) -> dict[str, int]:
-        rows = self._db.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall()
+        """Jobs by state; deleted jobs (the /v1 DELETE) are gone for every reader, metrics included."""
+        rows = self._db.execute(
+            "SELECT status, COUNT(*) FROM jobs WHERE deleted = 0 GROUP BY status"
+        ).fetchall()
         return {s: 0 for s in STATUSES} | {r[0]: r[1] for r in rows}
 
     def queued_count(self) -> int:
         return self._db.execute("SELECT COUNT(*) FROM jobs WHERE status = 'queued'").fetchone()[0]
 
     def cancel(self, job_id: str, *, delete: bool = False) -> Job | None:
-        """A queued job is cancelled at once; a running one gets its cancel flag (the worker stops it)."""
+        """A queued job is cancelled at once; a running one gets its cancel flag, which the worker honours
+        at its next step or, past the last step, before it writes the video. Returns the job as it stands
+        after the change: a job already completed or failed is left as it was."""
         with self._write() as db:
-            db.execute(
+            cancelled = db.execute(
                 "UPDATE jobs SET status = 'cancelled', finished_at = ?, "
                 "error = 'cancelled before it started' "
-                "WHERE id = ? AND status = 'queued'",
+                "WHERE id = ? AND status = 'queued' RETURNING *",
                 (time.time(), job_id),
-            )
+            ).fetchone()
             db.execute(
                 "UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND status = 'in_progress'", (job_id,)
             )
             if delete:
                 db.execute("UPDATE jobs SET deleted = 1 WHERE id = ?", (job_id,))
-            return _job(db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone())
+            job = _job(db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone())
+        if cancelled is not None:
+            _log_change(job)
+        return job
 
     # -- jobs: worker side ---------------------------------------------------------------------------------
 
@@ -221,12 +289,12 @@ class JobStore:
         with self._write() as db:
             row = db.execute(
                 "UPDATE jobs SET status = 'in_progress', started_at = ?, worker = ?, instance = ?, "
-                "attempts = attempts + 1, step = 0, progress = 0 "
+                "attempts = attempts + 1, step = 0, progress = 0, phase = 'encoding' "
                 "WHERE seq = (SELECT seq FROM jobs WHERE status = 'queued' ORDER BY seq LIMIT 1) "
                 "AND status = 'queued' RETURNING *",
                 (time.time(), worker, instance),
             ).fetchone()
-            return _job(row)
+        return _log_change(_job(row))
 
     def set_spec(self, job_id: str, spec: dict) -> None:
         with self._write() as db:
@@ -237,11 +305,23 @@ class JobStore:
         this worker's (failed or re-queued by a supervisor meanwhile)."""
         with self._write() as db:
             row = db.execute(
-                "UPDATE jobs SET step = ?, total_steps = ?, progress = ? "
+                "UPDATE jobs SET step = ?, total_steps = ?, progress = ?, phase = 'denoising' "
                 "WHERE id = ? AND worker = ? AND status = 'in_progress' RETURNING cancel_requested",
-                (step, total_steps, int(99 * step / max(total_steps, 1)), job_id, worker),
+                (step, total_steps, DENOISED * step // max(total_steps, 1), job_id, worker),
             ).fetchone()
         return row is None or bool(row[0])
+
+    def set_phase(self, job_id: str, worker: str, phase: str) -> bool:
+        """Record that a running job entered `phase`; True (stop) as `progress` answers."""
+        assert phase in PHASES
+        with self._write() as db:
+            row = db.execute(
+                "UPDATE jobs SET phase = ?, progress = MAX(progress, ?) "
+                "WHERE id = ? AND worker = ? AND status = 'in_progress' RETURNING *",
+                (phase, PHASE_PROGRESS.get(phase, 0), job_id, worker),
+            ).fetchone()
+        job = _log_change(_job(row))
+        return job is None or job.cancel_requested
 
     def finish(
         self,
@@ -254,26 +334,23 @@ class JobStore:
         timings: dict | None = None,
     ) -> Job | None:
         """Write the terminal state of a running job, if it is still `worker`'s (None: any worker's); returns
-        the job, or None when it was no longer in progress there."""
+        the job, or None when it was no longer in progress there. A completion finds a cancel that arrived
+        after the last step in the same statement and ends the job `cancelled` instead (no video): a DELETE
+        either lands before it or finds the job completed, never accepted and then ignored."""
         assert status in TERMINAL
+        late_cancel = "cancelled after the last step; the video was not kept"
         with self._write() as db:
             row = db.execute(
-                "UPDATE jobs SET status = ?, error = ?, video = ?, timings = ?, finished_at = ?, "
-                "progress = CASE WHEN ? = 'completed' THEN 100 ELSE progress END "
-                "WHERE id = ? AND status = 'in_progress' AND (? IS NULL OR worker = ?) RETURNING *",
-                (
-                    status,
-                    error,
-                    video,
-                    json.dumps(timings or {}),
-                    time.time(),
-                    status,
-                    job_id,
-                    worker,
-                    worker,
-                ),
+                "UPDATE jobs SET "
+                "status = CASE WHEN ?1 = 'completed' AND cancel_requested THEN 'cancelled' ELSE ?1 END, "
+                "error = CASE WHEN ?1 = 'completed' AND cancel_requested THEN ?2 ELSE ?3 END, "
+                "video = CASE WHEN cancel_requested THEN NULL ELSE ?4 END, "
+                "progress = CASE WHEN ?1 = 'completed' AND NOT cancel_requested THEN 100 ELSE progress END, "
+                "timings = ?5, finished_at = ?6 "
+                "WHERE id = ?7 AND status = 'in_progress' AND (?8 IS NULL OR worker = ?8) RETURNING *",
+                (status, late_cancel, error, video, json.dumps(timings or {}), time.time(), job_id, worker),
             ).fetchone()
-            return _job(row)
+        return _log_change(_job(row))
 
     def in_progress(self, *, worker_prefix: str | None = None, instance: str | None = None) -> list[Job]:
         where, args = ["status = 'in_progress'"], []
@@ -303,18 +380,19 @@ class JobStore:
         """Give an interrupted job another run, or fail it once it has used up its attempts."""
         with self._write() as db:
             if job.attempts < max_attempts:
-                db.execute(
+                row = db.execute(
                     "UPDATE jobs SET status = 'queued', worker = NULL, started_at = NULL, step = 0, "
-                    "progress = 0 "
-                    "WHERE id = ? AND status = 'in_progress'",
+                    "progress = 0, phase = 'queued' "
+                    "WHERE id = ? AND status = 'in_progress' RETURNING *",
                     (job.id,),
-                )
+                ).fetchone()
             else:
-                db.execute(
+                row = db.execute(
                     "UPDATE jobs SET status = 'failed', finished_at = ?, error = ? "
-                    "WHERE id = ? AND status = 'in_progress'",
+                    "WHERE id = ? AND status = 'in_progress' RETURNING *",
                     (time.time(), f"{reason} (after {job.attempts} attempts)", job.id),
-                )
+                ).fetchone()
+        _log_change(_job(row), reason)
 
     # -- workers, counters, flags ----------------------------------------------------------------------------
 
@@ -328,12 +406,32 @@ class JobStore:
                 (worker, instance, group_id, state, json.dumps(info), time.time()),
             )
 
-    def workers(self, *, group_id: str | None = None) -> list[dict]:
-        sql, args = "SELECT * FROM workers", ()
-        if group_id is not None:
-            sql, args = sql + " WHERE group_id = ?", (group_id,)
+    def workers(self, *, group_id: str | None = None, instance: str | None = None) -> list[dict]:
+        """Worker rows, newest heartbeat first."""
+        where, args = [], []
+        for column, value in (("group_id", group_id), ("instance", instance)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        sql = "SELECT * FROM workers" + (f" WHERE {' AND '.join(where)}" if where else "")
         rows = self._db.execute(sql + " ORDER BY heartbeat_at DESC", args).fetchall()
         return [dict(r) | {"info": json.loads(r["info"])} for r in rows]
+
+    def forget_group(self, group_id: str) -> None:
+        """Remove the rows and flags of a worker group that is gone."""
+        with self._write() as db:
+            db.execute("DELETE FROM workers WHERE group_id = ?", (group_id,))
+            db.execute("DELETE FROM flags WHERE name IN (?, ?)", (f"drain:{group_id}", f"error:{group_id}"))
+
+    def prune_workers(self, *, stale_after: float) -> int:
+        """Remove worker rows silent for `stale_after` seconds (groups that vanished), keeping the newest row
+        so the API still knows the model's last published limits; returns how many went."""
+        with self._write() as db:
+            return db.execute(
+                "DELETE FROM workers WHERE heartbeat_at < ? "
+                "AND worker <> (SELECT worker FROM workers ORDER BY heartbeat_at DESC LIMIT 1)",
+                (time.time() - stale_after,),
+            ).rowcount
 
     def add_counters(self, deltas: dict[str, float]) -> None:
         with self._write() as db:
@@ -352,10 +450,47 @@ class JobStore:
             db.execute("INSERT OR REPLACE INTO flags (name, value) VALUES (?, '1')", (f"drain:{group_id}",))
 
     def drain_requested(self, group_id: str) -> bool:
-        return (
-            self._db.execute("SELECT 1 FROM flags WHERE name = ?", (f"drain:{group_id}",)).fetchone()
-            is not None
+        return self._flag(f"drain:{group_id}") is not None
+
+    def record_error(self, group_id: str, message: str) -> None:
+        """Keep the first error a rank of the group reports (the cause; later ones are mostly its echo)."""
+        with self._write() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO flags (name, value) VALUES (?, ?)", (f"error:{group_id}", message)
+            )
+
+    def group_error(self, group_id: str) -> str | None:
+        return self._flag(f"error:{group_id}")
+
+    def _flag(self, name: str) -> str | None:
+        row = self._db.execute("SELECT value FROM flags WHERE name = ?", (name,)).fetchone()
+        return None if row is None else row[0]
+
+
+def _log_change(job: Job | None, reason: str | None = None) -> Job | None:
+    """One log line per job state change: id, state, phase, seconds since it was claimed (or created)."""
+    if job is not None:
+        since = job.started_at if job.started_at is not None else job.created_at
+        fields = {
+            "job": job.id,
+            "state": job.status,
+            "phase": job.phase,
+            "duration_s": round(time.time() - since, 3),
+        }
+        if job.terminal and job.error:
+            fields["error"] = job.error
+        if reason:
+            fields["reason"] = reason
+        log.info(
+            "job %s %s (%s) %.1f s%s",
+            job.id,
+            job.status,
+            job.phase,
+            fields["duration_s"],
+            f": {job.error}" if "error" in fields else "",
+            extra={"fields": fields},
         )
+    return job
 
 
 class _WriteTxn:

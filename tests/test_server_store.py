@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import sqlite3
 import threading
+import time
 
-from server import limits
-from server.store import JobStore
+import pytest
+
+from server import limits, logs, videos
+from server.store import JobStore, StoreBusy, StoreError
 
 
 def test_claims_are_atomic_and_in_order(tmp_path):
@@ -95,3 +101,143 @@ def test_orphans_are_running_jobs_whose_worker_went_silent(tmp_path):
     store.requeue_or_fail(store.orphans(stale_after=60)[0], max_attempts=2, reason="silent")
     assert store.get(gone.id).status == "queued"
     assert store.get(alive.id).status == store.get(fresh.id).status == "in_progress"
+
+
+def _damaged_files(tmp_path):
+    """(name, path) of files that must not be taken for a job store."""
+    good = JobStore(str(tmp_path / "good.db"))
+    for i in range(200):
+        good.create({"prompt": "x" * 200 + str(i)})
+    good.close()
+    data = (tmp_path / "good.db").read_bytes()
+    (tmp_path / "truncated.db").write_bytes(data[:8])
+    (tmp_path / "half.db").write_bytes(data[: len(data) // 2])
+    (tmp_path / "png.db").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 100)
+    foreign = sqlite3.connect(tmp_path / "foreign.db")
+    foreign.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL)")
+    foreign.commit()
+    foreign.close()
+    (tmp_path / "folder.db").mkdir()
+    return {name: str(tmp_path / f"{name}.db") for name in ("truncated", "half", "png", "foreign", "folder")}
+
+
+def test_a_damaged_or_foreign_file_is_refused_with_what_to_do(tmp_path):
+    for name, path in _damaged_files(tmp_path).items():
+        with pytest.raises(StoreError) as refused:
+            JobStore(path)
+        message = str(refused.value)
+        assert path in message and "move it aside" in message, (name, message)
+        assert "\n" not in message
+    assert "another program" in str(pytest.raises(StoreError, JobStore, str(tmp_path / "foreign.db")).value)
+    JobStore(str(tmp_path / "empty.db"))  # a new or empty file is a new store
+
+
+def test_a_store_from_an_earlier_version_gains_the_new_columns(tmp_path):
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)  # the first release's jobs table: no phase column
+    db.execute(
+        "CREATE TABLE jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, "
+        "idempotency_key TEXT UNIQUE, status TEXT NOT NULL, spec TEXT NOT NULL, meta TEXT NOT NULL "
+        "DEFAULT '{}', created_at REAL NOT NULL, started_at REAL, finished_at REAL, step INTEGER NOT NULL "
+        "DEFAULT 0, total_steps INTEGER NOT NULL DEFAULT 0, progress INTEGER NOT NULL DEFAULT 0, attempts "
+        "INTEGER NOT NULL DEFAULT 0, cancel_requested INTEGER NOT NULL DEFAULT 0, deleted INTEGER NOT NULL "
+        "DEFAULT 0, instance TEXT, worker TEXT, video TEXT, timings TEXT, error TEXT)"
+    )
+    db.execute("INSERT INTO jobs (id, status, spec, created_at) VALUES ('a' , 'queued', '{}', 0)")
+    db.commit()
+    db.close()
+    store = JobStore(str(path))
+    assert store.get("a").phase == "queued"
+    assert store.claim("w", "box").phase == "encoding"
+
+
+def test_a_locked_store_fails_fast_with_store_busy(tmp_path):
+    store = JobStore(str(tmp_path / "jobs.db"), busy_timeout=0.3)
+    store.create({"prompt": "before"})
+    holder = sqlite3.connect(tmp_path / "jobs.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        start = time.monotonic()
+        with pytest.raises(StoreBusy):
+            store.create({"prompt": "during"})
+        assert time.monotonic() - start < 2
+    finally:
+        holder.execute("ROLLBACK")
+    assert store.create({"prompt": "after"})[1]
+
+
+def test_phases_progress_and_a_cancel_after_the_last_step(tmp_path):
+    store = JobStore(str(tmp_path / "jobs.db"))
+    job, _ = store.create({"prompt": "a"})
+    assert store.claim("w", "box").phase == "encoding"
+    assert store.set_phase(job.id, "w", "denoising") is False
+    store.progress(job.id, "w", 5, 10)
+    assert (store.get(job.id).phase, store.get(job.id).progress) == ("denoising", 45)
+    store.set_phase(job.id, "w", "decoding")
+    assert store.get(job.id).progress == 90  # the decode still counts: not "99 %" while it runs
+    assert store.cancel(job.id).status == "in_progress"  # accepted: the flag is set ...
+    assert store.set_phase(job.id, "w", "writing") is True  # ... and the worker sees it before writing
+    done = store.finish(job.id, "w", "completed", video=f"{job.id}.mp4")
+    assert done.status == "cancelled" and done.video is None and "last step" in done.error  # ... or here
+
+
+def test_deleted_jobs_leave_the_counts_and_gone_workers_are_pruned(tmp_path):
+    store = JobStore(str(tmp_path / "jobs.db"))
+    a, _ = store.create({"prompt": "a"})
+    store.create({"prompt": "b"})
+    store.cancel(a.id, delete=True)
+    assert store.counts()["cancelled"] == 0 and store.counts()["queued"] == 1
+    for name, group in (("old/g1/replica0", "g1"), ("old/g1/replica1", "g1"), ("new/g2/replica0", "g2")):
+        store.heartbeat(name, instance=name.split("/")[0], group_id=group, state="ready", info={})
+    with store._write() as db:
+        db.execute("UPDATE workers SET heartbeat_at = heartbeat_at - 600 WHERE group_id = 'g1'")
+    assert store.prune_workers(stale_after=60) == 2
+    assert [w["worker"] for w in store.workers()] == ["new/g2/replica0"]
+    store.record_error("g2", "rank 1: first")
+    store.record_error("g2", "rank 0: echo")
+    assert store.group_error("g2") == "rank 1: first"
+    store.forget_group("g2")
+    assert store.workers() == [] and store.group_error("g2") is None
+
+
+def test_state_changes_are_logged_one_line_each_also_as_json(tmp_path, caplog):
+    store = JobStore(str(tmp_path / "jobs.db"))
+    job, _ = store.create({"prompt": "a"})
+    with caplog.at_level(logging.INFO, logger="ithaca.jobs"):
+        store.claim("w", "box")
+        store.set_phase(job.id, "w", "decoding")
+        store.finish(job.id, "w", "failed", error="boom")
+    lines = [r for r in caplog.records if r.name == "ithaca.jobs"]
+    assert [r.fields["state"] for r in lines] == ["in_progress", "in_progress", "failed"]
+    assert [r.fields["phase"] for r in lines] == ["encoding", "decoding", "decoding"]
+    entry = json.loads(logs.JsonFormatter().format(lines[-1]))
+    assert entry["job"] == job.id and entry["state"] == "failed" and entry["error"] == "boom"
+    assert entry["duration_s"] >= 0 and job.id in entry["message"]
+
+
+def test_sweep_removes_videos_no_route_can_reach_and_keeps_unknown_ones(tmp_path, caplog):
+    store = JobStore(str(tmp_path / "jobs.db"))
+    videos_dir = tmp_path / "videos"
+    videos_dir.mkdir()
+    done, deleted, cancelled, running = (store.create({"prompt": p})[0] for p in "abcd")
+    for _ in range(4):
+        store.claim("w", "box")
+    for job in (done, deleted):
+        store.finish(job.id, "w", "completed", video=f"{job.id}.mp4")
+    store.cancel(deleted.id, delete=True)
+    store.finish(cancelled.id, "w", "cancelled")
+    names = [f"{done.id}.mp4", f"{deleted.id}.mp4", f"{cancelled.id}.mp4", f"{cancelled.id}.partial.mp4",
+             f"{running.id}.partial.mp4", "0" * 32 + ".mp4"]  # fmt: skip
+    for name in names:
+        (videos_dir / name).write_bytes(b"mp4")
+    with caplog.at_level(logging.WARNING, logger="ithaca.videos"):
+        removed = videos.sweep(store, str(videos_dir))
+    assert sorted(removed) == sorted(names[1:4])
+    assert sorted(p.name for p in videos_dir.iterdir()) == sorted([names[0], names[4], names[5]])
+    assert "does not know the jobs of 1 MP4" in caplog.text
+
+    empty = JobStore(str(tmp_path / "replaced.db"))  # a lost store beside a folder of videos: said, kept
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ithaca.videos"):
+        assert videos.sweep(empty, str(videos_dir)) == []
+    assert "holds no jobs" in caplog.text and "restore it from a backup" in caplog.text

@@ -1,0 +1,73 @@
+"""The SQLite file under the job store: a check that it is one of ours before anything writes to it, and
+connections whose lock waits end in `StoreBusy` instead of an `OperationalError` deep in a route.
+
+A truncated, half-written or foreign file where `jobs.db` should be must stop the server with one line that
+names the path, what is wrong and what to do; writing our tables into another program's database, or
+serving from a damaged one, would lose jobs silently.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+OUR_COLUMNS = {"id", "status", "spec", "created_at"}  # a `jobs` table without these is not ours
+_FIX = "move it aside (or restore a backup) and start again; a new, empty store is created in its place"
+
+
+class StoreBusy(RuntimeError):
+    """Another process held the store's write lock past this store's busy timeout: the API answers 503."""
+
+
+class StoreError(RuntimeError):
+    """The file at the store's path is not a usable job store; the message says what to do."""
+
+    def __init__(self, path: str, problem: str):
+        super().__init__(f"job store {path}: {problem}; {_FIX}")
+
+
+class Connection(sqlite3.Connection):
+    """A connection that turns SQLite's lock time-outs into `StoreBusy`."""
+
+    def execute(self, *args):
+        try:
+            return super().execute(*args)
+        except sqlite3.OperationalError as e:
+            raise _busy_or(e) from e
+
+    def executemany(self, *args):
+        try:
+            return super().executemany(*args)
+        except sqlite3.OperationalError as e:
+            raise _busy_or(e) from e
+
+
+def _busy_or(error: sqlite3.OperationalError) -> Exception:
+    message = str(error)
+    if "locked" in message or "busy" in message:
+        return StoreBusy(f"the job store is busy ({message}); retry shortly")
+    return error
+
+
+def check_file(path: str) -> None:
+    """Raise StoreError unless `path` is missing, empty, or a healthy SQLite database whose `jobs` table (if
+    any) is ours. The file is read through SQLite only: closing a plain file handle on it would drop every
+    lock SQLite holds on it in this process, and other processes would then rebuild the WAL index under it."""
+    if os.path.isdir(path):
+        raise StoreError(path, "is a folder, not a file")
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        return  # SQLite makes a new database of it
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=30.0)
+        try:
+            result = db.execute("PRAGMA quick_check").fetchone()[0]
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            columns = {r[1] for r in db.execute("PRAGMA table_info(jobs)")}
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as e:  # "file is not a database", "database disk image is malformed"
+        raise StoreError(path, f"is not a SQLite database or is damaged ({e})") from None
+    if result != "ok":
+        raise StoreError(path, f"is damaged (integrity check: {result})")
+    if tables - {"sqlite_sequence"} and not OUR_COLUMNS <= columns:
+        raise StoreError(path, f"belongs to another program (tables: {', '.join(sorted(tables))})")
