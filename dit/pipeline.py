@@ -10,6 +10,7 @@ way.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -34,6 +35,7 @@ __all__ = [
     "load_prompt_tokenizer",
 ]
 
+PhaseCallback = Callable[[str], None]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MAX_SEED = 2**63 - 1
 
@@ -164,10 +166,15 @@ class Pipeline:
         noise = torch.randn(self.latent_shape(req), generator=generator, dtype=torch.float32)
         return noise.to(self.device)
 
-    def denoise(self, req: GenerationRequest, callback: Callback | None = None) -> torch.Tensor:
-        """Final latents (float32, the same on every rank). Raises GenerationCancelled on every rank."""
+    def denoise(
+        self, req: GenerationRequest, callback: Callback | None = None, on_phase: PhaseCallback | None = None
+    ) -> torch.Tensor:
+        """Final latents (float32, the same on every rank). Raises GenerationCancelled on every rank.
+        `on_phase(name)` hears "encoding" and "denoising" as each begins."""
         req = self.validate(req)
+        _enter(on_phase, "encoding")
         cond, uncond = self.conditioning(req)
+        _enter(on_phase, "denoising")
         return denoise(
             self.model,
             self.initial_noise(req),
@@ -214,10 +221,21 @@ class Pipeline:
             raise RuntimeError("only the replica leader decodes (it alone holds the VAE)")
         return self.family.decode(self.vae, latents)
 
-    def generate(self, req: GenerationRequest, callback: Callback | None = None) -> np.ndarray | None:
-        """Frames on the replica leader, None on the other ranks."""
-        latents = self.denoise(req, callback)
-        return self.decode(latents) if self.mesh.is_replica_leader else None
+    def generate(
+        self, req: GenerationRequest, callback: Callback | None = None, on_phase: PhaseCallback | None = None
+    ) -> np.ndarray | None:
+        """Frames on the replica leader, None on the other ranks. `on_phase(name)` hears "encoding",
+        "denoising" and (on the leader) "decoding" as each begins, so a server can show where a job is."""
+        latents = self.denoise(req, callback, on_phase)
+        if not self.mesh.is_replica_leader:
+            return None
+        _enter(on_phase, "decoding")
+        return self.decode(latents)
+
+
+def _enter(on_phase: PhaseCallback | None, phase: str) -> None:
+    if on_phase is not None:
+        on_phase(phase)
 
 
 def _on(text: dict[str, torch.Tensor] | None, device: torch.device) -> dict[str, torch.Tensor] | None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 
 from fastapi import FastAPI
 
-from server import api_jobs, api_openai, api_ops, openai_errors
+from server import api_jobs, api_openai, api_ops, openai_errors, videos
 from server.config import ServeConfig
+from server.jsonsafe import SafeJSONResponse
 from server.middleware import GuardMiddleware
 from server.services import Services
 from server.store import JobStore
@@ -19,11 +21,15 @@ log = logging.getLogger("ithaca.server")
 
 def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
     """`on_fatal` is called (from the supervisor thread) when the worker group cannot be kept alive."""
-    store = JobStore(config.db_path)
-    supervisor = Supervisor(config, store, on_fatal) if config.workers else None
+    # Requests wait briefly for another process's write lock, then answer 503; the supervisor waits longer.
+    store = JobStore(config.db_path, busy_timeout=config.store_busy_timeout)
+    supervisor = Supervisor(config, JobStore(config.db_path), on_fatal) if config.workers else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        videos.sweep(store, config.videos_dir)
+        # the first submit would otherwise wait seconds for `dit` to import
+        threading.Thread(target=services.prompt_tokenizer, name="tokenizer", daemon=True).start()
         if supervisor is not None:
             supervisor.start()
         yield
@@ -34,11 +40,20 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
             supervisor.stop(config.shutdown_grace)
 
     app = FastAPI(
-        title="Ithaca", summary="Text-to-video generation with sequence-parallel attention", lifespan=lifespan
+        title="Ithaca",
+        summary="Text-to-video generation with sequence-parallel attention",
+        lifespan=lifespan,
+        default_response_class=SafeJSONResponse,
     )
-    app.state.services = Services(config, store, supervisor)
+    app.state.services = services = Services(config, store, supervisor)
     for module in (api_ops, api_jobs, api_openai):
         app.include_router(module.router)
     openai_errors.install(app)
+
+    def openapi() -> dict:
+        """FastAPI's document (built once) with the limits the workers published, as of this request."""
+        return api_jobs.schema_with_limits(FastAPI.openapi(app), services.worker_info().get("limits", {}))
+
+    app.openapi = openapi
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
     return app

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 
 from server import config as config_mod
+from server import logs
+from server.store_file import StoreError
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -23,11 +24,13 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"ithaca serve: error: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     holder: dict = {}
-    app = create_app(config, on_fatal=lambda: setattr(holder["server"], "should_exit", True))
+    try:
+        logs.setup(config.log_level, config.log_format)
+        app = create_app(config, on_fatal=lambda: setattr(holder["server"], "should_exit", True))
+    except (ValueError, StoreError) as e:  # a bad log setting; a jobs.db that is damaged or not ours
+        print(f"ithaca serve: error: {e}", file=sys.stderr)
+        return 2
     server = holder["server"] = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -36,6 +39,7 @@ def serve(args: argparse.Namespace) -> int:
             log_level=config.log_level,
             timeout_graceful_shutdown=5,
             access_log=False,
+            log_config=None,  # uvicorn's lines go through the handler `logs.setup` installed
         )
     )
     server.run()

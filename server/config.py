@@ -41,6 +41,9 @@ class ServeConfig:
     api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on every route but /health")
     max_queue: int = _opt(64, "queued jobs beyond this are refused with 429")
     max_body_bytes: int = _opt(65536, "larger request bodies are refused with 413")
+    store_busy_timeout: float = _opt(
+        2.0, "seconds a request waits for another process's lock on the job store before it answers 503"
+    )
     job_timeout: float = _opt(3600.0, "seconds a job may run before it fails and the group is reset")
     shutdown_grace: float = _opt(300.0, "seconds the running job may take to finish after SIGTERM")
     instance: str = _opt(socket.gethostname(), "name of this server in a shared job store", worker=True)
@@ -56,7 +59,8 @@ class ServeConfig:
     pipeline_module: str = _opt(
         "dit.pipeline", "module providing load_pipeline (tests use a fake)", worker=True
     )
-    log_level: str = _opt("info", "uvicorn log level")
+    log_level: str = _opt("info", "log level (debug, info, warning, error)", worker=True)
+    log_format: str = _opt("text", "text, or json: one JSON object per line for log collectors", worker=True)
 
     @property
     def model(self) -> str:

@@ -1,10 +1,15 @@
 """What the routes share: settings, the job store, the supervisor (None when attached), and the job rules
-both APIs apply (id checks, published limits, the queue cap, cancel, the video path)."""
+both APIs apply (id checks, text and prompt rules, published limits, idempotency, the queue cap, cancel,
+the video path)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -12,11 +17,15 @@ from fastapi import HTTPException
 
 from server import limits as limits_mod
 from server.config import ServeConfig
-from server.store import Job, JobStore
+from server.jsonsafe import shown
+from server.store import IdempotencyConflict, Job, JobStore
 from server.supervisor import Supervisor, group_ready
 
+log = logging.getLogger("ithaca.server")
 _ID = re.compile(r"^[0-9a-f]{32}$")
 LIMITS_CACHE_S = 1.0
+# Characters a prompt may have before it is tokenized at all (tokens set the real limit, well below this).
+MAX_PROMPT_CHARS = 20_000
 
 
 def unprocessable(field_name: str, message: str) -> HTTPException:
@@ -28,12 +37,32 @@ def _error(field_name: str, message: str) -> dict:
     return {"loc": ["body", field_name], "msg": message, "type": "value_error"}
 
 
+def text_field(name: str, value, *, max_chars: int, required: bool = False) -> str:
+    """A client's text as every route takes it: a string of at most `max_chars`, blank only when not
+    `required`, and storable and renderable (UTF-8 encodable, so no lone UTF-16 surrogate; no NUL)."""
+    if not isinstance(value, str):
+        raise unprocessable(name, f"{name} is required" if value is None else f"{name} must be a string")
+    if required and not value.strip():
+        raise unprocessable(name, f"{name} must not be empty or blank")
+    if len(value) > max_chars:
+        raise unprocessable(name, f"{name} is {len(value)} characters long; at most {max_chars} are accepted")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise unprocessable(name, f"{name} is not valid text: it holds a lone UTF-16 surrogate") from None
+    if "\x00" in value:
+        raise unprocessable(name, f"{name} must not hold NUL characters")
+    return value
+
+
 @dataclass
 class Services:
     config: ServeConfig
     store: JobStore
     supervisor: Supervisor | None
     _worker_info: tuple[float, dict] = field(default=(0.0, {}))
+    _tokenizers: dict = field(default_factory=dict)  # model → its prompt tokenizer (None: cannot load here)
+    _tokenizer_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def worker_info(self) -> dict:
         """Limits and request defaults the newest worker published (cached for a second)."""
@@ -50,12 +79,49 @@ class Services:
     def job(self, job_id: str) -> Job:
         job = self.store.get(job_id) if _ID.match(job_id) else None
         if job is None:
-            raise HTTPException(404, f"no job {job_id!r}")
+            raise HTTPException(404, f"no job {shown(job_id)}")
         return job
 
+    def prompt_tokenizer(self):
+        """The model's prompt tokenizer, loaded on first use (importing `dit` takes seconds; the API starts
+        without it). None where this process cannot load it (a model folder only the workers see): the
+        workers still check every prompt, as a failed job."""
+        model = self.worker_info().get("model") or self.config.model
+        with self._tokenizer_lock:
+            if model not in self._tokenizers:
+                try:
+                    from dit.pipeline import load_prompt_tokenizer
+
+                    self._tokenizers[model] = load_prompt_tokenizer(model)
+                except Exception as exc:
+                    log.warning(
+                        "prompt lengths are left to the workers: no tokenizer for %s here (%s)", model, exc
+                    )
+                    self._tokenizers[model] = None
+            return self._tokenizers[model]
+
+    def check_prompts(self, spec: dict) -> None:
+        """The prompt rules of both APIs: text rules, then tokens against the limit the workers publish."""
+        text_field("prompt", spec.get("prompt"), max_chars=MAX_PROMPT_CHARS, required=True)
+        text_field("negative_prompt", spec.get("negative_prompt", ""), max_chars=MAX_PROMPT_CHARS)
+        tokenizer = self.prompt_tokenizer()
+        if tokenizer is None:
+            return
+        limits = self.worker_info().get("limits", {})
+        for name in ("prompt", "negative_prompt"):
+            limit = limits.get(name, {}).get("max_tokens", tokenizer.max_tokens)
+            tokens = tokenizer.count_tokens(spec.get(name, ""))
+            if tokens > limit:
+                raise unprocessable(
+                    name, f"{name} is {tokens} tokens long; the model accepts at most {limit}"
+                )
+
     def submit(
-        self, spec: dict, *, meta: dict | None = None, idempotency_key: str | None
+        self, spec: dict, *, meta: dict | None = None, idempotency_key: str | None, scope: str, body: dict
     ) -> tuple[Job, bool]:
+        """Queue a job for `spec`. An Idempotency-Key belongs to its route family (`scope`) and to the
+        request `body` it first came with: the same body replays the job, another one is a 409."""
+        self.check_prompts(spec)
         errors = limits_mod.check(spec, self.worker_info().get("limits", {}))
         if errors:
             raise HTTPException(422, [_error(f, m) for f, m in errors])
@@ -68,7 +134,16 @@ class Services:
                 f"the queue is full ({queued} jobs waiting); retry later",
                 headers={"Retry-After": str(self.retry_after(queued))},
             )
-        return self.store.create(spec, meta=meta, idempotency_key=idempotency_key)
+        key = None if idempotency_key is None else f"{scope}:{idempotency_key}"
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        try:
+            return self.store.create(spec, meta=meta, idempotency_key=key, request_hash=digest)
+        except IdempotencyConflict as exc:
+            raise HTTPException(
+                409,
+                f"Idempotency-Key {shown(idempotency_key)} was first used with a different request (job "
+                f"{exc.args[0]}); send that request again to get its job, or use a new key",
+            ) from None
 
     def retry_after(self, queued: int) -> int:
         """Seconds until the queue has room, from the mean job duration so far (1 s when unknown)."""
@@ -78,21 +153,27 @@ class Services:
         return max(1, min(3600, round(mean * max(1, queued - self.config.max_queue + 1))))
 
     def cancel(self, job_id: str, *, delete: bool = False) -> Job:
-        job = self.job(job_id)
+        """Cancel (and with `delete`, hide) a job. The store decides atomically: a job that completed or
+        failed first is refused with 409 unless deleted; a running one stops at its next step, or, past its
+        last step, ends cancelled before its video is kept."""
+        job = self.store.cancel(self.job(job_id).id, delete=delete)
         if job.status in ("completed", "failed") and not delete:
-            raise HTTPException(409, f"job {job_id} already {job.status}")
-        job = self.store.cancel(job.id, delete=delete)
-        if delete and job.video:
-            path = self.video_path(job)
-            if os.path.exists(path):
-                os.remove(path)
+            raise HTTPException(409, f"job {job_id} already {job.status}; there is nothing to cancel")
+        path = self._video_file(job)
+        if delete and path is not None and os.path.isfile(path):
+            os.remove(path)
         return job
 
-    def video_path(self, job: Job) -> str:
-        """The job's MP4 inside the results folder (never anywhere else)."""
-        root = self.config.videos_dir
+    def _video_file(self, job: Job) -> str | None:
+        """Where the job's MP4 is, inside the results folder and never anywhere else; None: it has none."""
+        root = os.path.realpath(self.config.videos_dir)
         path = os.path.realpath(os.path.join(root, os.path.basename(job.video or "")))
-        if job.status != "completed" or not job.video or os.path.dirname(path) != os.path.realpath(root):
+        return path if job.status == "completed" and job.video and os.path.dirname(path) == root else None
+
+    def video_path(self, job: Job) -> str:
+        """The job's MP4 (404 until it is completed, or when the file is gone)."""
+        path = self._video_file(job)
+        if path is None:
             raise HTTPException(404, f"job {job.id} has no video (status {job.status})")
         if not os.path.isfile(path):
             raise HTTPException(404, f"the video of job {job.id} is gone")

@@ -3,21 +3,25 @@
 - Launch: `python -m torch.distributed.run --standalone --nproc-per-node N -m server.worker <settings>`
   with a fresh group id in its environment (jobs it claims are tagged `<instance>/<group>/replica<k>`; a
   reset finds every rank by that id, as torchrun puts each rank in a session of its own).
+- torchrun dies with the API process (parent-death signal, bound to the supervisor thread, which therefore
+  lives as long as the group) and every rank with torchrun, so no group outlives its server.
 - A group that exits (a rank killed, a crash, a reset) fails the jobs it was running with the exit code in
-  the error, and is started again. Restarts are counted; `restart_budget` groups in a row that die before
-  they were ever ready mean the failure is fatal: `on_fatal` ends the server so the container's restart
-  policy applies.
+  the error, is forgotten in the store, and is started again. Restarts are counted; `restart_budget` groups
+  in a row that die before they were ever ready mean the failure is fatal: `on_fatal` ends the server so the
+  container's restart policy applies, and `fatal` quotes the first error a rank of the last group recorded.
 - A job past `job_timeout` is failed and the group is killed and restarted (a hung collective cannot be
   interrupted any other way).
 - `stop(grace)`: drain (the leader stops claiming and exits once its running job is done), then kill what
   is left.
-- At start, jobs this instance left in_progress in a previous run are re-queued (or failed after
-  max_attempts). While running, jobs of any server sharing the store whose worker sent no heartbeat for
-  `orphan_timeout` seconds are re-queued the same way (a replica that vanished for good).
+- At start, groups an earlier server of this instance left behind are asked to drain (they stop claiming),
+  and jobs this instance left in_progress in a previous run are re-queued (or failed after max_attempts).
+  While running, jobs of any server sharing the store whose worker sent no heartbeat for `orphan_timeout`
+  seconds are re-queued the same way (a replica that vanished for good), and such workers' rows are pruned.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -28,7 +32,8 @@ import time
 import uuid
 
 from server.config import ServeConfig
-from server.store import JobStore
+from server.lifetime import die_with_parent
+from server.store import JobStore, StoreBusy
 
 log = logging.getLogger("ithaca.supervisor")
 FRESH_HEARTBEAT_S = 5.0
@@ -72,6 +77,8 @@ class Supervisor:
         self._thread = threading.Thread(target=self._loop, name="supervisor", daemon=True)
 
     def start(self) -> None:
+        for group in {w["group_id"] for w in self.store.workers(instance=self.config.instance)}:
+            self.store.request_drain(group)  # a killed server's group must not claim beside ours
         for job in self.store.in_progress(instance=self.config.instance):
             self.store.requeue_or_fail(
                 job,
@@ -104,7 +111,12 @@ class Supervisor:
         ]
         log.info("starting worker group %s: %s", self.group_id, " ".join(cmd))
         env = os.environ | {"ITHACA_GROUP_ID": self.group_id, "ITHACA_SUPERVISOR_PID": str(os.getpid())}
-        self._proc = subprocess.Popen(cmd, env=env, start_new_session=True)  # Ctrl-C reaches the API only
+        self._proc = subprocess.Popen(
+            cmd,
+            env=env,
+            start_new_session=True,  # Ctrl-C reaches the API only
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
+        )
 
     def _kill_group(self, sig=signal.SIGKILL) -> None:
         """Signal torchrun and every rank (torchrun starts each rank in a session of its own)."""
@@ -125,10 +137,14 @@ class Supervisor:
                 if not was_ready and self.ready():
                     was_ready, failures_in_a_row = True, 0
                     log.info("worker group %s is ready", self.group_id)
-                self._enforce_time_limit()
-                self._sweep_orphans()
+                try:
+                    self._enforce_time_limit()
+                    self._sweep_orphans()
+                except StoreBusy as e:  # try again next round; this thread must outlive the group
+                    log.warning("supervisor: %s", e)
                 time.sleep(0.2)
             if self._stopping.is_set():
+                self._proc.wait()  # `stop` ends the group; torchrun would die with this thread
                 return
             code = self._proc.wait()
             for job in self.store.in_progress(worker_prefix=self._worker_prefix()):
@@ -141,10 +157,16 @@ class Supervisor:
                 )
             self.restarts += 1
             failures_in_a_row += 0 if was_ready else 1
-            log.error("worker group %s exited with code %s (restart %d)", self.group_id, code, self.restarts)
+            error = self.store.group_error(self.group_id)
+            self.store.forget_group(self.group_id)
+            log.error(
+                "worker group %s exited with code %s (restart %d)%s",
+                self.group_id, code, self.restarts, f": {error}" if error else "",
+            )  # fmt: skip
             if failures_in_a_row >= self.config.restart_budget:
                 self.fatal = (
-                    f"the worker group failed {failures_in_a_row} times in a row before becoming ready"
+                    f"the worker group failed {failures_in_a_row} times in a row before becoming ready; "
+                    f"the last time: {error or f'exit code {code}, see the log above'}"
                 )
                 log.critical("%s; stopping the server", self.fatal)
                 self.on_fatal()
@@ -158,6 +180,7 @@ class Supervisor:
             return
         self._last_sweep = now
         stale = self.config.orphan_timeout
+        self.store.prune_workers(stale_after=stale)
         for job in self.store.orphans(stale_after=stale):
             log.warning(
                 "job %s: its worker %s sent no heartbeat for %g s; re-queueing", job.id, job.worker, stale

@@ -6,10 +6,13 @@ Each data-parallel replica serves its own jobs. Its leader polls the job store, 
 job and broadcasts the spec over the replica's gloo control group; idle ranks wait there (the leader sends
 a keep-alive while idle, so the wait never reaches the gloo timeout and never sits inside NCCL). Every
 rank runs the pipeline; the leader records progress after each step, turns the job's cancel flag into the
-callback's False, writes the MP4 and the terminal state. A drain request (store flag or SIGTERM) makes the
-leader send "stop" once idle. Any failure other than a cancel leaves the group's state unknown: the leader
+callback's False, records each phase (encoding, denoising, decoding, writing), writes the MP4 and the
+terminal state; a cancel that arrives after the last step ends the job cancelled with no video. Before every
+claim the leader checks that its server is alive and has not asked it to drain (store flag or SIGTERM):
+otherwise it sends "stop" and the group exits, leaving queued jobs for the next group. Every rank dies with
+torchrun (parent-death signal). Any failure other than a cancel leaves the group's state unknown: the leader
 fails the job and every rank exits non-zero, so torchrun ends the group and the supervisor starts a fresh
-one.
+one; the first rank to fail records its error in the store for the supervisor's log.
 """
 
 from __future__ import annotations
@@ -28,13 +31,14 @@ import uuid
 import parallel
 from dit.video import write_mp4
 from server import limits as limits_mod
-from server import metrics
+from server import logs, metrics
 from server.config import ServeConfig, add_arguments, from_args
+from server.lifetime import die_with_parent
 from server.store import Job, JobStore
+from server.videos import PARTIAL_SUFFIX
 
 HEARTBEAT_S = 1.0
 KEEPALIVE_S = 5.0
-DRAIN_CHECK_S = 0.25
 
 
 class Worker:
@@ -77,23 +81,23 @@ class Worker:
 
     def _next_message(self):
         """Leader: block until there is something to broadcast (a job, a keep-alive None, or 'stop')."""
-        idle_since = last_drain_check = time.monotonic()
-        while True:
-            now = time.monotonic()
-            if now - last_drain_check > DRAIN_CHECK_S:
-                last_drain_check = now
-                if self.store.drain_requested(self.group_id) or not _alive(self.supervisor_pid):
-                    self.stopping.set()  # asked to drain, or orphaned by a supervisor that was killed
-            if self.stopping.is_set():
-                return "stop"
-            if self.store.has_queued():
+        idle_since = time.monotonic()
+        while not self._should_stop():
+            if self.store.has_queued() and not self._should_stop():  # checked again right before a claim
                 job = self.store.claim(self.name, self.config.instance)
                 spec = job and self._validated(job)
                 if spec:
                     return {"id": job.id, "spec": spec}
-            if now - idle_since > KEEPALIVE_S:
+            if time.monotonic() - idle_since > KEEPALIVE_S:
                 return None
             time.sleep(self.config.poll_interval)
+        return "stop"
+
+    def _should_stop(self) -> bool:
+        """SIGTERM, a drain request, or a server that is gone (its supervisor was killed)."""
+        if self.store.drain_requested(self.group_id) or not _alive(self.supervisor_pid):
+            self.stopping.set()
+        return self.stopping.is_set()
 
     def _validated(self, job: Job) -> dict | None:
         """The job's request with the model's defaults filled in (recorded on the job), or None: it failed."""
@@ -126,6 +130,7 @@ class Worker:
         self.job_id, self.state = job_id, "busy"
         step_times: list[float] = []
         last = [time.perf_counter()]
+        phases = _PhaseClock()
 
         def callback(step: int, total: int) -> bool:
             now = time.perf_counter()
@@ -133,9 +138,18 @@ class Worker:
             last[0] = now
             return not self.store.progress(job_id, self.name, step, total)
 
+        def on_phase(phase: str) -> None:
+            phases.enter(phase)
+            if phase == "denoising":
+                last[0] = time.perf_counter()  # the first step's time leaves the text encoding out
+            if leader:
+                self.store.set_phase(job_id, self.name, phase)
+
         start = time.perf_counter()
         try:
-            frames = self.pipe.generate(self.module.GenerationRequest(**spec), callback if leader else None)
+            frames = self.pipe.generate(
+                self.module.GenerationRequest(**spec), callback if leader else None, on_phase
+            )
         except self.module.GenerationCancelled:
             if leader:
                 self.store.finish(
@@ -143,7 +157,7 @@ class Worker:
                     self.name,
                     "cancelled",
                     error=f"cancelled after step {len(step_times)}",
-                    timings=_timings(start, step_times),
+                    timings=_timings(start, step_times, phases),
                 )
             self.job_id, self.state = None, "ready"
             return
@@ -159,19 +173,30 @@ class Worker:
                 )
             raise
         if leader:
-            self._complete(job_id, spec, frames, _timings(start, step_times), step_times)
+            self._complete(job_id, spec, frames, start, step_times, phases)
         self.job_id, self.state = None, "ready"
 
-    def _complete(self, job_id, spec, frames, timings, step_times) -> None:
-        generated = time.perf_counter()
-        os.makedirs(self.config.videos_dir, exist_ok=True)
+    def _complete(self, job_id, spec, frames, start, step_times, phases) -> None:
+        """Write the MP4 unless the job was cancelled after its last step, then complete it. The file is
+        renamed into place before the job completes, so readers of a completed job always find it; a cancel
+        that lands in between is found by `finish`, and the file goes again."""
         path = os.path.join(self.config.videos_dir, f"{job_id}.mp4")
-        tmp = path + ".partial.mp4"
+        phases.enter("writing")
+        if self.store.set_phase(job_id, self.name, "writing"):
+            self.store.finish(
+                job_id, self.name, "cancelled", error="cancelled while decoding; no video was written",
+                timings=_timings(start, step_times, phases),
+            )  # fmt: skip
+            return
+        os.makedirs(self.config.videos_dir, exist_ok=True)
+        tmp = path + PARTIAL_SUFFIX
         write_mp4(frames, tmp, spec["fps"])
         os.replace(tmp, path)  # readers never see a half-written file
-        timings |= {"encode_s": time.perf_counter() - generated}
+        timings = _timings(start, step_times, phases)
         job = self.store.finish(job_id, self.name, "completed", video=os.path.basename(path), timings=timings)
-        if job is not None:
+        if job is None or job.status != "completed":  # cancelled meanwhile, or no longer this worker's
+            os.remove(path)
+        else:
             self.store.add_counters(metrics.observations(step_times, job.finished_at - job.started_at))
 
 
@@ -185,19 +210,54 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _timings(start: float, step_times: list[float]) -> dict:
+class _PhaseClock:
+    """Seconds spent in each phase of one job."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._phase, self._since = None, time.perf_counter()
+
+    def enter(self, phase: str | None) -> None:
+        now = time.perf_counter()
+        if self._phase is not None:
+            self.seconds[self._phase] = self.seconds.get(self._phase, 0.0) + now - self._since
+        self._phase, self._since = phase, now
+
+
+def _timings(start: float, step_times: list[float], phases: _PhaseClock) -> dict:
+    phases.enter(None)
     return {
-        "generate_s": time.perf_counter() - start,
+        "total_s": time.perf_counter() - start,
         "steps": len(step_times),
         "mean_step_s": sum(step_times) / len(step_times) if step_times else None,
+        **{f"{phase}_s": seconds for phase, seconds in phases.seconds.items()},
     }
 
 
 def main(argv: list[str] | None = None) -> None:
+    die_with_parent()  # torchrun killed (even with SIGKILL): this rank goes too
     parser = argparse.ArgumentParser(prog="python -m server.worker", description=__doc__.split("\n\n")[0])
     add_arguments(parser, worker_only=True)
     config = from_args(parser.parse_args(argv))
+    logs.setup(config.log_level, config.log_format)
     group_id = os.environ.get("ITHACA_GROUP_ID") or uuid.uuid4().hex[:12]
+    try:
+        worker = _start(config, group_id)
+    except BaseException as e:
+        _fail(config, group_id, e)
+    signal.signal(
+        signal.SIGTERM, lambda *_: worker.stopping.set()
+    )  # drain: finish the running job, then stop
+    try:
+        worker.run()
+    except BaseException as e:
+        if worker.store is not None:
+            worker.state = "failed"  # /ready turns false now, not when the heartbeat goes stale
+            worker._beat()
+        _fail(config, group_id, e)
+
+
+def _start(config: ServeConfig, group_id: str) -> Worker:
     module = importlib.import_module(config.pipeline_module)
     mesh = parallel.init_parallel(
         ulysses=config.ulysses,
@@ -218,19 +278,22 @@ def main(argv: list[str] | None = None) -> None:
         ),
         mesh,
     )
-    worker = Worker(config, group_id, mesh, pipe, module)
-    signal.signal(
-        signal.SIGTERM, lambda *_: worker.stopping.set()
-    )  # drain: finish the running job, then stop
+    return Worker(config, group_id, mesh, pipe, module)
+
+
+def _fail(config: ServeConfig, group_id: str, error: BaseException) -> None:
+    """Print the traceback, record the first error of the group for the supervisor, exit at once."""
+    traceback.print_exc()
+    rank = os.environ.get("RANK", "0")
     try:
-        worker.run()
-    except BaseException:
-        traceback.print_exc()
-        if worker.store is not None:
-            worker.state = "failed"  # /ready turns false now, not when the heartbeat goes stale
-            worker._beat()
-        sys.stdout.flush()
-        os._exit(1)  # skip interpreter teardown: peers may still be inside a collective
+        JobStore(config.db_path).record_error(
+            group_id, f"rank {rank}: {type(error).__name__}: {error}"[:2000]
+        )
+    except Exception:  # the store itself may be what failed; the traceback above still tells
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)  # skip interpreter teardown: peers may still be inside a collective
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """A fake instant pipeline with the `dit.pipeline` surface, for the server's load tests and bench/server.py.
 
-No model work: `generate` sleeps `ITHACA_FAKE_STEP_S` seconds per step (default 0) and returns small
-random frames. Everything else is the real thing: the request/limits dataclasses and `validate` of
-`dit.pipeline` (tiny limits), the per-step callback and cancel broadcast of `dit.sampling`, the real mesh.
+No model work: `generate` sleeps `ITHACA_FAKE_STEP_S` seconds per step and `ITHACA_FAKE_DECODE_S` in its
+decode (defaults 0) and returns small random frames. Everything else is the real thing: the request/limits
+dataclasses and `validate` of `dit.pipeline` (tiny limits), the per-step callback and cancel broadcast of
+`dit.sampling`, the real mesh.
 Selected with `--pipeline-module tests.fake_pipeline`.
 """
 
@@ -32,15 +33,19 @@ class FakePipeline:
     def __init__(self, mesh):
         self.mesh, self.limits, self.tokenizer = mesh, TINY_LIMITS, _WordCounter()
         self.step_s = float(os.environ.get("ITHACA_FAKE_STEP_S", "0"))
+        self.decode_s = float(os.environ.get("ITHACA_FAKE_DECODE_S", "0"))
 
-    def generate(self, req: GenerationRequest, callback=None):
+    def generate(self, req: GenerationRequest, callback=None, on_phase=lambda phase: None):
         req = self.validate(req)
+        on_phase("denoising")
         for step in range(1, req.num_inference_steps + 1):
             time.sleep(self.step_s)
             if not should_continue(callback, step, req.num_inference_steps, self.mesh):
                 raise GenerationCancelled(step, req.num_inference_steps)
         if not self.mesh.is_replica_leader:
             return None
+        on_phase("decoding")
+        time.sleep(self.decode_s)
         return np.random.default_rng(req.seed).integers(
             0, 255, (req.num_frames, req.height, req.width, 3), np.uint8
         )

@@ -103,3 +103,27 @@ class ServerProcess:
                 self.proc.wait()
         self.client.close()
         return self.proc.returncode
+
+
+def group_pids(data_dir) -> tuple[list[int], list[int]]:
+    """(torchrun pids, rank pids) of the worker groups serving `data_dir`, found by their command lines."""
+    launchers, ranks = [], []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"server.worker" in argv and str(data_dir).encode() in argv:
+            (launchers if b"torch.distributed.run" in argv else ranks).append(int(pid))
+    return launchers, ranks
+
+
+def wait_until(condition, timeout: float, what: str) -> float:
+    """Poll `condition()` until true; returns the seconds it took, fails after `timeout`."""
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < timeout, f"{what}: not within {timeout} s"
+        time.sleep(0.05)
+    return time.monotonic() - start
+

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from server.store import JobStore
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, group_pids
 
 LONG = {"num_frames": 33, "height": 256, "width": 256, "num_inference_steps": 50}
 INSTANCE = ["--instance", "fault-box"]
@@ -21,24 +21,6 @@ INSTANCE = ["--instance", "fault-box"]
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("faults")
-
-
-def _rank_pids(data_dir) -> list[int]:
-    """The worker ranks serving this data folder (found by their command line)."""
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if (
-            b"server.worker" in argv
-            and str(data_dir).encode() in argv
-            and b"torch.distributed.run" not in argv
-        ):
-            pids.append(int(pid))
-    return pids
 
 
 def _wait_step(srv: ServerProcess, job_id: str, step: int = 1) -> None:
@@ -55,7 +37,7 @@ def test_rank_killed_mid_job_and_job_time_limit(data_dir):
         job = srv.submit(prompt="doomed", **LONG)
         _wait_step(srv, job["id"])
         group = srv.client.get("/ready").json()["group"]
-        pids = _rank_pids(data_dir)
+        pids = group_pids(data_dir)[1]
         assert len(pids) == 2, pids
         os.kill(max(pids), signal.SIGKILL)  # one rank (not the API, not torchrun)
         failed = srv.wait_job(job["id"], timeout=60)
@@ -73,7 +55,7 @@ def test_rank_killed_mid_job_and_job_time_limit(data_dir):
         failed = srv.wait_job(slow["id"], timeout=60)
         assert failed["status"] == "failed" and "time limit" in failed["error"], failed
         _wait_new_group(srv, group)
-        assert len(_rank_pids(data_dir)) == 2  # the reset group's ranks are gone, not orphaned
+        assert len(group_pids(data_dir)[1]) == 2  # the reset group's ranks are gone, not orphaned
         last = srv.submit(prompt="after the reset", num_inference_steps=2)
         assert srv.wait_job(last["id"])["status"] == "completed"
     finally:
@@ -123,7 +105,7 @@ def test_api_restart_runs_queued_jobs_and_requeues_the_interrupted_one(data_dir)
         assert srv.stop(signal.SIGTERM) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once shut down
         assert "the running job has" in srv.log()
         assert store.get(job["id"]).status == "completed"
-        assert _rank_pids(data_dir) == []
+        assert group_pids(data_dir)[1] == []
     finally:
         srv.stop()
 
@@ -132,6 +114,8 @@ def test_group_that_never_becomes_ready_ends_the_server(tmp_path):
     srv = ServerProcess(tmp_path, "--pipeline-module", "tests.no_such_pipeline", "--restart-budget", "2")
     try:
         assert srv.proc.wait(timeout=120) == 1  # non-zero: the container's restart policy takes over
-        assert "failed 2 times in a row before becoming ready" in srv.log()
+        last = srv.log().strip().splitlines()[-1]  # the last line says why: the failing rank's first error
+        assert "failed 2 times in a row before becoming ready" in last
+        assert "ModuleNotFoundError: No module named 'tests.no_such_pipeline'" in last
     finally:
         srv.stop()

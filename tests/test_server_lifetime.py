@@ -1,0 +1,138 @@
+"""Worker groups never outlive their server, SIGTERM stops claiming at once, a cancel after the last step is
+honoured, and job phases and state-change log lines. Real processes (uvicorn, torchrun, 2 gloo ranks) running
+the FAKE INSTANT PIPELINE (tests/fake_pipeline.py: no model work, a slow decode set by ITHACA_FAKE_DECODE_S),
+so the test is about processes and the store, not the model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from server.store import JobStore
+from tests.server_process import FAKE, ServerProcess, group_pids, wait_until
+
+SLOW_DECODE = {"ITHACA_FAKE_STEP_S": "0.05", "ITHACA_FAKE_DECODE_S": "1.5"}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+def test_a_killed_torchrun_or_api_takes_its_ranks_along(tmp_path):
+    srv = ServerProcess(tmp_path, "--pipeline-module", FAKE)
+    try:
+        srv.wait()
+        (launcher,), ranks = group_pids(tmp_path)
+        assert len(ranks) == 2
+        os.kill(launcher, signal.SIGKILL)
+        took = wait_until(lambda: not any(map(_alive, ranks)), 10, "ranks exit after torchrun is killed")
+        print(f"ranks gone {took:.2f} s after kill -9 of torchrun")
+        srv.wait()  # the supervisor starts a fresh group
+        launchers, ranks = group_pids(tmp_path)
+        os.kill(srv.proc.pid, signal.SIGKILL)
+        took = wait_until(
+            lambda: not any(map(_alive, launchers + ranks)), 10, "the group exits after the API is killed"
+        )
+        print(f"torchrun and ranks gone {took:.2f} s after kill -9 of the API")
+    finally:
+        srv.stop()
+
+
+def test_a_restarted_server_drains_groups_an_earlier_one_left(tmp_path):
+    """Where the parent-death signal cannot act (the old group was started apart), the new server's
+    supervisor asks every group of its instance to drain before it starts its own."""
+    old = ServerProcess(tmp_path, "--pipeline-module", FAKE, "--no-workers", "--instance", "box")
+    try:
+        old.wait("/health")
+    finally:
+        old.stop(signal.SIGKILL)
+    store = JobStore(os.path.join(tmp_path, "jobs.db"))
+    store.heartbeat("box/leftover/replica0", instance="box", group_id="leftover", state="ready", info={})
+    srv = ServerProcess(tmp_path, "--pipeline-module", FAKE, "--instance", "box")
+    try:
+        srv.wait()
+        assert store.drain_requested("leftover")
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("lifetime")
+    srv = ServerProcess(data_dir, "--pipeline-module", FAKE, "--log-format", "json", env=SLOW_DECODE)
+    try:
+        srv.wait()
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _wait_phase(srv: ServerProcess, job_id: str, phase: str, timeout: float = 30) -> dict:
+    seen = []
+
+    def reached():
+        seen.append(srv.client.get(f"/jobs/{job_id}").json())
+        return seen[-1]["phase"] == phase
+
+    wait_until(reached, timeout, f"job {job_id} reaches {phase}")
+    return seen[-1]
+
+
+def test_phases_show_where_a_job_is_and_progress_counts_the_decode(slow):
+    job = slow.submit(prompt="phases", num_inference_steps=4)
+    decoding = _wait_phase(slow, job["id"], "decoding")
+    assert decoding["status"] == "in_progress" and decoding["step"] == 4 and decoding["progress"] == 90
+    done = slow.wait_job(job["id"])
+    assert done["status"] == "completed" and done["progress"] == 100
+    timings = done["timings"]
+    assert timings["decoding_s"] >= 1.4 and timings["total_s"] >= timings["decoding_s"]
+    assert {"denoising_s", "writing_s", "mean_step_s"} <= set(timings)
+
+
+@pytest.mark.parametrize("route", ["/jobs/{}", "/v1/videos/{}"])
+def test_a_delete_during_the_decode_is_honoured_and_writes_no_video(slow, route):
+    job = slow.submit(prompt="delete me while decoding", num_inference_steps=2)
+    _wait_phase(slow, job["id"], "decoding")
+    r = slow.client.delete(route.format(job["id"]))
+    assert r.status_code == 200, r.text
+    store = JobStore(os.path.join(slow.data_dir, "jobs.db"))
+    final = wait_until(lambda: store.get(job["id"], include_deleted=True).terminal, 30, "the job ends")
+    job_row = store.get(job["id"], include_deleted=True)
+    assert job_row.status == "cancelled" and job_row.video is None, (final, job_row)
+    videos_dir = os.path.join(slow.data_dir, "videos")
+    assert not [n for n in os.listdir(videos_dir) if n.startswith(job["id"])]
+
+
+def test_state_changes_are_logged_as_json_lines(slow):
+    job = slow.submit(prompt="log me", num_inference_steps=1)
+    slow.wait_job(job["id"])
+    entries = []
+    for line in slow.log().splitlines():
+        if line.startswith("{"):
+            entries.append(json.loads(line))  # --log-format json: every log line is one JSON object
+    mine = [(e["state"], e["phase"]) for e in entries if e.get("job") == job["id"]]
+    assert mine[0] == ("queued", "queued") and mine[-1] == ("completed", "writing"), mine
+    assert ("in_progress", "decoding") in mine and all("duration_s" in e for e in entries if "job" in e)
+
+
+def test_sigterm_stops_claiming_at_once(slow):
+    """Runs last in this module: it stops the server."""
+    running = slow.submit(prompt="running", num_inference_steps=2)
+    queued = [slow.submit(prompt=f"queued {i}", num_inference_steps=2) for i in range(5)]
+    _wait_phase(slow, running["id"], "decoding")
+    start = time.monotonic()
+    assert slow.stop(signal.SIGTERM) in (0, -signal.SIGTERM)
+    took = time.monotonic() - start
+    store = JobStore(os.path.join(slow.data_dir, "jobs.db"))
+    assert store.get(running["id"]).status == "completed"  # within --shutdown-grace
+    assert [store.get(j["id"]).status for j in queued] == ["queued"] * 5  # left for the next server
+    assert took < 1.5 * 5  # not the whole queue's decodes
+    assert group_pids(slow.data_dir) == ([], [])
