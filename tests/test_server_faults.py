@@ -119,3 +119,15 @@ def test_group_that_never_becomes_ready_ends_the_server(tmp_path):
         assert "ModuleNotFoundError: No module named 'tests.no_such_pipeline'" in last
     finally:
         srv.stop()
+
+
+def test_a_damaged_store_ends_serve_with_one_line(tmp_path):
+    (tmp_path / "jobs.db").write_bytes(b"SQLite format 3\x00" + b"\x07" * 300)  # a header, then garbage
+    srv = ServerProcess(tmp_path, "--pipeline-module", "tests.fake_pipeline")
+    try:
+        assert srv.proc.wait(timeout=120) == 2
+        lines = srv.log().strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in srv.log(), lines
+        assert str(tmp_path / "jobs.db") in lines[0] and "move it aside" in lines[0]
+    finally:
+        srv.stop()
