@@ -39,6 +39,7 @@ from server.videos import PARTIAL_SUFFIX
 
 HEARTBEAT_S = 1.0
 KEEPALIVE_S = 5.0
+STOP_CHECK_S = 0.25
 
 
 class Worker:
@@ -81,17 +82,23 @@ class Worker:
 
     def _next_message(self):
         """Leader: block until there is something to broadcast (a job, a keep-alive None, or 'stop')."""
-        idle_since = time.monotonic()
-        while not self._should_stop():
-            if self.store.has_queued() and not self._should_stop():  # checked again right before a claim
+        idle_since = last_check = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if self.store.has_queued():
+                if self._should_stop():  # right before every claim, so no queued job is taken after it
+                    return "stop"
                 job = self.store.claim(self.name, self.config.instance)
                 spec = job and self._validated(job)
                 if spec:
                     return {"id": job.id, "spec": spec}
-            if time.monotonic() - idle_since > KEEPALIVE_S:
+            elif now - last_check > STOP_CHECK_S:  # idle: stop soon, without a second read every poll
+                last_check = now
+                if self._should_stop():
+                    return "stop"
+            if now - idle_since > KEEPALIVE_S:
                 return None
             time.sleep(self.config.poll_interval)
-        return "stop"
 
     def _should_stop(self) -> bool:
         """SIGTERM, a drain request, or a server that is gone (its supervisor was killed)."""

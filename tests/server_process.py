@@ -126,4 +126,3 @@ def wait_until(condition, timeout: float, what: str) -> float:
         assert time.monotonic() - start < timeout, f"{what}: not within {timeout} s"
         time.sleep(0.05)
     return time.monotonic() - start
-

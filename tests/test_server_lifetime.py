@@ -46,33 +46,29 @@ def test_a_killed_torchrun_or_api_takes_its_ranks_along(tmp_path):
         srv.stop()
 
 
-def test_a_restarted_server_drains_groups_an_earlier_one_left(tmp_path):
-    """Where the parent-death signal cannot act (the old group was started apart), the new server's
-    supervisor asks every group of its instance to drain before it starts its own."""
-    old = ServerProcess(tmp_path, "--pipeline-module", FAKE, "--no-workers", "--instance", "box")
-    try:
-        old.wait("/health")
-    finally:
-        old.stop(signal.SIGKILL)
-    store = JobStore(os.path.join(tmp_path, "jobs.db"))
-    store.heartbeat("box/leftover/replica0", instance="box", group_id="leftover", state="ready", info={})
-    srv = ServerProcess(tmp_path, "--pipeline-module", FAKE, "--instance", "box")
-    try:
-        srv.wait()
-        assert store.drain_requested("leftover")
-    finally:
-        srv.stop()
-
-
 @pytest.fixture(scope="module")
 def slow(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("lifetime")
-    srv = ServerProcess(data_dir, "--pipeline-module", FAKE, "--log-format", "json", env=SLOW_DECODE)
+    # A group an earlier server of this instance left behind (still beating, as one started apart would).
+    JobStore(os.path.join(data_dir, "jobs.db")).heartbeat(
+        "box/leftover/replica0", instance="box", group_id="leftover", state="ready", info={}
+    )
+    srv = ServerProcess(
+        data_dir, "--pipeline-module", FAKE, "--log-format", "json", "--instance", "box", env=SLOW_DECODE
+    )
     try:
         srv.wait()
         yield srv
     finally:
         srv.stop()
+
+
+def test_a_server_drains_groups_an_earlier_one_of_its_instance_left(slow):
+    """Where the parent-death signal cannot act (a group started apart, another PID namespace), the new
+    server's supervisor asks every group of its instance to drain (stop claiming) before it starts its own."""
+    store = JobStore(os.path.join(slow.data_dir, "jobs.db"))
+    assert store.drain_requested("leftover")
+    assert not store.drain_requested(slow.client.get("/ready").json()["group"])
 
 
 def _wait_phase(srv: ServerProcess, job_id: str, phase: str, timeout: float = 30) -> dict:
