@@ -114,7 +114,8 @@ def video_view(services: Services, job: Job) -> dict:
         "completed_at": int(job.finished_at) if job.status == "completed" else None,
         "expires_at": None,
         "prompt": job.spec.get("prompt"),
-        "size": f"{value('width')}x{value('height')}",
+        # "" until a worker has published the model's defaults (a request that left the size out)
+        "size": f"{value('width')}x{value('height')}" if value("width") and value("height") else "",
         "seconds": f"{frames / fps:g}" if frames else "",
         "error": {
             "code": "cancelled" if job.status == "cancelled" else "generation_failed",

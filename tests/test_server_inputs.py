@@ -355,3 +355,11 @@ def test_a_locked_store_makes_requests_fail_fast_not_hang(tmp_path):
         assert r.status_code == 503 and r.headers["retry-after"] and seconds < 3, (r.text, seconds)
     assert writes[3][0].json()["error"]["type"] == "api_error"  # the /v1 shape
     assert jobs.status_code in (200, 503)
+
+
+def test_a_video_before_any_worker_published_its_defaults_has_an_empty_size(tmp_path):
+    config = ServeConfig(workers=False, data_dir=str(tmp_path))
+    with TestClient(create_app(config), raise_server_exceptions=False) as bare:  # nothing published yet
+        r = bare.post("/v1/videos", json={"prompt": "a boat"})
+        assert r.status_code == 200, r.text
+        assert r.json()["size"] == "" and r.json()["seconds"] == ""
