@@ -14,34 +14,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from parallel import comm as C
-from parallel import fp8, init_parallel, local_attention
-from parallel.launch import spawn_local
-from parallel.ulysses import pack_out, pack_qkv, unpack_out, unpack_qkv
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+from bench.common import timed  # noqa: E402
+from parallel import comm as C  # noqa: E402
+from parallel import fp8, init_parallel, local_attention  # noqa: E402
+from parallel.launch import spawn_local  # noqa: E402
+from parallel.ulysses import pack_out, pack_qkv, unpack_out, unpack_qkv  # noqa: E402
 
 
 def _time(fn, iters: int, device) -> tuple[float, object]:
     """Median milliseconds of fn() (after one warm-up) and its last result."""
-    out = fn()
-    times = []
-    for _ in range(iters):
-        _sync(device)
-        t0 = time.perf_counter()
-        out = fn()
-        _sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), out
+    sec, out = timed(fn, 1, iters, device)
+    return sec * 1e3, out
 
 
 def measure(S, H, D, P, comm, iters, device, dtype, group=None) -> dict:

@@ -21,36 +21,53 @@ def add_run_args(p: argparse.ArgumentParser, dtypes, cuda: bool) -> None:
 
 
 def timed(fn, warmup: int, iters: int, device: torch.device) -> tuple[float, torch.Tensor]:
-    """Median seconds of `iters` calls after `warmup` ones (CUDA-synchronised), and the last output."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    """Median seconds of `iters` calls after `warmup` ones, and the last output. On CUDA each call is timed
+    with CUDA events (device time, no host sync inside the timed region)."""
     for _ in range(warmup):
         out = fn()
     times = []
     for _ in range(iters):
-        sync()
-        t0 = time.perf_counter()
-        out = fn()
-        sync()
-        times.append(time.perf_counter() - t0)
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            out = fn()
+            times.append(time.perf_counter() - t0)
     return statistics.median(times), out
+
+
+def time_modes(fn, call, modes, warmup: int, iters: int, device: torch.device, compile=torch.compile) -> dict:
+    """mode ("eager" / "compile") → (median seconds, output) of `call(fn)`; `compile(fn)` gives the compiled
+    callable (it may compile in place, so eager runs first); compiled runs warm up 2 more times."""
+    out = {}
+    for mode in modes:
+        run = compile(fn) if mode == "compile" else fn
+        warm = warmup + (2 if mode == "compile" else 0)
+        out[mode] = timed(lambda run=run: call(run), warm, iters, device)
+    return out
 
 
 def compare(fns: dict, call, args, device: torch.device) -> tuple[list[dict], float]:
     """Time every fn (keys "diffusers" and "ours") in eager (and compiled with --compile) mode via
     `call(fn)`; rows with seconds and ratio to diffusers, and the eager outputs' relative difference."""
-    rows, outs = [], {}
+    modes = ["eager", "compile"] if args.compile else ["eager"]
     with torch.inference_mode():
-        for mode in ["eager", "compile"] if args.compile else ["eager"]:
-            for name, fn in fns.items():
-                run = torch.compile(fn) if mode == "compile" else fn
-                warm = args.warmup + (2 if mode == "compile" else 0)
-                sec, outs[name, mode] = timed(lambda run=run: call(run), warm, args.iters, device)
-                rows.append(dict(model=name, mode=mode, seconds=sec))
-    base = {r["mode"]: r["seconds"] for r in rows if r["model"] == "diffusers"}
+        runs = {n: time_modes(fn, call, modes, args.warmup, args.iters, device) for n, fn in fns.items()}
+    rows = [dict(model=name, mode=mode, seconds=runs[name][mode][0]) for mode in modes for name in fns]
     for r in rows:
-        r["vs_diffusers"] = r["seconds"] / base[r["mode"]]
-    want = outs["diffusers", "eager"].double()
-    return rows, ((outs["ours", "eager"].double() - want).norm() / want.norm()).item()
+        r["vs_diffusers"] = r["seconds"] / runs["diffusers"][r["mode"]][0]
+    return rows, rel_diff(runs["ours"]["eager"][1], runs["diffusers"]["eager"][1])
+
+
+def rel_diff(out: torch.Tensor, want: torch.Tensor) -> float:
+    """‖out − want‖ / ‖want‖ in float64 (on the CPU: any device, any dtype)."""
+    out, want = out.detach().cpu().double(), want.detach().cpu().double()
+    return ((out - want).norm() / want.norm()).item()
 
 
 def device_name(device: torch.device) -> str:

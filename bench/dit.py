@@ -66,6 +66,17 @@ def ours_from(ref, config_json: dict, dtype: torch.dtype, device: torch.device):
     return model.eval().requires_grad_(False)
 
 
+def wan_inputs(cfg, frames: int, height: int, width: int, text_len: int, device, dtype):
+    """((latents, timestep, text), image tokens) for a Wan forward of a frames×height×width video (seed 0)."""
+    grid = ((frames - 1) // 4 + 1, height // 8, width // 8)
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(1, cfg.in_channels, *grid, generator=g, device=device, dtype=dtype)
+    t = torch.tensor([500.0], device=device)
+    ctx = torch.randn(1, text_len, cfg.text_dim, generator=g, device=device, dtype=dtype)
+    tokens = grid[0] * (grid[1] // cfg.patch_size[1]) * (grid[2] // cfg.patch_size[2])
+    return (x, t, ctx), tokens
+
+
 def _family(argv: list[str]) -> tuple[str, list[str]]:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--family", choices=("wan", "hunyuanvideo-1.5"), default="wan")
@@ -97,15 +108,9 @@ def main(argv=None) -> None:
     ref = diffusers_model(config_json, dtype, device, seed=0)
     ours = ours_from(ref, config_json, dtype, device)
     cfg = ours.config
-    grid = ((args.frames - 1) // 4 + 1, args.height // 8, args.width // 8)
-    g = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(1, cfg.in_channels, *grid, generator=g, device=device, dtype=dtype)
-    t = torch.tensor([500.0], device=device)
-    ctx = torch.randn(1, args.text_len, cfg.text_dim, generator=g, device=device, dtype=dtype)
-    tokens = grid[0] * (grid[1] // cfg.patch_size[1]) * (grid[2] // cfg.patch_size[2])
-
+    inputs, tokens = wan_inputs(cfg, args.frames, args.height, args.width, args.text_len, device, dtype)
     fns = {"diffusers": lambda *a: ref(*a, return_dict=False)[0], "ours": ours}
-    rows, diff = compare(fns, lambda fn: fn(x, t, ctx), args, device)
+    rows, diff = compare(fns, lambda fn: fn(*inputs), args, device)
     name = device_name(device)
     size = f"{args.frames}x{args.height}x{args.width}"
     title = f"{args.preset} ({cfg.num_layers} layers, dim {cfg.dim}), {size} -> {tokens} tokens, "

@@ -51,6 +51,27 @@ def models(config: HunyuanVideo15Config, dtype: torch.dtype, device: torch.devic
     return ref.eval().requires_grad_(False), ours.eval().requires_grad_(False)
 
 
+def hunyuan_inputs(cfg, frames: int, height: int, width: int, text_len: int, valid_text: int, device, dtype):
+    """(forward keyword arguments, image tokens) for a text-to-video forward (seed 0): `valid_text` of
+    `text_len` Qwen tokens real, 8 of 256 ByT5 tokens real, the all-zero SigLIP embedding ("no image")."""
+    grid = ((frames - 1) // 4 + 1, height // 16, width // 16)
+    g = torch.Generator(device=device).manual_seed(0)
+    rand = lambda *shape: torch.randn(*shape, generator=g, device=device, dtype=dtype)
+    mask = torch.arange(text_len, device=device)[None] < valid_text
+    mask_2 = torch.arange(256, device=device)[None] < 8
+    inputs = dict(
+        hidden_states=rand(1, cfg.in_channels, *grid),
+        timestep=torch.tensor([500.0], device=device, dtype=dtype),
+        encoder_hidden_states=rand(1, text_len, cfg.text_embed_dim),
+        encoder_attention_mask=mask.long(),
+        encoder_hidden_states_2=rand(1, 256, cfg.text_embed_2_dim),
+        encoder_attention_mask_2=mask_2.long(),
+        image_embeds=torch.zeros(1, 729, cfg.image_embed_dim, device=device, dtype=dtype),
+    )
+    tokens = grid[0] * (grid[1] // cfg.patch_size) * (grid[2] // cfg.patch_size)
+    return inputs, tokens
+
+
 def main(argv=None) -> None:
     cuda = torch.cuda.is_available()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -70,21 +91,8 @@ def main(argv=None) -> None:
         cfg = dataclasses.replace(cfg, num_layers=args.layers)
     dtype, device = DTYPES[args.dtype], torch.device(args.device)
     ref, ours = models(cfg, dtype, device)
-    grid = ((args.frames - 1) // 4 + 1, args.height // 16, args.width // 16)
-    g = torch.Generator(device=device).manual_seed(0)
-    rand = lambda *shape: torch.randn(*shape, generator=g, device=device, dtype=dtype)
-    mask = torch.arange(args.text_len, device=device)[None] < args.valid_text
-    mask_2 = torch.arange(256, device=device)[None] < 8
-    inputs = dict(
-        hidden_states=rand(1, cfg.in_channels, *grid),
-        timestep=torch.tensor([500.0], device=device, dtype=dtype),
-        encoder_hidden_states=rand(1, args.text_len, cfg.text_embed_dim),
-        encoder_attention_mask=mask.long(),
-        encoder_hidden_states_2=rand(1, 256, cfg.text_embed_2_dim),
-        encoder_attention_mask_2=mask_2.long(),
-        image_embeds=torch.zeros(1, 729, cfg.image_embed_dim, device=device, dtype=dtype),
-    )
-    tokens = grid[0] * (grid[1] // cfg.patch_size) * (grid[2] // cfg.patch_size)
+    size = (args.frames, args.height, args.width)
+    inputs, tokens = hunyuan_inputs(cfg, *size, args.text_len, args.valid_text, device, dtype)
 
     fns = {"diffusers": lambda **kw: ref(**kw, return_dict=False)[0], "ours": ours}
     rows, diff = compare(fns, lambda fn: fn(**inputs), args, device)
