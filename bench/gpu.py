@@ -1,0 +1,201 @@
+"""One command that checks and times Ithaca on one CUDA GPU, inside a 10-minute device call.
+
+    python bench/gpu.py [--out DIR] [--only SECTION ...] [--budget SECONDS] [--cpu-smoke]
+
+On the lent GPU machine (no network; diffusers, fastapi, uvicorn, pydantic, python-multipart and
+imageio-ffmpeg travel as wheels that `bash scripts/gpu_wheels.sh` downloads into .whl/ here first), one call
+of the device tool with `carry: [".whl"]` and this command:
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+      && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 \
+      && timeout 590 python3 bench/gpu.py --out $OUT
+
+Sections run in order, correctness first; each has a time budget and is skipped (with the reason) when it
+would not fit in what is left of --budget (540 s). gpu.md (a section ready to paste into bench/RESULTS.md)
+and gpu.json are rewritten in --out after every section, so a run cut short still leaves its numbers; the
+Markdown is printed last. Without CUDA every section says so, unless --cpu-smoke runs them all at toy sizes on
+the CPU (seconds: the numbers prove the code runs, not how fast; tests/test_bench_gpu.py runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from bench import gpu_correct, gpu_modelled, gpu_speed  # noqa: E402
+from bench.gpu_kit import Kit, Report, Skip, fmt  # noqa: E402
+
+SMOKE_SCALE = 0.1  # toy sizes take a tenth of a section's GPU budget, so --cpu-smoke never skips for time
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str  # what --only takes
+    title: str
+    run: object  # (kit, report) → None
+    budget_s: float  # seconds on an H100, compile warm-ups included
+
+
+SECTIONS = (
+    Section("attention", "local_attention per backend vs float64", gpu_correct.attention, 20),
+    Section("fp8", "FP8 wire format: compiled vs eager, round trip", gpu_correct.fp8_wire, 30),
+    Section(
+        "models", "Wan and HunyuanVideo-1.5 vs diffusers, same weights, small configs", gpu_correct.models, 30
+    ),
+    Section("pipeline", "tiny pipeline end to end vs the CPU", gpu_correct.pipeline, 25),
+    Section("serve", "`ithaca serve --nproc 1` answers one job", gpu_correct.serve, 60),
+    Section("attention-speed", "attention TFLOP/s per backend", gpu_speed.attention_speed, 20),
+    Section(
+        "shard",
+        "Ulysses pack / FP8 quantise / unpack of one rank's share at P=8",
+        gpu_speed.ulysses_shard,
+        30,
+    ),
+    Section("wan-1.3b", "Wan2.1-1.3B forward, ours vs diffusers", gpu_speed.wan_1_3b, 70),
+    Section("wan-14b", "Wan2.1-14B forward, ours vs diffusers", gpu_speed.wan_14b, 170),
+    Section("modelled", "MODELLED 8-GPU step time", gpu_modelled.modelled, 1),
+    Section("job", "Wan2.1-1.3B job by phase", gpu_speed.job_phases, 40),
+    Section("vae", "VAE decode, 81 frames 480p", gpu_speed.vae_decode, 30),
+    Section("text", "text encode (UMT5-XXL)", gpu_speed.text_encode, 30),
+    Section("hunyuan", "HunyuanVideo-1.5 480p forward, ours vs diffusers", gpu_speed.hunyuan, 60),
+)
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def environment(kit: Kit) -> dict:
+    env = dict(
+        date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        device=torch.cuda.get_device_name() if kit.cuda else f"CPU ({torch.get_num_threads()} threads)",
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        python=sys.version.split()[0],
+        flash_attn=_version("flash-attn"),
+        diffusers=_version("diffusers"),
+        mode="--cpu-smoke (toy sizes)" if kit.smoke else "full sizes",
+    )
+    if kit.cuda:
+        query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+        try:
+            env["driver"] = subprocess.run(query, capture_output=True, text=True, timeout=20).stdout.strip()
+        except (OSError, subprocess.SubprocessError) as e:
+            env["driver"] = f"unknown ({e})"
+        env["cudnn"] = torch.backends.cudnn.version()
+    return env
+
+
+def run_section(section: Section, kit: Kit, budget: float) -> dict:
+    """Run one section; its status is pass, fail (a check failed or it raised) or skip (with why)."""
+    report = Report(smoke=kit.smoke)
+    start = time.monotonic()
+    status, why = "pass", ""
+    if not kit.cuda and not kit.smoke:
+        status, why = "skip", "needs CUDA (none here); --cpu-smoke runs it at toy sizes on the CPU"
+    elif budget > kit.left():
+        status, why = "skip", f"would not fit: budget {budget:.0f} s, {max(kit.left(), 0):.0f} s left"
+    else:
+        try:
+            section.run(kit, report)
+            status = "fail" if report.failed else "pass"
+        except Skip as e:
+            status, why = "skip", str(e)
+        except ModuleNotFoundError as e:
+            status, why = "skip", f"{e.name} not installed"
+        except Exception as e:  # noqa: BLE001 - a broken section is reported, the next one still runs
+            status, why = "fail", f"{type(e).__name__}: {e}"
+            traceback.print_exc()
+    seconds = time.monotonic() - start
+    return dict(title=section.title, status=status, why=why, seconds=seconds, budget_s=budget, **vars(report))
+
+
+def _row(cells) -> str:
+    return "| " + " | ".join(fmt(c).replace("|", "\\|") for c in cells) + " |"
+
+
+def markdown(env: dict, results: dict) -> str:
+    where = (
+        f"{env['device']}, driver {env.get('driver', '–')}, CUDA {env['cuda'] or '–'}, torch {env['torch']}"
+    )
+    out = [
+        f"## {env['date']} — {where}",
+        "",
+        f"`python bench/gpu.py` ({env['mode']}); flash-attn: {env['flash_attn']}; diffusers: "
+        f"{env['diffusers']}; Python {env['python']}.",
+        "",
+    ]
+    for name, r in results.items():
+        head = f"### {r['title']} (`{name}`): {r['status'].upper()}"
+        out += [head + (f" — {r['why']}" if r["why"] else f" ({r['seconds']:.1f} s)"), ""]
+        if r["checks"]:
+            out += ["| check | error | limit | result |", "| --- | ---: | ---: | --- |"]
+            for c in r["checks"]:
+                result = "skip: " + c["why"] if c["ok"] is None else ("pass" if c["ok"] else "FAIL")
+                out.append(_row([c["what"], c.get("value"), c.get("limit"), result]))
+            out.append("")
+        for t in r["tables"]:
+            out += [
+                f"{t['title']}",
+                "",
+                _row(t["columns"]),
+                "| " + " | ".join("---" for _ in t["columns"]) + " |",
+            ]
+            out += [_row(row) for row in t["rows"]] + [""]
+        for t in r["targets"]:
+            verdict = {True: "met", False: "MISSED", None: "not judged (toy size or not measured)"}[t["met"]]
+            sign = "≥" if t["higher"] else "≤"
+            out.append(f"- target {t['what']} {sign} {t['limit']} {t['unit']}: {fmt(t['value'])} → {verdict}")
+        out += [f"- {n}" for n in r["notes"]]
+        if r["targets"] or r["notes"]:
+            out.append("")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="bench-gpu", help="folder for gpu.md and gpu.json")
+    p.add_argument("--only", nargs="+", choices=[s.name for s in SECTIONS], help="run these sections only")
+    p.add_argument("--budget", type=float, default=540.0, help="seconds the whole kit may take")
+    p.add_argument("--cpu-smoke", action="store_true", help="every section at toy sizes on the CPU")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cuda = torch.cuda.is_available() and not args.cpu_smoke
+    with tempfile.TemporaryDirectory(prefix="ithaca-gpu-") as tmp:
+        kit = Kit(
+            torch.device("cuda" if cuda else "cpu"), args.cpu_smoke, Path(tmp), time.monotonic() + args.budget
+        )
+        env, results = environment(kit), {}
+        for section in SECTIONS:
+            if args.only and section.name not in args.only:
+                continue
+            budget = section.budget_s * (SMOKE_SCALE if kit.smoke else 1)
+            print(f"[gpu.py] {section.name} (budget {budget:.0f} s, {kit.left():.0f} s left)", flush=True)
+            results[section.name] = run_section(section, kit, budget)
+            r = results[section.name]
+            print(f"[gpu.py] {section.name}: {r['status']} {r['why']} ({r['seconds']:.1f} s)", flush=True)
+            (out / "gpu.json").write_text(json.dumps(dict(env=env, sections=results), indent=1, default=str))
+            (out / "gpu.md").write_text(markdown(env, results) + "\n")
+    print(markdown(env, results))
+    return 1 if any(r["status"] == "fail" for r in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

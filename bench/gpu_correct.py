@@ -1,0 +1,206 @@
+"""The GPU kit's correctness sections: each check is an error figure against an independent reference and a
+limit. Heavy imports (dit, diffusers, the server) happen inside the sections, so a missing package skips the
+sections that need it and no other."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import time
+
+import torch
+
+from bench.common import rel_diff
+from bench.gpu_kit import Kit, Report, Skip
+from parallel import fp8, local_attention
+from parallel.kernels import _flash_attn
+
+TOL = {torch.bfloat16: 1e-2, torch.float32: 1e-3}  # relative, vs float64 attention
+NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+# (name, key mask, causal, LSE): the calls the DiTs (mask: joint text) and the ring (LSE, causal) make
+CASES = (
+    ("plain", False, False, False),
+    ("key mask", True, False, False),
+    ("causal", False, True, False),
+    ("causal + key mask", True, True, False),
+    ("LSE", False, False, True),
+    ("LSE + key mask", True, False, True),
+    ("LSE causal", False, True, True),
+)
+
+
+def attention_reference(q, k, v, key_mask, causal):
+    """softmax(q kᵀ/√D) v and its log-sum-exp in float64 on the CPU, written out here (not the kernels'
+    `math` path, which is one of the backends under test)."""
+    q, k, v = (t.detach().cpu().double().transpose(1, 2) for t in (q, k, v))
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    allowed = torch.ones(s.shape[-2:], dtype=torch.bool)
+    if causal:
+        allowed = allowed.tril()
+    if key_mask is not None:
+        allowed = allowed & key_mask.cpu()[:, None, None, :]
+    s = s.masked_fill(~allowed, float("-inf"))
+    return (s.softmax(-1) @ v).transpose(1, 2), s.logsumexp(-1).transpose(1, 2)
+
+
+def attention_backends(kit: Kit) -> list[str]:
+    if not kit.cuda:
+        return ["sdpa", "math"]
+    return (["flash"] if _flash_attn() is not None else []) + ["cudnn", "sdpa", "math"]
+
+
+def attention(kit: Kit, report: Report) -> None:
+    """`parallel.local_attention` on every backend present, per dtype and case, vs float64."""
+    B, S, H, D = kit.pick((2, 300, 4, 64), (2, 40, 2, 16))
+    g = torch.Generator(device=kit.device).manual_seed(0)
+    for backend in attention_backends(kit):
+        for dtype in (torch.bfloat16, torch.float32):
+            for case, masked, causal, lse in CASES:
+                what = f"{backend} {NAMES[dtype]} {case}"
+                if backend == "flash" and dtype == torch.float32:
+                    report.skip_check(what, "flash-attn takes fp16/bf16 only")
+                    continue
+                q, k, v = (
+                    torch.randn(B, S, H, D, generator=g, device=kit.device, dtype=dtype) for _ in "qkv"
+                )
+                mask = None
+                if masked:  # random real keys, the first always real so causal rows keep one
+                    mask = torch.rand(B, S, generator=g, device=kit.device) < 0.7
+                    mask[:, 0] = True
+                got = local_attention(q, k, v, key_mask=mask, causal=causal, backend=backend, return_lse=lse)
+                want_out, want_lse = attention_reference(q, k, v, mask, causal)
+                err = rel_diff(got[0], want_out) if lse else rel_diff(got, want_out)
+                if lse:
+                    err = max(err, rel_diff(got[1], want_lse))
+                report.check(what + (" (out and LSE)" if lse else ""), err, TOL[dtype])
+    if "flash" not in attention_backends(kit):
+        report.note("flash-attn is not installed: its rows are absent (auto uses cuDNN on Hopper).")
+
+
+def fp8_wire(kit: Kit, report: Report) -> None:
+    """The FP8 wire format on one rank's Wan-14B QKV send buffer at P=8: compiled vs eager, round trip."""
+    shape = kit.pick((8, 3, 1, 4095, 5, 128), (8, 3, 1, 16, 1, 32))  # pack_qkv's [P, 3, B, L, H/P, D]
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(kit.device, kit.dtype)
+    eager = fp8.pack(x, compiled=False)
+    back = fp8.unpack(eager, x.shape, torch.float32)
+    err = rel_diff(back, x)
+    report.check(f"round trip ‖unpack(pack(x)) − x‖/‖x‖, {NAMES[kit.dtype]} on {kit.device.type}", err, 0.05)
+    cpu = rel_diff(fp8.unpack(fp8.pack(x.cpu()), x.shape, torch.float32), x.cpu())
+    report.check(f"round trip here vs on the CPU ({cpu:.4f}): |difference|", abs(err - cpu), 1e-3)
+    if not kit.cuda:
+        report.skip_check("compiled vs eager pack", "fp8.pack compiles CUDA tensors only")
+        return
+    compiled = fp8.pack(x, compiled=True)
+    same = (compiled == eager).float().mean().item()
+    report.check(
+        f"compiled vs eager pack: dequantised difference ({same:.4%} of bytes identical)",
+        rel_diff(fp8.unpack(compiled, x.shape, torch.float32), back),
+        1e-2,
+    )
+
+
+def _vs_diffusers(report: Report, name: str, build, kit: Kit) -> None:
+    """`build(dtype)` → (diffusers' forward, ours), argument-free closures over the same weights and inputs.
+    Ours in the kit's dtype vs diffusers in float32 (the reference), beside diffusers' own error there."""
+    with torch.inference_mode():
+        ref, ours = build(kit.dtype)
+        want = ref() if kit.dtype == torch.float32 else build(torch.float32)[0]()
+        own, err = rel_diff(ref(), want), rel_diff(ours(), want)
+    low = NAMES[kit.dtype]
+    limit = max(2 * own, 1e-4 if kit.dtype == torch.float32 else 1e-2)
+    report.check(
+        f"{name}: ours {low} vs diffusers fp32 (diffusers {low}: {own:.2e}; limit max(2×that, tol))",
+        err,
+        limit,
+    )
+
+
+def models(kit: Kit, report: Report) -> None:
+    """Wan and HunyuanVideo-1.5 forwards at small configs vs diffusers' models with the same weights."""
+    from bench.dit import SMALL, diffusers_model, ours_from, wan_inputs
+    from bench.hunyuan import SMALL as HY_SMALL
+    from bench.hunyuan import hunyuan_inputs
+    from bench.hunyuan import models as hunyuan_models
+    from dit.hunyuan.config import PRESETS as HY_PRESETS
+    from dit.presets import PRESETS
+
+    dev = kit.device
+    wan_cfg = kit.pick(SMALL, PRESETS["tiny"])
+    wan_size = kit.pick((17, 128, 128, 64), (5, 32, 32, 16))
+
+    def wan(dtype):
+        ref = diffusers_model(wan_cfg, dtype, dev, seed=0)
+        ours = ours_from(ref, wan_cfg, dtype, dev)
+        inputs = tuple(t.to(dtype) for t in wan_inputs(ref.config, *wan_size, dev, torch.float32)[0])
+        return lambda: ref(*inputs, return_dict=False)[0], lambda: ours(*inputs)
+
+    _vs_diffusers(report, "Wan", wan, kit)
+    hy_cfg = kit.pick(HY_SMALL, HY_PRESETS["tiny-joint"])
+    hy_size = kit.pick((9, 128, 128, 64, 24), (5, 64, 64, 16, 8))
+
+    def hunyuan(dtype):
+        ref, ours = hunyuan_models(hy_cfg, dtype, dev)
+        inputs = hunyuan_inputs(hy_cfg, *hy_size, dev, torch.float32)[0]
+        kw = {k: t.to(dtype) if t.is_floating_point() else t for k, t in inputs.items()}
+        return lambda: ref(**kw, return_dict=False)[0], lambda: ours(**kw)
+
+    _vs_diffusers(report, "HunyuanVideo-1.5", hunyuan, kit)
+
+
+def pipeline(kit: Kit, report: Report) -> None:
+    """The tiny pipeline end to end here vs the same request on the CPU (float32 both)."""
+    from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline
+
+    req = GenerationRequest(
+        "a red fox running through snow", num_frames=9, height=64, width=64, num_inference_steps=4
+    )
+    runs = {}
+    for device in dict.fromkeys([kit.device.type, "cpu"]):
+        pipe = load_pipeline(PipelineConfig(model="tiny", device=device))
+        latents = pipe.denoise(req)
+        runs[device] = latents, pipe.decode(latents)
+    (lat, frames), (lat_cpu, frames_cpu) = runs[kit.device.type], runs["cpu"]
+    report.check(f"tiny pipeline on {kit.device.type}: final latents vs CPU", rel_diff(lat, lat_cpu), 1e-4)
+    diff = (torch.from_numpy(frames).int() - torch.from_numpy(frames_cpu).int()).abs()
+    report.check(
+        f"decoded frames {tuple(frames.shape)} vs CPU: mean |Δ| in uint8 levels",
+        diff.float().mean().item(),
+        0.5,
+    )
+
+
+def serve(kit: Kit, report: Report) -> None:
+    """`ithaca serve --device D --nproc 1` (real uvicorn, a 1-rank worker group, the tiny model) answers one
+    job with an MP4."""
+    missing = [
+        m
+        for m in ("fastapi", "uvicorn", "python_multipart", "imageio_ffmpeg")
+        if not importlib.util.find_spec(m)
+    ]
+    if missing:
+        raise Skip(f"{', '.join(missing)} not installed")
+    from tests.server_process import ServerProcess
+
+    start = time.monotonic()
+    srv = ServerProcess(
+        kit.tmp / "serve", "--device", kit.device.type, "--nproc", "1", "--log-level", "warning"
+    )
+    try:
+        srv.wait(timeout=min(180.0, max(30.0, kit.left() - 30)))
+        ready = time.monotonic()
+        job = srv.submit(
+            prompt="a paper boat on a pond", num_inference_steps=2, num_frames=5, height=32, width=32
+        )
+        done = srv.wait_job(job["id"], timeout=120)
+        finished = time.monotonic()
+        video = srv.client.get(f"/jobs/{job['id']}/video")
+    finally:
+        srv.stop()
+    report.expect(f"job {done['status']}", done["status"] == "completed", done.get("error") or "")
+    mp4 = video.status_code == 200 and video.content[4:8] == b"ftyp"
+    report.expect("GET /jobs/ID/video is an MP4", mp4, f"HTTP {video.status_code}")
+    report.table(
+        "tiny model, 5×32×32, 2 steps",
+        ["start → /ready s", "submit → completed s", "MP4 bytes"],
+        [[f"{ready - start:.1f}", f"{finished - ready:.2f}", len(video.content)]],
+    )

@@ -1,0 +1,336 @@
+"""The GPU kit's speed sections: median of several CUDA-event-timed calls after warm-up, on random non-zero
+inputs, each figure beside its reference from the same run, with the peak GPU memory of each."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from bench.common import rel_diff, time_modes
+from bench.gpu_kit import Kit, Report, fmt, gib
+from parallel import fp8, local_attention
+from parallel.ulysses import pack_out, pack_qkv, unpack_out, unpack_qkv
+
+WAN_14B_SHAPE = (32760, 40, 128)  # Wan2.1-14B at 480x832, 81 frames: tokens, heads, head dim
+
+
+def _rand(kit: Kit, *shape) -> torch.Tensor:
+    return torch.randn(*shape, device=kit.device, dtype=kit.dtype)
+
+
+def attention_speed(kit: Kit, report: Report) -> None:
+    """local_attention TFLOP/s per backend at the 14B shape and at one rank's share for P=8 (H/8 heads)."""
+    from bench.gpu_correct import attention_backends
+
+    S, H, D = kit.pick(WAN_14B_SHAPE, (512, 8, 64))
+    rows, best = [], {}
+    for heads in (H, H // 8):
+        q, k, v = (_rand(kit, 1, S, heads, D) for _ in "qkv")
+        for backend in attention_backends(kit):
+            scores = S * S * heads * 4  # the math path materialises fp32 scores
+            if kit.cuda and backend == "math" and scores > torch.cuda.mem_get_info()[0] / 2:
+                rows.append(
+                    [backend, heads, "skipped", f"math needs {scores / 2**30:.0f} GiB of scores", "–"]
+                )
+                continue
+            sec, _, peak = kit.time(
+                lambda b=backend, q=q, k=k, v=v: local_attention(q, k, v, backend=b), warmup=3, iters=10
+            )
+            tflops = 4 * S * S * heads * D / sec / 1e12
+            best[heads] = max(best.get(heads, 0.0), tflops)
+            rows.append([backend, heads, f"{sec * 1e3:.2f}", fmt(tflops), gib(peak)])
+    report.table(
+        f"attention, S={S}, D={D}, {kit.dtype}", ["backend", "heads", "ms", "TFLOP/s", "peak GiB"], rows
+    )
+    report.target(f"attention at S={S} H={H} D={D}, best backend", best.get(H), 580, "TFLOP/s", higher=True)
+
+
+def ulysses_shard(kit: Kit, report: Report) -> None:
+    """Pack, FP8 quantise and unpack of one rank's Q/K/V shard (and the output's way back) at P=8."""
+    S, H, D = kit.pick(WAN_14B_SHAPE, (512, 8, 64))
+    P = 8
+    L = S // P
+    q, k, v = (_rand(kit, 1, L, H, D) for _ in "qkv")
+    send = pack_qkv(q, k, v, P)
+    wire = fp8.pack(send)
+    out = _rand(kit, 1, S, H // P, D)  # this rank's heads of the attention output
+    back = pack_out(out, P)
+    ops = [
+        ("pack Q/K/V (pack_qkv)", lambda: pack_qkv(q, k, v, P), 3 * q.nbytes),
+        ("FP8 quantise, eager (fp8.pack)", lambda: fp8.pack(send), send.nbytes),
+        ("FP8 quantise, compiled", lambda: fp8.pack(send, compiled=True), send.nbytes),
+        ("FP8 dequantise (fp8.unpack)", lambda: fp8.unpack(wire, send.shape, kit.dtype), wire.nbytes),
+        ("unpack Q/K/V (unpack_qkv)", lambda: unpack_qkv(send), send.nbytes),
+        ("pack output (pack_out)", lambda: pack_out(out, P), out.nbytes),
+        ("unpack output (unpack_out)", lambda: unpack_out(back), back.nbytes),
+    ]
+    rows, ms = [], {}
+    for name, fn, read in ops:
+        if "compiled" in name and not kit.cuda:
+            rows.append([name, "skipped: fp8.pack compiles CUDA tensors only", "–", "–"])
+            continue
+        sec, res, _ = kit.time(fn, warmup=3, iters=20)
+        moved = read + sum(t.nbytes for t in (res if isinstance(res, tuple) else (res,)))
+        ms[name] = sec * 1e3
+        rows.append([name, f"{sec * 1e3:.3f}", fmt(moved / sec / 1e9), f"{moved / 2**20:.0f}"])
+    report.table(
+        f"one rank's share at P={P}: L={L} tokens × {H} heads × {D}, {kit.dtype}",
+        ["op", "ms", "GB/s (read + written)", "MiB moved"],
+        rows,
+    )
+    report.target("pack of one rank's QKV shard at P=8", ms.get("pack Q/K/V (pack_qkv)"), 0.2, "ms")
+    report.target("FP8 quantise of that shard (compiled)", ms.get("FP8 quantise, compiled"), 0.12, "ms")
+
+
+def _regional(model):
+    """Compile the repeated blocks only (one graph serves every block): ours with `dit.compile`, diffusers'
+    models with their own `compile_repeated_blocks`, so both pay the same small compile."""
+    from dit.compile import compile_blocks
+
+    if hasattr(model, "compile_repeated_blocks"):
+        model.compile_repeated_blocks()
+    else:
+        compile_blocks(model)
+    return model
+
+
+def _time_model(kit: Kit, build, call, modes: list[str]) -> tuple[dict, float | None]:
+    """Build one model (`build()` → (module, fn)), time `call(fn)` in each mode, return {mode: (seconds,
+    output on the CPU)} and its peak GiB; the model dies with this frame, before the next one is built."""
+    model, fn = build()
+    kit.free()
+    if kit.cuda:
+        torch.cuda.reset_peak_memory_stats()
+    warmup, iters = kit.pick((1, 3), (0, 1))
+    compile_fn = lambda f: (_regional(model), f)[1]  # noqa: E731 - compiles the module in place, same fn
+    runs = time_modes(fn, call, modes, warmup, iters, kit.device, compile_fn)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if kit.cuda else None
+    return {mode: (sec, out.float().cpu()) for mode, (sec, out) in runs.items()}, peak
+
+
+def _forwards(kit: Kit, models: dict, call, compile: bool) -> tuple[list[list], dict]:
+    """Time each model of `models` (name → builder, built one after the other so each peak is its own)
+    eager and, with `compile` on CUDA, regionally compiled. Table rows and {(model, mode): (seconds, out)}."""
+    modes = ["eager", "compile"] if compile and kit.cuda else ["eager"]
+    runs, rows = {}, []
+    with torch.inference_mode():
+        for who, build in models.items():
+            timings, peak = _time_model(kit, build, call, modes)
+            for mode, (sec, out) in timings.items():
+                runs[who, mode] = sec, out
+                rows.append([who, mode, f"{sec:.3f}", f"{sec / runs['diffusers', mode][0]:.3f}×", gib(peak)])
+    if modes == ["eager"]:
+        why = (
+            "CUDA only in this kit (Inductor's CPU build is too slow for the smoke)" if compile else "not run"
+        )
+        rows.append(["both", "compile", f"skipped: {why}", "–", "–"])
+    return rows, runs
+
+
+def _wan(kit: Kit, report: Report, preset: str, target: float) -> None:
+    from bench.dit import diffusers_model, ours_from, wan_inputs
+    from dit.presets import PRESETS
+
+    config = dict(kit.pick(PRESETS[preset], PRESETS["tiny"]))
+    frames, height, width, text = kit.pick((81, 480, 832, 512), (5, 32, 32, 16))
+    holder = {}
+
+    def diffusers():
+        holder["ref"] = ref = diffusers_model(config, kit.dtype, kit.device, seed=0)
+        holder["inputs"], holder["tokens"] = wan_inputs(
+            ref.config, frames, height, width, text, kit.device, kit.dtype
+        )
+        return ref, lambda *a: ref(*a, return_dict=False)[0]
+
+    def ours():
+        model = ours_from(holder.pop("ref"), config, kit.dtype, kit.device)  # diffusers' weights, then freed
+        return model, model
+
+    rows, runs = _forwards(
+        kit, {"diffusers": diffusers, "ours": ours}, lambda fn: fn(*holder["inputs"]), compile=True
+    )
+    tokens = holder["tokens"]
+    size = f"{frames}×{height}×{width} → {tokens} tokens, text {text}, {kit.dtype}"
+    report.table(
+        f"{preset} forward, {size} (regional compile for both)",
+        ["model", "mode", "s/forward", "vs diffusers", "peak GiB"],
+        rows,
+    )
+    diff = rel_diff(runs["ours", "eager"][1], runs["diffusers", "eager"][1])
+    report.check("ours vs diffusers, eager outputs (loose: gross breakage only)", diff, 0.1)
+    mode = "compile" if ("ours", "compile") in runs else "eager"
+    sec = runs["ours", mode][0]
+    report.target(f"{preset} forward, ours {mode}", sec, target, "s")
+    heads, head_dim = config["num_attention_heads"], config["attention_head_dim"]
+    kit.figures[preset] = dict(
+        seconds=sec,
+        mode=mode,
+        tokens=tokens,
+        heads=heads,
+        head_dim=head_dim,
+        layers=config["num_layers"],
+        latent=tuple(holder["inputs"][0].shape),
+    )
+
+
+def wan_14b(kit: Kit, report: Report) -> None:
+    _wan(kit, report, "wan2.1-14b", 2.6)
+
+
+def wan_1_3b(kit: Kit, report: Report) -> None:
+    _wan(kit, report, "wan2.1-1.3b", 0.45)
+
+
+def hunyuan(kit: Kit, report: Report) -> None:
+    """HunyuanVideo-1.5 480p forward (121 frames), ours vs diffusers, eager."""
+    from bench.hunyuan import SMALL, hunyuan_inputs
+    from bench.hunyuan import models as hunyuan_models
+    from dit.hunyuan.config import PRESETS
+
+    cfg = kit.pick(PRESETS["hunyuanvideo-1.5-480p-t2v"], dataclasses.replace(SMALL, num_layers=1))
+    size = kit.pick((121, 480, 848, 1000, 120), (5, 32, 32, 16, 8))
+    holder = {}
+
+    def diffusers():
+        holder["ref"], holder["ours"] = ref, _ = hunyuan_models(cfg, kit.dtype, kit.device)
+        holder["inputs"], holder["tokens"] = hunyuan_inputs(cfg, *size, kit.device, kit.dtype)
+        return ref, lambda **kw: ref(**kw, return_dict=False)[0]
+
+    def ours():
+        del holder["ref"]
+        model = holder.pop("ours")
+        return model, model
+
+    rows, runs = _forwards(
+        kit, {"diffusers": diffusers, "ours": ours}, lambda fn: fn(**holder["inputs"]), compile=False
+    )
+    frames, height, width, text, valid = size
+    report.table(
+        f"HunyuanVideo-1.5 forward, {frames}×{height}×{width} → {holder['tokens']} tokens, "
+        f"text {valid}/{text} + 8/256 ByT5, {kit.dtype} (both models resident)",
+        ["model", "mode", "s/forward", "vs diffusers", "peak GiB"],
+        rows,
+    )
+    report.check(
+        "ours vs diffusers, outputs (loose: gross breakage only)",
+        rel_diff(runs["ours", "eager"][1], runs["diffusers", "eager"][1]),
+        0.1,
+    )
+
+
+def vae_decode(kit: Kit, report: Report) -> None:
+    """Wan's VAE (published config, random weights) decoding 81 frames at 480p in float32, single rank."""
+    from diffusers import AutoencoderKLWan
+
+    from dit.vae import decode, tiny_vae
+
+    vae = kit.pick(AutoencoderKLWan(), tiny_vae(16)).to(kit.device).eval()
+    frames, height, width = kit.pick((81, 480, 832), (5, 32, 32))
+    latents = torch.randn(1, 16, (frames - 1) // 4 + 1, height // 8, width // 8, device=kit.device)
+    sec, video, peak = kit.time(lambda: decode(vae, latents), warmup=1, iters=2)
+    report.table(
+        "VAE decode (dit.vae.decode: float32, to uint8 on the host)",
+        ["what", "s", "peak GiB"],
+        [[f"{tuple(latents.shape)} → {tuple(video.shape)} frames", f"{sec:.3f}", gib(peak)]],
+    )
+    report.note("One rank decodes the whole video (no parallel decode exists yet).")
+
+
+def text_encode(kit: Kit, report: Report) -> None:
+    """UMT5-XXL (Wan's text encoder: published shape, random weights) encoding one 512-token prompt."""
+    import transformers as tf
+
+    from dit.weights import random_init
+
+    shape = kit.pick(
+        dict(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64),
+        dict(vocab_size=384, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4),
+    )
+    with torch.device("meta"):
+        encoder = tf.UMT5EncoderModel(tf.UMT5Config(**shape, feed_forward_proj="gated-gelu")).to(kit.dtype)
+    encoder = random_init(encoder.to_empty(device=kit.device)).eval()
+    ids = torch.randint(1, shape["vocab_size"], (1, 512), device=kit.device)
+    mask = (torch.arange(512, device=kit.device) < 120)[None].long()  # Wan pads every prompt to 512 tokens
+    with torch.inference_mode():
+        sec, _, peak = kit.time(lambda: encoder(ids, mask).last_hidden_state, warmup=2, iters=5)
+    params = sum(p.numel() for p in encoder.parameters()) / 1e9
+    report.table(
+        f"text encode (UMT5 encoder, {params:.2f} B parameters, {kit.dtype})",
+        ["what", "s", "peak GiB"],
+        [["one prompt: 120 real of 512 tokens", f"{sec:.4f}", gib(peak)]],
+    )
+
+
+def job_phases(kit: Kit, report: Report) -> None:
+    """The whole Wan2.1-1.3B job through `Pipeline.generate`, split by phase with its `on_phase` callback."""
+    import importlib.util
+
+    from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline
+
+    steps = kit.pick(4, 2)
+    sync = torch.cuda.synchronize if kit.cuda else (lambda: None)
+    pipe = load_pipeline(
+        PipelineConfig(
+            model=kit.pick("wan2.1-1.3b", "tiny"),
+            device=kit.device.type,
+            dtype=kit.pick("bfloat16", "float32"),
+        )
+    )
+    frames, height, width = kit.pick((81, 480, 832), (9, 64, 64))
+    req = GenerationRequest(
+        "a red fox running through snow",
+        num_frames=frames,
+        height=height,
+        width=width,
+        num_inference_steps=steps,
+        guidance_scale=5.0,
+    )
+    marks, stamps = {}, []
+
+    def on_phase(name: str) -> None:
+        sync()  # the previous phase's kernels belong to it
+        marks[name] = time.perf_counter()
+
+    def on_step(step: int, total: int) -> None:
+        sync()
+        stamps.append(time.perf_counter())
+
+    kit.free()
+    if kit.cuda:
+        torch.cuda.reset_peak_memory_stats()
+    video = pipe.generate(req, on_step, on_phase)
+    sync()
+    end = time.perf_counter()
+    peak = torch.cuda.max_memory_allocated() / 2**30 if kit.cuda else None
+    encode, first = marks["denoising"] - marks["encoding"], stamps[0] - marks["denoising"]
+    later = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    mean_step = sum(later) / len(later)
+    decode = end - marks["decoding"]
+    rows = [
+        ["encoding (tiny stand-in encoder)", f"{encode:.3f}"],
+        ["first step (2 forwards: CFG)", f"{first:.3f}"],
+        [f"mean of steps 2–{steps}", f"{mean_step:.3f}"],
+        ["decoding (tiny stand-in VAE)", f"{decode:.3f}"],
+    ]
+    if importlib.util.find_spec("imageio_ffmpeg"):
+        from dit.video import write_mp4
+
+        start = time.perf_counter()
+        write_mp4(video, kit.tmp / "job.mp4", fps=16)
+        rows.append(["writing the MP4", f"{time.perf_counter() - start:.3f}"])
+    else:
+        rows.append(["writing the MP4", "skipped: imageio-ffmpeg not installed"])
+    projected = encode + first + 49 * mean_step + decode
+    rows.append(["projected 50-step job (first + 49 × mean step + encode + decode)", f"{projected:.1f}"])
+    report.table(
+        f"{pipe.config.model} job, {frames}×{height}×{width}, {steps} steps, guidance 5, "
+        f"peak {gib(peak)} GiB",
+        ["phase", "s"],
+        rows,
+    )
+    report.note(
+        "A preset without a folder pairs the DiT with tiny random text encoder and VAE (no weights "
+        "here): the real UMT5 and VAE costs are the text and vae sections' figures."
+    )

@@ -1,0 +1,68 @@
+"""bench/gpu.py, the one-command GPU kit, kept alive without a GPU: its --cpu-smoke runs every section at toy
+sizes on the CPU; and the collective bytes its MODELLED 8-GPU table is built on match what `count_comm`
+counts on real gloo runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import gpu
+from bench.gpu_modelled import Layout, messages
+from tests.distributed import run_distributed
+
+
+def test_cpu_smoke_runs_every_section(tmp_path, capsys):
+    assert gpu.main(["--cpu-smoke", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    md = (tmp_path / "gpu.md").read_text()
+    sections = json.loads((tmp_path / "gpu.json").read_text())["sections"]
+    assert list(sections) == [s.name for s in gpu.SECTIONS]
+    for name, s in sections.items():
+        assert s["status"] == "pass", (name, s["why"])
+        assert f"(`{name}`): PASS" in md
+        numbers = [c["value"] for c in s["checks"] if isinstance(c.get("value"), float)]
+        numbers += [cell for t in s["tables"] for row in t["rows"] for cell in row if _number(cell)]
+        assert numbers, f"{name}: no figures"
+        assert all(c["ok"] is not False for c in s["checks"]), name
+    assert "| pass |" in md and "skip: fp8.pack compiles CUDA tensors only" in md
+    assert printed.rstrip().endswith(md.rstrip())  # the Markdown comes last
+
+
+def test_section_that_does_not_fit_is_skipped(tmp_path):
+    assert gpu.main(["--cpu-smoke", "--out", str(tmp_path), "--only", "vae", "--budget", "0"]) == 0
+    section = json.loads((tmp_path / "gpu.json").read_text())["sections"]["vae"]
+    assert section["status"] == "skip" and section["why"].startswith("would not fit")
+
+
+def _number(cell) -> bool:
+    try:
+        float(str(cell).rstrip("×"))
+    except ValueError:
+        return False
+    return True
+
+
+def _counted(ulysses: int, ring: int, S: int, H: int, D: int, comm: str) -> dict:
+    import torch
+
+    import parallel
+
+    mesh = parallel.init_parallel(ulysses=ulysses, ring=ring)
+    x, info = parallel.shard_sequence(torch.randn(1, S, H, D), mesh, dim=1)
+    with parallel.count_comm() as stats:
+        parallel.attention(x, x, x, mesh, info=info, comm=comm)
+    return dict(stats.bytes)
+
+
+@pytest.mark.parametrize(
+    "ulysses,ring,comm", [(4, 1, "alltoall"), (4, 1, "fp8"), (2, 2, "alltoall"), (1, 4, "alltoall")]
+)
+def test_modelled_bytes_match_count_comm(ulysses, ring, comm):
+    S, H, D = 62, 4, 8  # 62 tokens: shard_sequence pads to a multiple of 4
+    counted = run_distributed(4, _counted, ulysses, ring, S, H, D, comm)
+    want = messages(Layout("", ulysses, ring), S, H, D, fp8=comm == "fp8", elt=4)  # float32 on gloo
+    for got in counted:
+        assert {k: got[k] for k in want} == want
+        assert set(got) <= set(want) | {"recv"}
