@@ -26,17 +26,16 @@ log = logging.getLogger("ithaca.jobs")
 ACTIVE = ("queued", "in_progress")
 TERMINAL = ("completed", "failed", "cancelled")
 STATUSES = ACTIVE + TERMINAL
-
-
-class IdempotencyConflict(ValueError):
-    """An idempotency key came back with a different request; `args[0]` is the id of the key's job."""
-
-
 PHASES = ("queued", "encoding", "denoising", "decoding", "writing")
 # Progress (0-100) at the start of each phase: denoising steps fill 0..DENOISED, the decode and the MP4
 # the rest, so a long decode is not "99 %" for seconds; 100 is reached only on completion.
 DENOISED = 90
 PHASE_PROGRESS = {"decoding": DENOISED, "writing": 97}
+
+
+class IdempotencyConflict(ValueError):
+    """An idempotency key came back with a different request; `args[0]` is the id of the key's job."""
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -59,8 +58,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     worker TEXT,
     video TEXT,
     timings TEXT,
-    error TEXT,
-    phase TEXT NOT NULL DEFAULT 'queued'
+    error TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_status_seq ON jobs (status, seq);
 CREATE TABLE IF NOT EXISTS workers (
@@ -74,7 +72,8 @@ CREATE TABLE IF NOT EXISTS workers (
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS flags (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-# Columns added after the first release: a store written by an earlier version gains them at open.
+# Columns added after the first release, declared here alone: every store, new or written by an earlier
+# version, gains them at open.
 _ADDED_COLUMNS = {"phase": "TEXT NOT NULL DEFAULT 'queued'", "request_hash": "TEXT"}
 
 
@@ -305,7 +304,7 @@ class JobStore:
         this worker's (failed or re-queued by a supervisor meanwhile)."""
         with self._write() as db:
             row = db.execute(
-                "UPDATE jobs SET step = ?, total_steps = ?, progress = ?, phase = 'denoising' "
+                "UPDATE jobs SET step = ?, total_steps = ?, progress = ? "
                 "WHERE id = ? AND worker = ? AND status = 'in_progress' RETURNING cancel_requested",
                 (step, total_steps, DENOISED * step // max(total_steps, 1), job_id, worker),
             ).fetchone()
