@@ -70,7 +70,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sampler",
         default=None,
-        help="unipc | euler (default: the family's: Wan unipc, HunyuanVideo-1.5 euler)",
+        help="unipc | euler (default: the folder's scheduler class, else the family's: Wan unipc, "
+        "HunyuanVideo-1.5 euler)",
     )
     p.add_argument(
         "--flow-shift", type=float, default=None, help="default: the folder's scheduler config, else 3"
