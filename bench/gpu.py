@@ -103,10 +103,48 @@ def environment(kit: Kit) -> dict:
     return env
 
 
+def slowdown_counters(smi_performance: str) -> dict[str, float]:
+    """Seconds each clock slowdown reason has held the GPU since boot, from the "Clocks Event Reasons
+    Counters" block of `nvidia-smi -q -d PERFORMANCE` ("SW Thermal Slowdown : 181785130 us" → 181.8 s)."""
+    counters, inside = {}, False
+    for line in smi_performance.splitlines():
+        if line.strip().startswith("Clocks Event Reasons Counters"):
+            inside = True
+        elif inside and ":" in line and line.rstrip().endswith(" us"):
+            name, value = (part.strip() for part in line.split(":", 1))
+            counters[name] = int(value.removesuffix("us")) / 1e6
+        elif inside and line.strip():
+            break
+    return counters
+
+
+POWER_CAP = "SW Power Capping"
+
+
+def read_slowdowns(kit: Kit) -> dict[str, float]:
+    """The GPU's slowdown counters now ({} without CUDA or nvidia-smi): a section that ran while the GPU
+    throttled for heat times slower than the chip is, and its heading says so."""
+    if not kit.cuda:
+        return {}
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", "-q", "-d", "PERFORMANCE"], capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return slowdown_counters(smi.stdout)
+
+
+def throttled(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Seconds of each slowdown reason between two readings (the ones that moved; Sync Boost is not one)."""
+    moved = {k: after[k] - before.get(k, after[k]) for k in after if k != "Sync Boost"}
+    return {k: round(v, 1) for k, v in moved.items() if v >= 0.1}
+
+
 def run_section(section: Section, kit: Kit, budget: float) -> dict:
     """Run one section; its status is pass, fail (a check failed or it raised) or skip (with why)."""
     report = Report(smoke=kit.smoke)
-    start = time.monotonic()
+    start, counters = time.monotonic(), read_slowdowns(kit)
     status, why = "pass", ""
     if not kit.cuda and not kit.smoke:
         status, why = "skip", "needs CUDA (none here); --cpu-smoke runs it at toy sizes on the CPU"
@@ -125,7 +163,16 @@ def run_section(section: Section, kit: Kit, budget: float) -> dict:
                 status, why = "fail", f"{type(e).__name__}: {e}"
                 traceback.print_exc()
     seconds = time.monotonic() - start
-    return dict(title=section.title, status=status, why=why, seconds=seconds, budget_s=budget, **vars(report))
+    slowed = throttled(counters, read_slowdowns(kit))
+    return dict(
+        title=section.title,
+        status=status,
+        why=why,
+        seconds=seconds,
+        budget_s=budget,
+        throttled=slowed,
+        **vars(report),
+    )
 
 
 def _row(cells) -> str:
@@ -146,6 +193,15 @@ def markdown(env: dict, results: dict) -> str:
     for name, r in results.items():
         head = f"### {r['title']} (`{name}`): {r['status'].upper()}"
         out += [head + (f" — {r['why']}" if r["why"] else f" ({r['seconds']:.1f} s)"), ""]
+        slowed = r.get("throttled") or {}
+        what = ", ".join(f"{k} {v} s" for k, v in slowed.items())
+        if any(k != POWER_CAP for k in slowed):
+            out += [
+                f"**The GPU throttled during this section** ({what}): its timings are low, not the chip's.",
+                "",
+            ]
+        elif slowed:  # a full-load GEMM on an H100 meets its 700 W limit: that is the chip's own speed
+            out += [f"At its power limit during this section ({what}).", ""]
         if r["checks"]:
             out += ["| check | error | limit | result |", "| --- | ---: | ---: | --- |"]
             for c in r["checks"]:

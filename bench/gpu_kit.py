@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ class Kit:
 
     def free(self) -> None:
         """Give cached GPU memory back between models, so each peak is that model's own."""
+        gc.collect()  # a compiled model sits in reference cycles: without this its weights outlive it
         if self.cuda:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()

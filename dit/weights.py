@@ -126,14 +126,14 @@ _NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)
 
 @torch.no_grad()
 def random_init(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Deterministic random weights (same seed and device type → same weights on every rank).
-    Linear/conv weights ~ N(0, 1/fan_in), biases ~ N(0, 0.02²), norm weights ~ 1 + N(0, 0.02²), other tables
+    """Deterministic random weights: the same seed gives the same weights on every rank and every device
+    (drawn from a CPU generator, then copied: CUDA's generator draws other numbers), so a random preset makes
+    the same video on a GPU as on the CPU. Linear/conv weights ~ N(0, 1/fan_in), biases ~ N(0, 0.02²), norm weights ~ 1 + N(0, 0.02²), other tables
     ~ N(0, 1/last_dim) (diffusers' scale_shift_table init)."""
-    device = next(model.parameters()).device
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
     for module in model.modules():
         for name, p in module.named_parameters(recurse=False):
-            noise = torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32)
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.device)
             if isinstance(module, _WEIGHTED) and name == "weight":
                 p.copy_(noise * (p[0].numel() ** -0.5))
             elif name == "bias":

@@ -28,7 +28,9 @@ def dequantize(payload: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -
 def _pack(x: torch.Tensor) -> torch.Tensor:
     P = x.shape[0]
     payload, scale = quantize(x)
-    return torch.cat([payload.view(torch.uint8).reshape(P, -1), scale.view(torch.uint8).reshape(P, -1)], 1)
+    # flatten before the dtype view: Inductor may give the size-1 scale dim any stride, and a float→byte
+    # view needs the last stride to be 1 (CUDA compile failed on [8, 3, 1, 4095, 5, 1] otherwise)
+    return torch.cat([payload.reshape(P, -1).view(torch.uint8), scale.reshape(P, -1).view(torch.uint8)], 1)
 
 
 _pack_compiled = None

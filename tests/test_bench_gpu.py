@@ -36,6 +36,44 @@ def test_section_that_does_not_fit_is_skipped(tmp_path):
     assert section["status"] == "skip" and section["why"].startswith("would not fit")
 
 
+_SMI = """
+    Clocks Event Reasons
+        SW Thermal Slowdown                            : Not Active
+    Clocks Event Reasons Counters
+        SW Power Capping                               : {power} us
+        Sync Boost                                     : 5000000 us
+        SW Thermal Slowdown                            : {thermal} us
+        HW Thermal Slowdown                            : 3264053 us
+    Sparse Operation Mode                              : Disabled
+"""
+
+
+def test_throttling_is_read_from_nvidia_smi_counters():
+    """As nvidia-smi printed them on a lent H100 whose timings came out 2× slow (2026-11-22). Power capping
+    alone is the chip at its limit under full load (noted); heat slowdowns void the timings (flagged)."""
+    before = gpu.slowdown_counters(_SMI.format(power=182980580, thermal=181785130))
+    assert before == {
+        "SW Power Capping": 182.98058,
+        "Sync Boost": 5.0,
+        "SW Thermal Slowdown": 181.78513,
+        "HW Thermal Slowdown": 3.264053,
+    }
+    after = gpu.slowdown_counters(_SMI.format(power=210652740, thermal=208753435))
+    assert gpu.throttled(before, after) == {"SW Power Capping": 27.7, "SW Thermal Slowdown": 27.0}
+    assert gpu.throttled(before, before) == {}
+    result = dict(title="t", status="pass", why="", seconds=60.0, checks=[], tables=[], targets=[], notes=[])
+    env = dict(
+        date="d", device="x", cuda=None, torch="t", mode="m", flash_attn="-", diffusers="-", python="3"
+    )
+    md = gpu.markdown(env, {"s": dict(result, throttled=gpu.throttled(before, after))})
+    assert (
+        "**The GPU throttled during this section** (SW Power Capping 27.7 s, SW Thermal Slowdown 27.0 s)"
+        in md
+    )
+    md = gpu.markdown(env, {"s": dict(result, throttled={"SW Power Capping": 14.7})})
+    assert "At its power limit during this section (SW Power Capping 14.7 s)." in md and "throttled" not in md
+
+
 def _number(cell) -> bool:
     try:
         float(str(cell).rstrip("×"))
