@@ -125,7 +125,7 @@ def models(kit: Kit, report: Report) -> None:
     from dit.presets import PRESETS
 
     dev = kit.device
-    wan_cfg = kit.pick(SMALL, PRESETS["tiny"])
+    wan_cfg = kit.pick(SMALL, PRESETS["tiny-random"])
     wan_size = kit.pick((17, 128, 128, 64), (5, 32, 32, 16))
 
     def wan(dtype):

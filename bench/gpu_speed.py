@@ -130,7 +130,7 @@ def _wan(kit: Kit, report: Report, preset: str, target: float) -> None:
     from bench.dit import diffusers_model, ours_from, wan_inputs
     from dit.presets import PRESETS
 
-    config = dict(kit.pick(PRESETS[preset], PRESETS["tiny"]))
+    config = dict(kit.pick(PRESETS[preset], PRESETS["tiny-random"]))
     frames, height, width, text = kit.pick((81, 480, 832, 512), (5, 32, 32, 16))
     holder = {}
 

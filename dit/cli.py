@@ -42,8 +42,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--preset",
         default="tiny",
-        help="tiny | tiny-joint (HunyuanVideo-1.5) | wan2.1-1.3b | wan2.1-14b | hunyuanvideo-1.5-480p-t2v "
-        "(random weights)",
+        help="tiny (the trained default: coloured shapes moving on black, see the README) | random weights: "
+        "tiny-random | tiny-joint (HunyuanVideo-1.5) | wan2.1-1.3b | wan2.1-14b | hunyuanvideo-1.5-480p-t2v",
     )
     # Allowed values are checked by dit.preflight, against the lists the pipeline and parallel/ use.
     p.add_argument(

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dit.presets import PRESETS
+from dit.presets import PRESETS, resolve
 from dit.weights import Resolver, checkpoint_files, load_safetensors, materialize, random_init
 
 FAMILY_PACKAGES = ("dit.wan", "dit.hunyuan")
@@ -74,8 +74,10 @@ def _checkpoint_dir(path: Path) -> Path:
 def load_transformer(
     path_or_preset: str | Path, *, dtype: torch.dtype = torch.float32, device="cpu", seed: int = 0
 ) -> nn.Module:
-    """Preset name ("tiny", "wan2.1-1.3b", "wan2.1-14b": random weights from `seed`), a diffusers
-    `transformer/` folder, a whole pipeline folder, or an original Wan checkpoint folder → eval-mode model."""
+    """A shipped model's name ("tiny": trained weights), a preset name ("tiny-random", "wan2.1-1.3b",
+    "wan2.1-14b": random weights from `seed`), a diffusers `transformer/` folder, a whole pipeline folder, or
+    an original Wan checkpoint folder → eval-mode model."""
+    path_or_preset = resolve(path_or_preset)
     if isinstance(path_or_preset, str) and path_or_preset in presets():
         return build_random(PRESETS[path_or_preset], dtype=dtype, device=device, seed=seed)
     folder = _checkpoint_dir(Path(path_or_preset))

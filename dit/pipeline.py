@@ -22,6 +22,7 @@ import dit
 import parallel
 from dit.compile import compile_blocks
 from dit.families import TINY_LIMITS, Limits, PipelineFamily, pick_scheduler, pipeline_family
+from dit.presets import resolve
 from dit.sampling import Callback, GenerationCancelled, denoise
 
 __all__ = [
@@ -42,7 +43,7 @@ MAX_SEED = 2**63 - 1
 
 @dataclass
 class PipelineConfig:
-    model: str = "tiny"  # a preset ("tiny", "tiny-joint", "wan2.1-1.3b", ...) or a diffusers pipeline folder
+    model: str = "tiny"  # "tiny" (trained, shipped), a preset ("tiny-random", "wan2.1-1.3b", ...) or a folder
     device: str | None = None  # None: the mesh's device (cuda:LOCAL_RANK under torchrun on GPUs, else cpu)
     dtype: str = "float32"  # the DiT's and text encoder's dtype; the VAE always decodes in float32
     comm: str = "alltoall"  # sequence-parallel exchange: alltoall | fp8 | p2p | p2p+fp8
@@ -245,6 +246,7 @@ def _on(text: dict[str, torch.Tensor] | None, device: torch.device) -> dict[str,
 def load_prompt_tokenizer(model: str):
     """The prompt tokenizer of a preset or pipeline folder (`count_tokens(text)`, `max_tokens`) without the
     model: the API process counts a prompt's tokens with it before queuing the job."""
+    model = resolve(model)
     folder = Path(model) if Path(model).is_dir() else None
     return pipeline_family(model).tokenizer(folder)
 
@@ -259,11 +261,12 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     mesh = mesh if mesh is not None else parallel.init_parallel()
     device = torch.device(config.device) if config.device else mesh.device
     dtype = DTYPES[config.dtype]
-    folder = Path(config.model) if Path(config.model).is_dir() else None
-    family = pipeline_family(config.model)
+    model_name = resolve(config.model)
+    folder = Path(model_name) if Path(model_name).is_dir() else None
+    family = pipeline_family(model_name)
     sampling = pick_scheduler(family, folder, config.sampler, config.flow_shift)  # before any weights load
 
-    model = family.wrap(dit.load_transformer(config.model, dtype=dtype, device=device).eval())
+    model = family.wrap(dit.load_transformer(model_name, dtype=dtype, device=device).eval())
     model = dit.parallelize(model, mesh, comm=config.comm, backend=config.attn_backend)
     if config.compile:
         model = compile_blocks(model)
@@ -276,7 +279,7 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
 
     t, s = family.compression
     limits = replace(
-        family.limits(folder, config.model),
+        family.limits(folder, model_name),
         frame_step=t,
         size_multiple=s * max(model.config.patch_size[1:]),
         max_prompt_tokens=tokenizer.max_tokens,

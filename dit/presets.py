@@ -1,15 +1,27 @@
-"""Named model configs (config.json form, `_class_name` included). Presets load with random weights from a
-fixed seed unless a checkpoint path is given; the Wan2.1 entries are the published diffusers configs."""
+"""Named models. `SHIPPED` names the pipeline folders that come with the package (trained weights: `tiny`,
+the default model, written by `scripts/train_tiny.py`); `PRESETS` are configs (config.json form,
+`_class_name` included) that load with random weights from a fixed seed, for tests and benchmarks; the
+Wan2.1 entries are the published diffusers configs."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+SHIPPED: dict[str, Path] = {"tiny": Path(__file__).resolve().parent / "tiny" / "model"}
+
+
+def resolve(model: str | Path) -> str | Path:
+    """A shipped model's folder for its name; anything else (a preset, a path) unchanged."""
+    return str(SHIPPED[model]) if isinstance(model, str) and model in SHIPPED else model
+
 
 _WAN = dict(_class_name="WanTransformer3DModel", patch_size=[1, 2, 2], in_channels=16, out_channels=16,
             text_dim=4096, freq_dim=256, cross_attn_norm=True, eps=1e-6, attention_head_dim=128)  # fmt: skip
 
 PRESETS: dict[str, dict] = {
     # Seconds on a CPU: 2 layers, 4 heads of 16 (RoPE t/h/w = 8/4/4; 4 heads so Ulysses reaches degree 4),
-    # text_dim 32.
-    "tiny": {
+    # text_dim 32; random weights, for tests that need arbitrary ones.
+    "tiny-random": {
         **_WAN,
         "num_layers": 2,
         "num_attention_heads": 4,

@@ -47,14 +47,14 @@ class ByteTokenizer(PromptTokenizer):
 
 
 class UMT5Tokenizer(PromptTokenizer):
-    """Wan's umt5-xxl tokenizer from a diffusers pipeline folder's `tokenizer/`."""
-
-    max_tokens = 512
+    """Wan's umt5-xxl tokenizer from a diffusers pipeline folder's `tokenizer/`. Prompts pad to Wan's 512
+    tokens, or to the tokenizer's `model_max_length` where it declares fewer (the trained tiny model: 16)."""
 
     def __init__(self, folder: str | Path):
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(Path(folder) / "tokenizer")
+        self.max_tokens = min(512, self.tokenizer.model_max_length)
 
     def token_ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=True).input_ids

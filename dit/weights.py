@@ -128,8 +128,8 @@ _NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)
 def random_init(model: nn.Module, seed: int = 0) -> nn.Module:
     """Deterministic random weights: the same seed gives the same weights on every rank and every device
     (drawn from a CPU generator, then copied: CUDA's generator draws other numbers), so a random preset makes
-    the same video on a GPU as on the CPU. Linear/conv weights ~ N(0, 1/fan_in), biases ~ N(0, 0.02²), norm weights ~ 1 + N(0, 0.02²), other tables
-    ~ N(0, 1/last_dim) (diffusers' scale_shift_table init)."""
+    the same video on a GPU as on the CPU. Linear/conv weights ~ N(0, 1/fan_in), biases ~ N(0, 0.02²), norm
+    weights ~ 1 + N(0, 0.02²), other tables ~ N(0, 1/last_dim) (diffusers' scale_shift_table init)."""
     gen = torch.Generator().manual_seed(seed)
     for module in model.modules():
         for name, p in module.named_parameters(recurse=False):

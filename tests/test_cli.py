@@ -24,12 +24,12 @@ def _run(*args, cwd):
 
 
 def test_generate_writes_the_mp4_as_asked(tmp_path):
-    proc = _run("generate", "a red fox running through snow", "--out", "video.mp4", cwd=tmp_path)
+    proc = _run("generate", "a red circle moving right", "--out", "video.mp4", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     video = read_mp4(tmp_path / "video.mp4")
-    assert video.frames.shape == (9, 64, 64, 3)  # tiny's defaults
+    assert video.frames.shape == (17, 64, 64, 3)  # the trained tiny model's defaults
     assert (video.fps, video.codec, video.pix_fmt) == (16.0, "h264", "yuv420p")
-    assert "wrote video.mp4: 9 frames 64x64 @ 16 fps" in proc.stdout
+    assert "wrote video.mp4: 17 frames 64x64 @ 16 fps" in proc.stdout
 
     proc = _run("generate", "a fox", "--out", "small.mp4", "--frames", "5", "--height", "32", "--width", "48",
                 "--steps", "2", "--fps", "8", cwd=tmp_path)  # fmt: skip

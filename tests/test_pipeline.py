@@ -14,7 +14,7 @@ SMALL = dict(num_frames=5, height=32, width=48, num_inference_steps=2)
 
 @pytest.fixture(scope="module")
 def pipe():
-    return load_pipeline(PipelineConfig(model="tiny", device="cpu"))
+    return load_pipeline(PipelineConfig(model="tiny-random", device="cpu"))
 
 
 @pytest.mark.parametrize(
@@ -119,7 +119,7 @@ def test_attn_backend_is_checked_and_applied(monkeypatch):
     with pytest.raises(
         ValueError, match=r"attn_backend must be one of auto, flash, cudnn, sdpa, math, got 'fast'"
     ):
-        load_pipeline(PipelineConfig(model="tiny", device="cpu", attn_backend="fast"))
+        load_pipeline(PipelineConfig(model="tiny-random", device="cpu", attn_backend="fast"))
 
     import parallel.kernels
 
@@ -128,7 +128,7 @@ def test_attn_backend_is_checked_and_applied(monkeypatch):
     monkeypatch.setattr(parallel.kernels, "_math", lambda *a: math_calls.append(1) or real_math(*a))
     req = GenerationRequest("a red fox", **SMALL)
     by_backend = {
-        b: load_pipeline(PipelineConfig(model="tiny", device="cpu", attn_backend=b)).denoise(req)
+        b: load_pipeline(PipelineConfig(model="tiny-random", device="cpu", attn_backend=b)).denoise(req)
         for b in ("sdpa", "math")
     }
     # Self- and cross-attention both reach the math kernel: 2 kinds × 2 layers × 2 steps × (prompt, negative).
@@ -150,8 +150,8 @@ def test_text_encoder_device_is_its_own(monkeypatch):
 
     register_pipeline_family(replace(family, text_encoder=placed))
     try:
-        load_pipeline(PipelineConfig(model="tiny", device="cpu", text_encoder_device="meta"))
-        load_pipeline(PipelineConfig(model="tiny", device="cpu"))
+        load_pipeline(PipelineConfig(model="tiny-random", device="cpu", text_encoder_device="meta"))
+        load_pipeline(PipelineConfig(model="tiny-random", device="cpu"))
     finally:
         register_pipeline_family(family)
     assert devices == [torch.device("meta"), torch.device("cpu")]

@@ -64,7 +64,7 @@ def folders(tmp_path_factory) -> dict:
     from transformers import AutoTokenizer, UMT5Config, UMT5EncoderModel
 
     root = tmp_path_factory.mktemp("wan-pipeline")
-    cfg = {k: v for k, v in PRESETS["tiny"].items() if not k.startswith("_")}
+    cfg = {k: v for k, v in PRESETS["tiny-random"].items() if not k.startswith("_")}
     _save_tokenizer(root / "_tokenizer")
     torch.manual_seed(0)
     transformer = WanTransformer3DModel(**cfg)

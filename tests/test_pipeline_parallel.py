@@ -14,11 +14,14 @@ from tests.distributed import run_distributed
 
 REQUEST = dict(prompt="a lighthouse at dusk", negative_prompt="blurry", num_frames=9, height=48, width=48,
                num_inference_steps=3, guidance_scale=5.0, seed=7)  # fmt: skip
-EXACT_REL = 1e-5
-# Measured on the 2-core CPU dev box, torch 2.13.0 CPU, 2026-11-22 (tiny, 4 heads): exact layouts ≤ 1.0e-6
-# (ring and hybrid reorder the softmax sums; Ulysses and cfg are bit-identical); FP8 (e4m3 q/k/v in every
-# attention call of every step) 9.8e-3 at Ulysses 2 and Ulysses 4. The FP8 bound leaves room for other seeds.
-FP8_REL = 5e-2
+EXACT_REL = 1e-4  # `ithaca parity`'s float32 tolerance
+# Measured on the 2-core CPU dev box, torch 2.13.0 CPU, 2026-11-22: exact layouts ≤ 1.0e-6 on random weights
+# and ≤ 1.1e-5 on the trained tiny model (ring and hybrid reorder the softmax sums, and guidance 5 amplifies
+# the rounding; Ulysses and cfg are bit-identical). FP8 (e4m3 q/k/v in every attention call of
+# every step, the difference then amplified by guidance 5): 9.8e-3 on random weights, 0.29 at Ulysses 2 on
+# the trained tiny model, whose sharper attention feels the 3-bit mantissa; the bound catches a broken
+# exchange (garbage is ~1), and tests/test_tiny_model.py checks that FP8 videos still show what was asked.
+FP8_REL = 0.5
 
 # (ulysses, ring, cfg, comm). tiny has 4 heads, so world 4 runs Ulysses 4 directly in every comm mode; the
 # hybrid's fp8/p2p variants are covered at the model level (tests/test_wan_parallel.py).
@@ -75,6 +78,7 @@ def test_every_layout_matches_one_rank(reference, world):
         got = ranks[0]["latents"][i]
         rel = ((got - ref_latents).abs().max() / ref_latents.abs().max()).item()
         bound = FP8_REL if "fp8" in comm else EXACT_REL
+        print(f"ulysses {u} x ring {r} x cfg {c}, {comm}: relative difference {rel:.2e}")
         assert rel <= bound, f"ulysses {u} x ring {r} x cfg {c}, {comm}: relative difference {rel:.2e}"
 
     # Only the replica leader decodes; its frames match one rank's to within a rounding flip.
@@ -89,9 +93,9 @@ def test_every_layout_matches_one_rank(reference, world):
 # Leader-only text encoding: (model, degrees, request overrides). cfg 2 unguided still sends the negative
 # prompt (cfg rank 1 runs it); tiny-joint sends both encoders' states and masks.
 TEXT_CASES = [
-    ("tiny", dict(ulysses=2), {}),
-    ("tiny", dict(cfg=2), {}),
-    ("tiny", dict(cfg=2), dict(guidance_scale=1.0)),
+    ("tiny-random", dict(ulysses=2), {}),
+    ("tiny-random", dict(cfg=2), {}),
+    ("tiny-random", dict(cfg=2), dict(guidance_scale=1.0)),
     ("tiny-joint", dict(ulysses=2), dict(width=80)),
 ]
 TOO_LONG = "x" * 200  # 201 byte tokens; the tiny encoders take 128

@@ -32,18 +32,18 @@ from server.app import create_app
 from server.config import ServeConfig
 from server.store import JobStore
 
-MAX_TOKENS = 128  # the tiny model's byte tokenizer
+MAX_TOKENS = 128  # the random tiny preset's byte tokenizer (a token per byte: long prompts are cheap to make)
 NUMBERS = ("num_frames", "height", "width", "num_inference_steps", "guidance_scale", "seed", "fps")
 
 
 def _publish(store: JobStore) -> None:
     described = limits.describe(dataclasses.replace(TINY_LIMITS, max_prompt_tokens=MAX_TOKENS))
-    info = {"limits": described, "defaults": limits.defaults(described), "model": "tiny"}
+    info = {"limits": described, "defaults": limits.defaults(described), "model": "tiny-random"}
     store.heartbeat("test/g/replica0", instance="test", group_id="g", state="ready", info=info)
 
 
 def _app(tmp_path, **settings_):
-    config = ServeConfig(workers=False, data_dir=str(tmp_path), **settings_)
+    config = ServeConfig(workers=False, data_dir=str(tmp_path), preset="tiny-random", **settings_)
     app = create_app(config)
     _publish(app.state.services.store)
     return app

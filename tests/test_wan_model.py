@@ -126,8 +126,8 @@ def test_bf16_load(tmp_path):
 
 
 def test_presets():
-    tiny = load_transformer("tiny")
-    again = load_transformer("tiny")
+    tiny = load_transformer("tiny-random")
+    again = load_transformer("tiny-random")
     assert all(torch.equal(a, b) for a, b in zip(tiny.parameters(), again.parameters(), strict=True))
     cfg = tiny.config
     out = tiny(

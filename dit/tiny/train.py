@@ -1,0 +1,415 @@
+"""Trains the tiny default model on rendered clips of its visual language and writes it as a diffusers Wan
+pipeline folder (what the `tiny` preset loads): `tokenizer/` (word level), `text_encoder/` (a small UMT5,
+random from the seed and frozen: the DiT learns to read it), `vae/` (`AutoencoderKLWan`: its decoder
+trained to render the written-down latents of `dit.tiny.latents`, its encoder to produce them),
+`transformer/` (`WanTransformer3DModel` on those latents, flow matching as in Wan, 10 % caption dropout for
+guidance), `scheduler/` (Wan's UniPC flow config) and `model_index.json`.
+
+Deterministic from `--seed`: every batch, every noise draw and every rendered clip comes from a generator
+seeded by (seed, phase, step), so a run resumed from its checkpoint (`--work`, every `--save-every` steps)
+ends with the same weights as one that never stopped. The two phases share nothing but the clips' latents,
+so they can run as two processes (`--phases vae`, `--phases dit`); on 2 CPU cores, one process each with
+OMP_NUM_THREADS=1, about 50 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from dit.tiny.language import SIZES, Scene, caption, training_scenes, vocabulary
+from dit.tiny.latents import describe
+from dit.tiny.render import render
+
+MODEL_DIR = Path(__file__).resolve().parent / "model"  # the shipped weights
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0
+    frames: int = 17
+    height: int = 64
+    width: int = 64
+    max_tokens: int = 16  # the longest caption is 9 tokens with </s>
+    # VAE: Wan's compression (×4 time, ×8 space), 16 latent channels, trained on 17-frame clips (on 9, the
+    # frames past the ninth drifted in colour)
+    vae_base_dim: int = 8
+    vae_steps: int = 2400
+    vae_batch: int = 2
+    vae_frames: int = 17
+    vae_lr: float = 1e-3
+    encoder_steps: int = 300
+    # DiT: 4 heads (Ulysses 2 and 4), dim 128
+    heads: int = 4
+    head_dim: int = 32
+    layers: int = 4
+    ffn_dim: int = 512
+    text_dim: int = 64
+    clips: int = 4000  # rendered once, as latents, for the DiT
+    dit_steps: int = 3000
+    dit_batch: int = 32
+    dit_lr: float = 1e-3
+    ema: float = 0.999
+    caption_dropout: float = 0.1
+    shift: float = 3.0  # training noise levels follow Wan's shifted schedule
+
+
+def _seed(*keys) -> int:
+    """A stable seed from keys (Python's hash() of a string changes with every process)."""
+    return int.from_bytes(hashlib.sha256(repr(keys).encode()).digest()[:8], "little") >> 2
+
+
+def _gen(cfg: TrainConfig, *keys) -> torch.Generator:
+    return torch.Generator().manual_seed(_seed(cfg.seed, *keys))
+
+
+def random_scene(rng: random.Random) -> Scene:
+    c, s, d = rng.choice(training_scenes()).combo
+    return Scene(c, s, d, rng.choice((None, None, *SIZES)))
+
+
+def clip(cfg: TrainConfig, index: int, frames: int) -> tuple[Scene, torch.Tensor]:
+    """Clip number `index` (its scene and pixels depend on nothing else)."""
+    rng = random.Random(_seed(cfg.seed, "clip", index))
+    scene = random_scene(rng)
+    return scene, render(scene, frames, cfg.height, cfg.width, _gen(cfg, 1, index))
+
+
+def make_tokenizer(cfg: TrainConfig):
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "</s>", "<unk>", *vocabulary()]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        model_max_length=cfg.max_tokens,
+    )
+
+
+def make_text_encoder(cfg: TrainConfig, vocab: int):
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    config = UMT5Config(
+        vocab_size=vocab,
+        d_model=cfg.text_dim,
+        d_kv=16,
+        d_ff=2 * cfg.text_dim,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        dropout_rate=0.0,
+        feed_forward_proj="gated-gelu",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        return UMT5EncoderModel(config).eval().requires_grad_(False)
+
+
+def make_vae(cfg: TrainConfig):
+    from diffusers import AutoencoderKLWan
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed + 1)
+        return AutoencoderKLWan(
+            base_dim=cfg.vae_base_dim,
+            z_dim=16,
+            dim_mult=[1, 2, 2, 2],
+            num_res_blocks=1,
+            temperal_downsample=[False, True, True],
+            latents_mean=[0.0] * 16,
+            latents_std=[1.0] * 16,
+        )
+
+
+def make_dit(cfg: TrainConfig):
+    from diffusers import WanTransformer3DModel
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed + 2)
+        return WanTransformer3DModel(
+            patch_size=(1, 2, 2),
+            num_attention_heads=cfg.heads,
+            attention_head_dim=cfg.head_dim,
+            in_channels=16,
+            out_channels=16,
+            text_dim=cfg.text_dim,
+            freq_dim=64,
+            ffn_dim=cfg.ffn_dim,
+            num_layers=cfg.layers,
+            cross_attn_norm=True,
+            eps=1e-6,
+        )
+
+
+class Checkpoints:
+    """One file per phase in `work`, rewritten atomically every `every` steps; `load` resumes a phase."""
+
+    def __init__(self, work: Path, every: int):
+        self.work, self.every = work, every
+        work.mkdir(parents=True, exist_ok=True)
+
+    def path(self, phase: str) -> Path:
+        return self.work / f"{phase}.pt"
+
+    def load(self, phase: str) -> dict | None:
+        return torch.load(self.path(phase), weights_only=False) if self.path(phase).exists() else None
+
+    def save(self, phase: str, state: dict) -> None:
+        tmp = self.path(phase).with_suffix(".tmp")
+        torch.save(state, tmp)
+        tmp.replace(self.path(phase))
+
+
+def _lr(step: int, steps: int, peak: float, warmup: int = 100) -> float:
+    """Linear warm-up, then cosine down to a tenth."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    frac = (step - warmup) / max(steps - warmup, 1)
+    return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * frac)))
+
+
+def _run(phase: str, steps: int, ckpt: Checkpoints, modules: dict, step_fn, lr_peak: float) -> None:
+    """The training loop both phases share: resume, step, checkpoint, progress bar."""
+    params = [
+        p
+        for m in modules.values()
+        if isinstance(m, torch.nn.Module)
+        for p in m.parameters()
+        if p.requires_grad
+    ]
+    opt = torch.optim.AdamW(params, lr=lr_peak, weight_decay=0.0, betas=(0.9, 0.99))
+    start = 0
+    state = ckpt.load(phase)
+    if state is not None:
+        for name, m in modules.items():
+            m.load_state_dict(state[name])
+        opt.load_state_dict(state["opt"])
+        start = state["step"]
+    bar = tqdm(range(start, steps), initial=start, total=steps, desc=phase, unit="step", smoothing=0.05)
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, steps, lr_peak)
+        loss = step_fn(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if "ema" in modules:
+            modules["ema"].update(modules["model"])
+        bar.set_postfix(loss=f"{loss.item():.4f}")
+        if (step + 1) % ckpt.every == 0 or step + 1 == steps:
+            ckpt.save(
+                phase,
+                {
+                    **{n: m.state_dict() for n, m in modules.items()},
+                    "opt": opt.state_dict(),
+                    "step": step + 1,
+                },
+            )
+
+
+class EMA(torch.nn.Module):
+    """An exponential moving average of a model's weights (what is shipped: steadier than the last step).
+    It starts from the initial weights, so `copy_to` takes their share out (as Adam corrects its moments):
+    after 3000 steps at 0.999 they would still be 5 % of it, after 800, 45 %."""
+
+    def __init__(self, model: torch.nn.Module, decay: float):
+        super().__init__()
+        self.decay = decay
+        self.shadow = torch.nn.ParameterList(
+            [torch.nn.Parameter(p.detach().clone(), requires_grad=False) for p in model.parameters()]
+        )
+
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module) -> None:
+        for s, p in zip(self.shadow, model.parameters(), strict=True):
+            s.lerp_(p.detach(), 1 - self.decay)
+
+    @torch.no_grad()
+    def copy_to(self, model: torch.nn.Module, init: torch.nn.Module, steps: int) -> None:
+        """`model` ← the average of the `steps` trained weights, with `init` (their start) taken out."""
+        left = self.decay**steps
+        for s, p, p0 in zip(self.shadow, model.parameters(), init.parameters(), strict=True):
+            p.copy_((s - left * p0) / (1 - left))
+
+
+def train_vae(cfg: TrainConfig, ckpt: Checkpoints):
+    """The decoder learns to render `describe`'s latents (with a little noise, so it forgives the DiT's
+    small errors), then the encoder learns to produce them: two regressions."""
+    vae = make_vae(cfg).train()
+
+    def batch(phase: int, i: int) -> torch.Tensor:
+        first = 10_000_000 * phase + i * cfg.vae_batch
+        return torch.stack([clip(cfg, first + k, cfg.vae_frames)[1] for k in range(cfg.vae_batch)])
+
+    def decoder_step(i: int) -> torch.Tensor:
+        x = batch(1, i)
+        z = describe(x)
+        y = vae.decode(z + 0.05 * torch.randn(z.shape, generator=_gen(cfg, 2, i))).sample
+        # the object covers a few % of the frame: weigh its pixels up, or the black background wins
+        weight = 1 + 9 * (x > -0.9).any(1, keepdim=True).float()
+        return (weight * ((y - x).abs() + (y - x) ** 2)).mean()
+
+    def encoder_step(i: int) -> torch.Tensor:
+        x = batch(2, i)
+        return (vae.encode(x).latent_dist.mean - describe(x)).pow(2).mean()
+
+    _run("vae-decoder", cfg.vae_steps, ckpt, {"model": vae}, decoder_step, cfg.vae_lr)
+    _run("vae-encoder", cfg.encoder_steps, ckpt, {"model": vae}, encoder_step, cfg.vae_lr)
+    return vae.eval().requires_grad_(False)
+
+
+def dit_clips(cfg: TrainConfig, ckpt: Checkpoints) -> tuple[torch.Tensor, list[Scene]]:
+    """The DiT's training set: `cfg.clips` clips as latents (`describe`: exactly what the decoder renders),
+    cached in `work`."""
+    cached = ckpt.load("latents")
+    if cached is not None:
+        return cached["latents"], cached["scenes"]
+    batch = [clip(cfg, i, cfg.frames) for i in tqdm(range(cfg.clips), desc="render", unit="clip")]
+    scenes, latents = [s for s, _ in batch], describe(torch.stack([x for _, x in batch]))
+    ckpt.save("latents", {"latents": latents, "scenes": scenes})
+    return latents, scenes
+
+
+def train_dit(cfg: TrainConfig, latents: torch.Tensor, scenes: list[Scene], tokenizer, text_encoder, ckpt):
+    dit = make_dit(cfg).train()
+    ema = EMA(dit, cfg.ema)
+
+    @torch.no_grad()
+    def text(captions: list[str]) -> torch.Tensor:
+        """Wan's layout: the encoder's states for the real tokens, zeros up to max_tokens."""
+        t = tokenizer(
+            captions, padding="max_length", max_length=cfg.max_tokens, truncation=True, return_tensors="pt"
+        )
+        states = text_encoder(t.input_ids, t.attention_mask).last_hidden_state
+        return states * t.attention_mask[..., None]
+
+    def step(i: int) -> torch.Tensor:
+        g = _gen(cfg, 3, i)
+        rng = random.Random(_seed(cfg.seed, "dit", i))
+        idx = torch.randint(len(scenes), (cfg.dit_batch,), generator=g)
+        x0 = latents[idx]
+        captions = [
+            "" if rng.random() < cfg.caption_dropout else caption(scenes[j], rng) for j in idx.tolist()
+        ]
+        u = torch.rand(cfg.dit_batch, generator=g)
+        sigma = cfg.shift * u / (1 + (cfg.shift - 1) * u)
+        noise = torch.randn(x0.shape, generator=g)
+        s = sigma.view(-1, 1, 1, 1, 1)
+        xt = (1 - s) * x0 + s * noise
+        v = dit(xt, sigma * 1000, text(captions), return_dict=False)[0]
+        return ((v - (noise - x0)) ** 2).mean()
+
+    _run("dit", cfg.dit_steps, ckpt, {"model": dit, "ema": ema}, step, cfg.dit_lr)
+    ema.copy_to(dit, make_dit(cfg), cfg.dit_steps)
+    return dit.eval().requires_grad_(False)
+
+
+def write_folder(out: Path, cfg: TrainConfig, tokenizer, text_encoder, vae, dit, mean, std) -> None:
+    """The diffusers Wan pipeline layout (float32 safetensors), replacing `out` whole."""
+    from diffusers import UniPCMultistepScheduler
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer.save_pretrained(tmp / "tokenizer")
+    text_encoder.save_pretrained(tmp / "text_encoder")
+    vae.register_to_config(latents_mean=mean.tolist(), latents_std=std.tolist())
+    vae.save_pretrained(tmp / "vae")
+    dit.save_pretrained(tmp / "transformer")
+    UniPCMultistepScheduler(
+        prediction_type="flow_prediction",
+        use_flow_sigmas=True,
+        num_train_timesteps=1000,
+        flow_shift=cfg.shift,
+    ).save_pretrained(tmp / "scheduler")
+    index = {
+        "_class_name": "WanPipeline",
+        "_diffusers_version": "0.36.0",
+        "tokenizer": ["transformers", "PreTrainedTokenizerFast"],
+        "text_encoder": ["transformers", "UMT5EncoderModel"],
+        "vae": ["diffusers", "AutoencoderKLWan"],
+        "transformer": ["diffusers", "WanTransformer3DModel"],
+        "scheduler": ["diffusers", "UniPCMultistepScheduler"],
+    }
+    (tmp / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
+    (tmp / "training.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.replace(out)
+
+
+PHASES = ("vae", "dit")
+
+
+def train(
+    cfg: TrainConfig, work: Path, out: Path, save_every: int = 100, phases: tuple[str, ...] = PHASES
+) -> None:
+    """Train `phases` (resuming from `work`) and, when both are done, write the folder. The phases share
+    nothing but the work folder (the DiT learns `describe`'s latents, not the VAE's), so two processes may
+    run one each, side by side; a last run with both phases finds them finished and writes `out`."""
+    torch.manual_seed(cfg.seed)
+    ckpt = Checkpoints(work, save_every)
+    started = time.monotonic()
+    tokenizer = make_tokenizer(cfg)
+    text_encoder = make_text_encoder(cfg, len(tokenizer))
+    vae = train_vae(cfg, ckpt) if "vae" in phases else None
+    if "dit" not in phases:
+        return
+    latents, scenes = dit_clips(cfg, ckpt)
+    # normalise as Wan does (latents_mean/std in the VAE config): the DiT sees unit-scale channels
+    mean, std = latents.mean((0, 2, 3, 4)), latents.std((0, 2, 3, 4))
+    normed = (latents - mean.view(1, -1, 1, 1, 1)) / std.view(1, -1, 1, 1, 1)
+    dit = train_dit(cfg, normed, scenes, tokenizer, text_encoder, ckpt)
+    if vae is not None:
+        write_folder(out, cfg, tokenizer, text_encoder, vae, dit, mean, std)
+        print(f"wrote {out} in {(time.monotonic() - started) / 60:.1f} min")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--out", type=Path, default=MODEL_DIR, help="the model folder to write (default: the shipped one)"
+    )
+    p.add_argument(
+        "--work", type=Path, default=Path("/tmp/ithaca-tiny-train"), help="checkpoints, for resuming"
+    )
+    p.add_argument("--seed", type=int, default=TrainConfig.seed)
+    p.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply every step count (a quick trial: 0.05)")
+    p.add_argument(
+        "--phases",
+        nargs="+",
+        choices=PHASES,
+        default=list(PHASES),
+        help="train these only (run side by side)",
+    )
+    args = p.parse_args(argv)
+    base = TrainConfig(seed=args.seed)
+    cfg = TrainConfig(
+        seed=args.seed,
+        vae_steps=max(1, round(base.vae_steps * args.scale)),
+        encoder_steps=max(1, round(base.encoder_steps * args.scale)),
+        dit_steps=max(1, round(base.dit_steps * args.scale)),
+        clips=max(8, round(base.clips * args.scale)),
+    )
+    train(cfg, args.work, args.out, args.save_every, tuple(args.phases))
+
+
+if __name__ == "__main__":
+    main()
