@@ -22,7 +22,7 @@ from diffusers import SchedulerMixin
 from torch import nn
 
 from dit import vae as wan_vae
-from dit.loading import presets
+from dit.loading import model_names, presets
 from dit.presets import SHIPPED, resolve
 from dit.sampling import SAMPLERS, SCHEDULERS, make_scheduler
 from dit.text_encoder import load_text_encoder, load_tokenizer
@@ -107,8 +107,7 @@ def model_class_name(model: str) -> str | None:
     for config in (root / "transformer" / "config.json", root / "config.json"):
         if config.is_file():
             return json.loads(config.read_text()).get("_class_name")
-    known = ", ".join(sorted([*SHIPPED, *presets()]))
-    raise FileNotFoundError(f"{model}: neither a model name ({known}) nor a model folder")
+    raise FileNotFoundError(f"{model}: neither a model name ({', '.join(model_names())}) nor a model folder")
 
 
 def pipeline_family(model: str) -> PipelineFamily:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dit.presets import PRESETS, resolve
+from dit.presets import PRESETS, SHIPPED, resolve
 from dit.weights import Resolver, checkpoint_files, load_safetensors, materialize, random_init
 
 FAMILY_PACKAGES = ("dit.wan", "dit.hunyuan")
@@ -51,6 +51,11 @@ def presets() -> dict[str, dict]:
     """Every preset (config.json form), the families' own included."""
     _import_families()
     return PRESETS
+
+
+def model_names() -> list[str]:
+    """Every name a model can be given by: the shipped models' and the presets', sorted."""
+    return sorted([*SHIPPED, *presets()])
 
 
 def family_for(class_name: str | None) -> Family:

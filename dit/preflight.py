@@ -56,16 +56,15 @@ def preflight(
         )
 
     from dit.families import pipeline_family
-    from dit.loading import presets
+    from dit.loading import model_names
     from dit.pipeline import DTYPES
-    from dit.presets import SHIPPED
     from dit.sampling import SAMPLERS
 
     _check_choice("--dtype", dtype, DTYPES)
     if sampler is not None:  # None: the family's own
         _check_choice("--sampler", sampler, SAMPLERS)
     if model_path is None:
-        _check_choice("--preset", preset, sorted([*SHIPPED, *presets()]))
+        _check_choice("--preset", preset, model_names())
         return
     if not Path(model_path).is_dir():
         raise ValueError(f"--model-path {model_path}: no such folder")

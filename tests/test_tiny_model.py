@@ -17,10 +17,7 @@ from dit.tiny.detect import read
 from dit.tiny.language import HELD_OUT, SIZES, Scene, all_scenes, caption, training_scenes, vocabulary
 from dit.tiny.render import render
 from dit.tiny.score import generate_and_read, rates
-
-
-def _frames(video: torch.Tensor) -> np.ndarray:
-    return ((video.permute(1, 2, 3, 0) + 1) * 127.5).round().to(torch.uint8).numpy()
+from dit.vae import to_uint8
 
 
 def test_detector_reads_every_rendered_scene():
@@ -29,7 +26,7 @@ def test_detector_reads_every_rendered_scene():
     for size in (None, *SIZES):
         for scene in all_scenes():
             scene = Scene(*scene.combo, size)
-            reading = read(_frames(render(scene, 17, 64, 64, g)))
+            reading = read(to_uint8(render(scene, 17, 64, 64, g)[None]))
             assert all(reading.matches(scene).values()), (scene, reading)
     blank = np.zeros((17, 64, 64, 3), np.uint8)
     assert read(blank).color is None and read(blank).direction is None

@@ -187,13 +187,7 @@ def _lr(step: int, steps: int, peak: float, warmup: int = 100) -> float:
 
 def _run(phase: str, steps: int, ckpt: Checkpoints, modules: dict, step_fn, lr_peak: float) -> None:
     """The training loop both phases share: resume, step, checkpoint, progress bar."""
-    params = [
-        p
-        for m in modules.values()
-        if isinstance(m, torch.nn.Module)
-        for p in m.parameters()
-        if p.requires_grad
-    ]
+    params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr_peak, weight_decay=0.0, betas=(0.9, 0.99))
     start = 0
     state = ckpt.load(phase)
