@@ -66,7 +66,7 @@ TINY_LIMITS = Limits(
 )
 # The trained tiny model: the same freedom, its defaults what it was trained on (64×64, 17 frames) and the
 # step count and guidance measured best by bench/quality.py.
-TRAINED_TINY_LIMITS = replace(TINY_LIMITS, default_frames=17)
+TRAINED_TINY_LIMITS = replace(TINY_LIMITS, default_frames=17, default_steps=12, default_guidance=3.0)
 
 
 @dataclass(frozen=True)
