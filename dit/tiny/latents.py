@@ -34,9 +34,10 @@ def describe(video: torch.Tensor) -> torch.Tensor:
     per_frame = torch.cat([share, mx, my], 2).transpose(1, 2)  # [B, 12, 1 + k, h, w]
     weight = lit.sum((1, 2, 3)).clamp_min(1e-6)
     color = (rgb * lit[:, None]).sum((2, 3, 4)) / weight[:, None] * 2 - 1  # [B, 3] in [-1, 1]
-    color = color[:, :, None, None, None].expand(B, 3, *share.shape[1:2], *share.shape[3:])
-    full = fill(lit)[:, None, None, None, None].expand(B, 1, *share.shape[1:2], *share.shape[3:])
-    return torch.cat([per_frame, color, 4 * (full - 0.75)], 1)  # fill centred and spread like the shares
+    full = 4 * (fill(lit)[:, None] - 0.75)  # [B, 1]: centred and spread like the shares
+    # the clip-wide channels, the same in every cell of every latent frame
+    clip_wide = torch.cat([color, full], 1)[:, :, None, None, None].expand(-1, -1, *per_frame.shape[2:])
+    return torch.cat([per_frame, clip_wide], 1)
 
 
 def fill(lit: torch.Tensor) -> torch.Tensor:
