@@ -1,18 +1,24 @@
-"""Quality against speed on the trained tiny model: for each (steps, guidance) option, all 72 prompts of its
-language generated once, read back by the detector (dit/tiny/detect.py), scored, and timed.
+"""Quality against speed on the trained tiny model: for each (steps, guidance, cache) option, all 72 prompts
+of its language generated once, read back by the detector (dit/tiny/detect.py), scored, and timed. With a
+step cache (dit/cache.py) the table adds the evaluations it skipped and the PSNR of its frames against the
+same option uncached.
 
-    python bench/quality.py [--steps 4 8 16] [--guidance 1 3 5] [--seed 0] [--model tiny] [--json]
+    python bench/quality.py [--steps 4 8 16] [--guidance 1 3 5] [--cache off fbcache:0.05 ...] [--seed 0]
+                            [--model tiny] [--json]
 
-Later speed work (caching, few-step schedules, FP8) reports its score here beside the time it saves.
+Later speed work (few-step schedules, FP8) reports its score here beside the time it saves.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
@@ -23,22 +29,38 @@ from dit.tiny.score import generate_and_read, rates  # noqa: E402
 SCORES = ("color", "shape", "direction", "all", "held_out_all")
 
 
-def run(model: str, steps: list[int], guidance: list[float], seed: int) -> list[dict]:
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    """Peak signal-to-noise ratio of uint8 frames a against b, dB (inf when equal)."""
+    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
+    return math.inf if mse == 0 else 10 * math.log10(255**2 / mse)
+
+
+def run(model: str, steps: list[int], guidance: list[float], caches: list[str], seed: int) -> list[dict]:
     pipe = load_pipeline(PipelineConfig(model=model))
     rows = []
     for n in steps:
         for g in guidance:
-            scored = generate_and_read(pipe, all_scenes(), num_inference_steps=n, guidance_scale=g, seed=seed)
-            held = [s for s in scored if s.held_out]
-            rows.append(
-                dict(
+            uncached = None
+            for cache in ["off", *(c for c in caches if c != "off")]:  # the uncached run first: the reference
+                scored = generate_and_read(
+                    pipe, all_scenes(), num_inference_steps=n, guidance_scale=g, seed=seed, cache=cache
+                )
+                uncached = uncached or scored
+                held = [s for s in scored if s.held_out]
+                row = dict(
                     steps=n,
                     guidance=g,
+                    cache=cache,
                     **rates(scored),
                     held_out_all=rates(held)["all"],
                     seconds_per_video=statistics.median(s.seconds for s in scored),
+                    skipped=statistics.mean(s.skipped for s in scored),
+                    psnr=statistics.median(
+                        psnr(s.frames, u.frames) for s, u in zip(scored, uncached, strict=True)
+                    ),
                 )
-            )
+                if cache in caches:
+                    rows.append(row)
     return rows
 
 
@@ -47,19 +69,24 @@ def main(argv=None) -> None:
     p.add_argument("--model", default="tiny")
     p.add_argument("--steps", type=int, nargs="+", default=[4, 8, 16])
     p.add_argument("--guidance", type=float, nargs="+", default=[1.0, 3.0, 5.0])
+    p.add_argument("--cache", nargs="+", default=["off"], help="step caches: off | fbcache[:THRESHOLD]")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = p.parse_args(argv)
-    rows = run(args.model, args.steps, args.guidance, args.seed)
+    rows = run(args.model, args.steps, args.guidance, args.cache, args.seed)
     if args.json:
         print(json.dumps(rows, indent=1))
         return
     print(f"{args.model}: 72 prompts (6 held out of training), seed {args.seed}, one CPU rank")
-    print("| steps | guidance | colour | shape | direction | all three | held-out, all three | s/video |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "| steps | guidance | cache | colour | shape | direction | all three | held-out, all three "
+        "| evaluations skipped | PSNR vs uncached, dB (median) | s/video |"
+    )
+    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        cells = [r["steps"], f"{r['guidance']:g}", *(f"{r[k]:.0%}" for k in SCORES)]
-        print("| " + " | ".join(map(str, cells)) + f" | {r['seconds_per_video']:.2f} |")
+        cells = [r["steps"], f"{r['guidance']:g}", r["cache"], *(f"{r[k]:.0%}" for k in SCORES)]
+        cells += [f"{r['skipped']:.0%}", f"{r['psnr']:.1f}", f"{r['seconds_per_video']:.2f}"]
+        print("| " + " | ".join(map(str, cells)) + " |")
 
 
 if __name__ == "__main__":

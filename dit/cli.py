@@ -32,6 +32,18 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+def _lora_arg(spec: str) -> tuple[str, float]:
+    from dit.lora import parse_spec
+
+    try:
+        path, strength = parse_spec(spec)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not os.path.isfile(path):
+        raise argparse.ArgumentTypeError(f"{path}: no such file")
+    return path, strength
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument(
@@ -70,11 +82,27 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sampler",
         default=None,
-        help="unipc | euler (default: the folder's scheduler class, else the family's: Wan unipc, "
-        "HunyuanVideo-1.5 euler)",
+        help="unipc | euler | renoise (default: the folder's scheduler class, else the family's: Wan unipc, "
+        "HunyuanVideo-1.5 euler); renoise re-noises each step's clean prediction afresh, as LightX2V samples "
+        "its step-distilled Wan2.1",
     )
     p.add_argument(
         "--flow-shift", type=float, default=None, help="default: the folder's scheduler config, else 3"
+    )
+    p.add_argument(
+        "--timesteps",
+        default=None,
+        help="a distilled model's fixed schedule, e.g. 1000,750,500,250 (LightX2V's 4 steps, with "
+        "--flow-shift 5 and --sampler euler or renoise): exactly these steps, guidance 1 unless --guidance "
+        "(default: the folder's denoising_step_list in scheduler/scheduler_config.json, if any)",
+    )
+    p.add_argument(
+        "--lora",
+        action="append",
+        type=_lora_arg,
+        metavar="PATH[:STRENGTH]",
+        help="merge a LoRA safetensors file into the DiT at load, times STRENGTH (default 1); repeatable, "
+        "the LoRAs add; diffusers/PEFT, kohya and original-Wan (LightX2V) key layouts",
     )
 
 
@@ -84,12 +112,23 @@ def _add_request_args(p: argparse.ArgumentParser, prompt_default: str | None = N
     else:
         p.add_argument("--prompt", default=prompt_default, help="what the video shows")
     p.add_argument("--negative-prompt", default="", help="what it should not show (guidance > 1)")
-    p.add_argument("--frames", type=int, default=None, help="4k+1 (default: the model's; tiny 9)")
+    p.add_argument("--frames", type=int, default=None, help="4k+1 (default: the model's; tiny 17)")
     p.add_argument("--height", type=int, default=None, help="multiple of 16 (default: the model's; tiny 64)")
     p.add_argument("--width", type=int, default=None, help="multiple of 16 (default: the model's; tiny 64)")
-    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's; tiny 8)")
-    p.add_argument("--guidance", type=float, default=None, help="guidance scale (default: the model's)")
+    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's; tiny 12)")
+    p.add_argument(
+        "--guidance",
+        type=float,
+        default=None,
+        help="guidance scale (default: the model's; 1 with --timesteps)",
+    )
     p.add_argument("--seed", type=int, default=0, help="the initial noise depends on it alone")
+    p.add_argument(
+        "--cache",
+        default=None,
+        help="step caching: off | fbcache[:THRESHOLD] (skips most of the DiT at steps where its first "
+        "block's output barely moved; default off)",
+    )
     p.add_argument(
         "--fps", type=int, default=None, help="frames per second of the MP4 (default: the model's)"
     )
@@ -145,6 +184,8 @@ def _pipeline_config(args, comm: str):
         compile=args.compile,
         sampler=args.sampler,
         flow_shift=args.flow_shift,
+        timesteps=args.timesteps,
+        loras=tuple(args.lora or ()),
     )
 
 
@@ -181,6 +222,7 @@ def _preflight(args, command: str, *, ulysses=None, ring=1, cfg=1, comm="alltoal
             attn_backend=args.attn_backend,
             comm=comm,
             sampler=args.sampler,
+            timesteps=args.timesteps,
             text_encoder_device=args.text_encoder_device,
             nproc=nproc,
             local_nproc=int(os.environ.get("LOCAL_WORLD_SIZE", nproc)),
@@ -223,6 +265,7 @@ def run_generate(args) -> int:
             guidance_scale=args.guidance,
             seed=args.seed,
             fps=args.fps,
+            cache=args.cache,
         )
         try:
             request = pipe.validate(request)
@@ -235,17 +278,21 @@ def run_generate(args) -> int:
         start = time.perf_counter()
         latents = pipe.denoise(request, callback=lambda step, total: bar.update(1))
         bar.close()
+        frames = pipe.decode(latents)  # every rank decodes a band; rank 0 gets the frames
         if leader:
-            frames = pipe.decode(latents)
             write_mp4(frames, args.out, request.fps)
             if args.save_latents:
                 torch.save({"latents": latents.cpu(), "frames": torch.from_numpy(frames)}, args.save_latents)
             n, h, w, _ = frames.shape
             layout = f"ulysses {mesh.ulysses_size} x ring {mesh.ring_size} x cfg {mesh.cfg_size}"
             seconds = time.perf_counter() - start
+            stats, cached = pipe.cache_stats, ""
+            if stats is not None:
+                cached = f", {stats.skipped} of {stats.evaluated + stats.skipped} evaluations skipped"
             print(
                 f"wrote {args.out}: {n} frames {w}x{h} @ {request.fps} fps, "
-                f"{request.num_inference_steps} steps, {layout} ({mesh.world_size} ranks), {seconds:.1f} s"
+                f"{request.num_inference_steps} steps{cached}, {layout} ({mesh.world_size} ranks), "
+                f"{seconds:.1f} s"
             )
         return 0
     finally:
@@ -288,6 +335,7 @@ def _common_argv(args) -> list[str]:
                         ("--steps", args.steps), ("--guidance", args.guidance), ("--fps", args.fps),
                         ("--model-path", args.model_path), ("--device", args.device),
                         ("--flow-shift", args.flow_shift), ("--sampler", args.sampler),
+                        ("--timesteps", args.timesteps), ("--cache", args.cache),
                         ("--text-encoder-device", args.text_encoder_device)):  # fmt: skip
         if value is not None:
             argv += [flag, str(value)]
@@ -295,6 +343,8 @@ def _common_argv(args) -> list[str]:
         argv += ["--preset", args.preset]
     if args.compile:
         argv.append("--compile")
+    for path, strength in args.lora or ():
+        argv += ["--lora", f"{path}:{strength!r}"]
     return argv + ["--dtype", args.dtype, "--attn-backend", args.attn_backend]
 
 

@@ -24,7 +24,14 @@ from torch import nn
 from dit import vae as wan_vae
 from dit.loading import model_names, presets
 from dit.presets import SHIPPED, resolve
-from dit.sampling import SAMPLERS, SCHEDULERS, make_scheduler
+from dit.sampling import (
+    FIXED_SCHEDULE_SAMPLERS,
+    SAMPLERS,
+    SCHEDULERS,
+    FixedSchedule,
+    make_scheduler,
+    sampler_of,
+)
 from dit.text_encoder import load_text_encoder, load_tokenizer
 
 
@@ -52,6 +59,17 @@ class Limits:
     min_fps: int = 1
     max_fps: int = 60
     default_fps: int = 16
+    schedule: FixedSchedule | None = None  # a fixed (distilled) schedule: every run takes exactly its steps
+
+    def with_schedule(self, schedule: FixedSchedule | None) -> Limits:
+        """These limits under a fixed schedule: exactly its step count, and guidance 1 by default (a
+        distilled model runs without the unconditional pass; a request may still ask for guidance)."""
+        if schedule is None:
+            return self
+        n = schedule.steps
+        return replace(
+            self, min_steps=n, max_steps=n, default_steps=n, default_guidance=1.0, schedule=schedule
+        )
 
 
 # Tiny presets run on a CPU in seconds: a short, small video with few steps.
@@ -82,9 +100,11 @@ class PipelineFamily:
     # (folder or None, wrapped model, tokenizer, dtype, device) → text encoder: `condition(text)` (the model's
     # text keyword arguments); only the replica leader loads one
     text_encoder: Callable[..., nn.Module]
-    # (folder or None, latent channels, device) → VAE; only the replica leader loads one
+    # (folder or None, latent channels, device) → VAE; every rank loads one
     vae: Callable[..., nn.Module]
-    decode: Callable[[nn.Module, torch.Tensor], np.ndarray]  # (vae, latents) → uint8 frames [F, H, W, 3]
+    # (vae, latents, group or None) → uint8 frames [F, H, W, 3], decoded in bands of rows across the group
+    # (dit.vae_parallel): on its rank 0, None on the others
+    decode: Callable[[nn.Module, torch.Tensor, Any], np.ndarray | None]
     limits: Callable[[Path | None, str], Limits]  # (folder or None, preset name) → limits before compression
     samplers: tuple[str, ...]  # the `dit.sampling.SCHEDULERS` names it samples with (`pick_scheduler`)
     # steps → the schedule to set (None: the scheduler's default)
@@ -123,33 +143,61 @@ def folder_config(folder: Path | None, component: str, file: str) -> dict:
     return json.loads(path.read_text()) if path is not None and path.is_file() else {}
 
 
+# A folder's fixed schedule: a list of timesteps under this key (LightX2V's name for it) in its
+# `scheduler/scheduler_config.json`, beside the class and shift it is sampled with.
+SCHEDULE_KEY = "denoising_step_list"
+
+
 def pick_scheduler(
-    family: PipelineFamily, folder: Path | None, sampler: str | None = None, flow_shift: float | None = None
-) -> tuple[str, float, SchedulerMixin]:
-    """(sampler, flow shift, scheduler) of a pipeline, decided here only. The sampler is the user's, else the
-    folder's `scheduler/` class, else the family's; the shift is the user's, else the folder's (UniPC calls it
-    `flow_shift`, flow-match Euler `shift`; Wan 480p: 3, 720p: 5), else the family's. When the folder's class
-    is the one sampled, its whole config is used, as diffusers does. A folder class not in
-    `dit.sampling.SCHEDULERS` is an error unless the user picks a sampler."""
+    family: PipelineFamily,
+    folder: Path | None,
+    sampler: str | None = None,
+    flow_shift: float | None = None,
+    timesteps: str | None = None,
+) -> tuple[str, float, SchedulerMixin, FixedSchedule | None]:
+    """(sampler, flow shift, scheduler, fixed schedule or None) of a pipeline, decided here only. The sampler
+    is the user's, else the folder's `scheduler/` class (flow-match Euler with diffusers'
+    `stochastic_sampling`: renoise), else the family's; the shift is the user's, else the folder's (UniPC
+    calls it `flow_shift`, flow-match Euler `shift`; Wan 480p: 3, 720p: 5), else the family's. When the
+    folder's class is the one sampled, its whole config is used, as diffusers does. A folder class not in
+    `dit.sampling.SCHEDULERS` is an error unless the user picks a sampler. The fixed schedule is the user's
+    `timesteps` ("1000,750,500,250"), else the folder's `denoising_step_list`; it needs a sampler of
+    `dit.sampling.FIXED_SCHEDULE_SAMPLERS`."""
     config = folder_config(folder, "scheduler", "scheduler_config.json")
+    folder_steps = config.pop(SCHEDULE_KEY, None)  # ours: kept out of the scheduler class's config
     class_name = config.get("_class_name")
-    by_class = {cls.__name__: name for name, cls in SCHEDULERS.items()}
     if sampler is None and class_name is not None:
-        if class_name not in by_class:
+        sampler = sampler_of(config)
+        if sampler is None:
             raise ValueError(
                 f"{folder / 'scheduler'}: scheduler class {class_name!r} is not supported; supported: "
-                f"{', '.join(by_class)}; or pick a sampler ({' | '.join(SAMPLERS)}) to sample with its "
-                f"default config"
+                f"{', '.join(dict.fromkeys(cls.__name__ for cls in SCHEDULERS.values()))}; or pick a sampler "
+                f"({' | '.join(SAMPLERS)}) to sample with its default config"
             )
-        sampler = by_class[class_name]
     if sampler is None:
         sampler = family.default_sampler
     if sampler not in family.samplers:
         raise ValueError(f"sampler must be {' or '.join(map(repr, family.samplers))}, got {sampler!r}")
     if flow_shift is None:
         flow_shift = config.get("flow_shift", config.get("shift", family.default_shift))
+    if timesteps is not None:
+        schedule = FixedSchedule.parse(timesteps)
+    elif folder_steps is not None:
+        try:
+            schedule = FixedSchedule(folder_steps)
+        except ValueError as e:
+            raise ValueError(
+                f"{folder / 'scheduler' / 'scheduler_config.json'}: {SCHEDULE_KEY}: {e}"
+            ) from None
+    else:
+        schedule = None
+    if schedule is not None and sampler not in FIXED_SCHEDULE_SAMPLERS:
+        raise ValueError(
+            f"fixed timesteps {schedule} are sampled with {' or '.join(FIXED_SCHEDULE_SAMPLERS)}, not "
+            f"{sampler}; pick one of those samplers"
+        )
     own = config if class_name == SCHEDULERS[sampler].__name__ else None
-    return sampler, flow_shift, make_scheduler(sampler, flow_shift, own)
+    return sampler, flow_shift, make_scheduler(sampler, flow_shift, own), schedule
 
 
 def _wan_limits(folder: Path | None, preset: str) -> Limits:

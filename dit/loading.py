@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dit import lora
 from dit.presets import PRESETS, SHIPPED, resolve
 from dit.weights import Resolver, checkpoint_files, load_safetensors, materialize, random_init
 
@@ -29,6 +30,8 @@ class Family:
     build: Callable[[Any], nn.Module]  # config → model (called on the meta device)
     resolver: Callable[[Any], Resolver]  # config → checkpoint key resolver (see dit.weights)
     keep_fp32: tuple[str, ...] = ()  # parameter-name fragments kept float32 in lower-precision loads
+    # config → resolver of the weight names LoRA files use (see dit.lora); None: `resolver`'s
+    lora_resolver: Callable[[Any], Resolver] | None = None
 
 
 _FAMILIES: dict[str, Family] = {}
@@ -77,18 +80,31 @@ def _checkpoint_dir(path: Path) -> Path:
 
 
 def load_transformer(
-    path_or_preset: str | Path, *, dtype: torch.dtype = torch.float32, device="cpu", seed: int = 0
+    path_or_preset: str | Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device="cpu",
+    seed: int = 0,
+    loras: Sequence[lora.Lora] = (),
 ) -> nn.Module:
     """A shipped model's name ("tiny": trained weights), a preset name ("tiny-random", "wan2.1-1.3b",
     "wan2.1-14b": random weights from `seed`), a diffusers `transformer/` folder, a whole pipeline folder, or
-    an original Wan checkpoint folder → eval-mode model."""
+    an original Wan checkpoint folder → eval-mode model. `loras`: (safetensors file, strength) pairs merged
+    into the weights as they load (dit.lora: the key layouts accepted, the scale)."""
     path_or_preset = resolve(path_or_preset)
     if isinstance(path_or_preset, str) and path_or_preset in presets():
-        return build_random(PRESETS[path_or_preset], dtype=dtype, device=device, seed=seed)
-    folder = _checkpoint_dir(Path(path_or_preset))
-    family, config, model = build_empty(json.loads((folder / "config.json").read_text()), dtype, device)
-    load_safetensors(model, checkpoint_files(folder), family.resolver(config))
-    return model.eval().requires_grad_(False)
+        folder, config_json = None, PRESETS[path_or_preset]
+    else:
+        folder = _checkpoint_dir(Path(path_or_preset))
+        config_json = json.loads((folder / "config.json").read_text())
+    family, config, model = build_empty(config_json, dtype, device)
+    # every LoRA key and shape is checked before the checkpoint is read
+    merges = lora.plan(model, loras, (family.lora_resolver or family.resolver)(config))
+    if folder is None:
+        random_init(model, seed)
+    else:
+        load_safetensors(model, checkpoint_files(folder), family.resolver(config))
+    return lora.merge(model, merges).eval().requires_grad_(False)
 
 
 def build_random(

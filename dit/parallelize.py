@@ -42,6 +42,10 @@ class SequenceParallel:
     def gather(self, module, args, out):
         return parallel.gather_sequence(out, self.mesh, self.info, dim=1)
 
+    def real_tokens(self, x):
+        """This rank's real tokens of a block output (the step cache's L1 sums skip the padding)."""
+        return parallel.real_tokens(x, self.mesh, self.info, dim=1)
+
     def attention(self, q, k, v):
         return parallel.attention(q, k, v, self.mesh, info=self.info, comm=self.comm, backend=self.backend)
 

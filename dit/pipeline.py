@@ -2,16 +2,17 @@
 
 Every rank of a replica runs `generate` with the same request. The noise comes from a CPU generator seeded by
 the request alone, so any world size and layout start from the same latents and end with the same video. The
-text encoder(s) and the VAE live on the replica leader only: it encodes the prompts and broadcasts the text
-conditioning to the replica's other ranks (which hold the DiT alone), and it is the one rank that returns
-frames. Every rank loads the tokenizer, so every rank validates a request on its own and rejects it the same
-way.
+text encoder(s) live on the replica leader only: it encodes the prompts and broadcasts the text conditioning
+to the replica's other ranks. Every rank holds the VAE and decodes a band of rows of the video
+(`dit.vae_parallel`); the leader gathers the frames and is the one rank that returns them. Every rank loads
+the tokenizer, so every rank validates a request on its own and rejects it the same way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from diffusers import SchedulerMixin
 
 import dit
 import parallel
+from dit.cache import CacheConfig, CacheStats, StepCache
 from dit.compile import compile_blocks
 from dit.families import TINY_LIMITS, Limits, PipelineFamily, pick_scheduler, pipeline_family
 from dit.presets import resolve
@@ -52,12 +54,19 @@ class PipelineConfig:
     # euler); a folder's scheduler config is used when its class is the one sampled (families.pick_scheduler)
     sampler: str | None = None
     flow_shift: float | None = None  # None: the folder's scheduler config, else the family's default
+    # A fixed (distilled) schedule, "1000,750,500,250" (dit.sampling.FixedSchedule): every request takes
+    # exactly these steps, guidance 1 unless it asks; None: the folder's `denoising_step_list`, if any.
+    timesteps: str | None = None
     # None: `device`. "cpu" keeps the text encoder(s) in host memory (the leader then needs no GPU memory for
     # them: UMT5-XXL is 11 GiB in bf16); encoding a prompt is a small part of a job.
     text_encoder_device: str | None = None
     # torch.compile each DiT block (regional; the sequence-parallel attention op stays eager): faster
     # forwards on GPUs after a one-off compile at each new video size's first step.
     compile: bool = False
+    # (safetensors file, strength) LoRAs merged into the DiT's weights at load (dit.lora: layouts accepted)
+    loras: tuple[tuple[str, float], ...] = ()
+    # step caching for requests that do not choose: off | fbcache[:THRESHOLD] (dit.cache)
+    cache: str = "off"
 
 
 @dataclass
@@ -73,6 +82,7 @@ class GenerationRequest:
     guidance_scale: float | None = None
     seed: int = 0
     fps: int | None = None
+    cache: str | None = None  # off | fbcache[:THRESHOLD] (dit.cache); None: the pipeline's
 
 
 def _check_int(
@@ -102,9 +112,11 @@ class Pipeline:
     ):
         self.config, self.mesh, self.family, self.model = config, mesh, family, model
         self.tokenizer, self.limits = tokenizer, limits
-        self.text_encoder, self.vae = text_encoder, vae  # None except on the replica leader
+        self.text_encoder = text_encoder  # None except on the replica leader
+        self.vae = vae  # on every rank: the replica decodes together
         # `families.pick_scheduler`'s choice; `denoise` resets the scheduler's state at every run
         self.sampler, self.flow_shift, self.scheduler = sampling
+        self.cache_stats: CacheStats | None = None  # the last generation's evaluations, when it cached
 
     def validate(self, req: GenerationRequest) -> GenerationRequest:
         """The request with defaults filled in; ValueError naming the field and its allowed values if not."""
@@ -129,6 +141,11 @@ class Pipeline:
             _check_int(
                 name, getattr(req, name), lim.min_size, lim.max_size, f"a multiple of {mult}", step=mult
             )
+        if lim.schedule is not None and req.num_inference_steps != lim.schedule.steps:
+            raise ValueError(
+                f"num_inference_steps must be {lim.schedule.steps}: the model's fixed schedule (timesteps "
+                f"{lim.schedule}) takes exactly that many, got {req.num_inference_steps!r}"
+            )
         _check_int("num_inference_steps", req.num_inference_steps, lim.min_steps, lim.max_steps)
         _check_int("fps", req.fps, lim.min_fps, lim.max_fps)
         _check_int("seed", req.seed, 0, MAX_SEED)
@@ -141,6 +158,9 @@ class Pipeline:
             raise ValueError(
                 f"guidance_scale must be between {lim.min_guidance} and {lim.max_guidance}, got {g!r}"
             )
+        if req.cache is not None and not isinstance(req.cache, str):
+            raise ValueError(f"cache must be a string such as fbcache:0.1, got {req.cache!r}")
+        req = replace(req, cache=str(CacheConfig.parse(req.cache or self.config.cache)))
         if not isinstance(req.prompt, str) or not req.prompt.strip():
             raise ValueError("prompt must be a non-empty string")
         for name in ("prompt", "negative_prompt"):
@@ -161,9 +181,9 @@ class Pipeline:
         channels = self.model.config.in_channels
         return (1, channels, (req.num_frames - 1) // t + 1, req.height // s, req.width // s)
 
-    def initial_noise(self, req: GenerationRequest) -> torch.Tensor:
-        """From a CPU generator seeded by the request only: identical on every rank, device and world size."""
-        generator = torch.Generator("cpu").manual_seed(req.seed)
+    def initial_noise(self, req: GenerationRequest, generator: torch.Generator) -> torch.Tensor:
+        """From `generator`, a CPU generator seeded by the request only: identical on every rank, device and
+        world size."""
         noise = torch.randn(self.latent_shape(req), generator=generator, dtype=torch.float32)
         return noise.to(self.device)
 
@@ -176,9 +196,14 @@ class Pipeline:
         _enter(on_phase, "encoding")
         cond, uncond = self.conditioning(req)
         _enter(on_phase, "denoising")
+        # One stream from the seed: the initial noise, then the fresh noise of each renoise step.
+        generator = torch.Generator("cpu").manual_seed(req.seed)
+        schedule = self.limits.schedule
+        cache = self.step_cache(CacheConfig.parse(req.cache))
+        self.cache_stats = cache.stats if cache is not None else None
         return denoise(
             self.model,
-            self.initial_noise(req),
+            self.initial_noise(req, generator),
             cond=cond,
             uncond=uncond,
             scheduler=self.scheduler,
@@ -186,7 +211,21 @@ class Pipeline:
             guidance=req.guidance_scale,
             mesh=self.mesh,
             callback=callback,
-            sigmas=self.family.sigmas(req.num_inference_steps),
+            sigmas=self.family.sigmas(req.num_inference_steps) if schedule is None else schedule.sigmas,
+            generator=generator,
+            cache=cache,
+        )
+
+    def step_cache(self, config: CacheConfig) -> StepCache | None:
+        """A fresh cache for one generation (None when off), its sums taken over this replica."""
+        if not config.enabled:
+            return None
+        sp = getattr(self.model, "sequence_parallel", None)
+        return StepCache(
+            config.threshold,
+            real=sp.real_tokens if sp is not None else lambda x: x,
+            reduce=partial(parallel.all_reduce_sum, group=self.mesh.replica_group),
+            cfg_parallel=self.mesh.cfg_size == 2,
         )
 
     def conditioning(self, req: GenerationRequest) -> tuple[dict, dict | None]:
@@ -216,20 +255,17 @@ class Pipeline:
             for name, t in self.text_encoder.condition(text).items()
         }
 
-    def decode(self, latents: torch.Tensor) -> np.ndarray:
-        """uint8 frames `[F, H, W, 3]`; only the replica leader holds the VAE."""
-        if self.vae is None:
-            raise RuntimeError("only the replica leader decodes (it alone holds the VAE)")
-        return self.family.decode(self.vae, latents)
+    def decode(self, latents: torch.Tensor) -> np.ndarray | None:
+        """uint8 frames `[F, H, W, 3]` on the replica leader, None on the other ranks. Collective over the
+        replica (every rank passes the same latents): each rank decodes a band of rows."""
+        return self.family.decode(self.vae, latents, self.mesh.replica_group)
 
     def generate(
         self, req: GenerationRequest, callback: Callback | None = None, on_phase: PhaseCallback | None = None
     ) -> np.ndarray | None:
         """Frames on the replica leader, None on the other ranks. `on_phase(name)` hears "encoding",
-        "denoising" and (on the leader) "decoding" as each begins, so a server can show where a job is."""
+        "denoising" and "decoding" as each begins, so a server can show where a job is."""
         latents = self.denoise(req, callback, on_phase)
-        if not self.mesh.is_replica_leader:
-            return None
         _enter(on_phase, "decoding")
         return self.decode(latents)
 
@@ -264,18 +300,21 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     model_name = resolve(config.model)
     folder = Path(model_name) if Path(model_name).is_dir() else None
     family = pipeline_family(model_name)
-    sampling = pick_scheduler(family, folder, config.sampler, config.flow_shift)  # before any weights load
+    # the sampler and any fixed schedule, decided before any weights load
+    *sampling, schedule = pick_scheduler(family, folder, config.sampler, config.flow_shift, config.timesteps)
 
-    model = family.wrap(dit.load_transformer(model_name, dtype=dtype, device=device).eval())
+    model = dit.load_transformer(model_name, dtype=dtype, device=device, loras=config.loras)
+    model = family.wrap(model.eval())
     model = dit.parallelize(model, mesh, comm=config.comm, backend=config.attn_backend)
     if config.compile:
         model = compile_blocks(model)
     tokenizer = family.tokenizer(folder)
-    # The replica leader alone encodes text and decodes video; the other ranks hold the DiT only.
+    # The replica leader alone encodes text; every rank decodes a band of the video (its activations, the
+    # bulk of a decode's memory, shrink with the ranks).
     leader = mesh.is_replica_leader
     text_device = torch.device(config.text_encoder_device) if config.text_encoder_device else device
     text_encoder = family.text_encoder(folder, model, tokenizer, dtype, text_device) if leader else None
-    vae = family.vae(folder, model.config.in_channels, device) if leader else None
+    vae = family.vae(folder, model.config.in_channels, device)
 
     t, s = family.compression
     limits = replace(
@@ -283,5 +322,5 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
         frame_step=t,
         size_multiple=s * max(model.config.patch_size[1:]),
         max_prompt_tokens=tokenizer.max_tokens,
-    )
+    ).with_schedule(schedule)
     return Pipeline(config, mesh, family, model, tokenizer, text_encoder, vae, limits, sampling)

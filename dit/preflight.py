@@ -23,6 +23,7 @@ def preflight(
     attn_backend: str = "auto",
     comm: str = "alltoall",
     sampler: str | None = None,
+    timesteps: str | None = None,
     text_encoder_device: str | None = None,
     nproc: int = 1,
     local_nproc: int | None = None,
@@ -55,9 +56,10 @@ def preflight(
             "--attn-backend flash needs a CUDA device and flash-attn installed; use auto or sdpa"
         )
 
-    from dit.families import pipeline_family
+    from dit.families import pick_scheduler, pipeline_family
     from dit.loading import model_names
     from dit.pipeline import DTYPES
+    from dit.presets import resolve
     from dit.sampling import SAMPLERS
 
     _check_choice("--dtype", dtype, DTYPES)
@@ -65,18 +67,23 @@ def preflight(
         _check_choice("--sampler", sampler, SAMPLERS)
     if model_path is None:
         _check_choice("--preset", preset, model_names())
-        return
-    if not Path(model_path).is_dir():
+    elif not Path(model_path).is_dir():
         raise ValueError(f"--model-path {model_path}: no such folder")
-    try:
-        pipeline_family(model_path)
-    except FileNotFoundError:
-        raise ValueError(
-            f"--model-path {model_path}: not a model folder (a diffusers pipeline folder with "
-            "transformer/config.json, or a transformer folder with config.json)"
-        ) from None
-    except ValueError as e:  # an unreadable config.json or a model class no family handles
-        raise ValueError(f"--model-path {model_path}: {e}") from None
+    else:
+        try:
+            pipeline_family(model_path)
+        except FileNotFoundError:
+            raise ValueError(
+                f"--model-path {model_path}: not a model folder (a diffusers pipeline folder with "
+                "transformer/config.json, or a transformer folder with config.json)"
+            ) from None
+        except ValueError as e:  # an unreadable config.json or a model class no family handles
+            raise ValueError(f"--model-path {model_path}: {e}") from None
+    # The sampler against the folder's scheduler/ and the fixed schedule (reads JSON, loads no weights).
+    model = resolve(model_path or preset)
+    pick_scheduler(
+        pipeline_family(model), Path(model) if Path(model).is_dir() else None, sampler, None, timesteps
+    )
 
 
 def _check_choice(option: str, value, allowed) -> None:

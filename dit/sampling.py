@@ -1,26 +1,93 @@
-"""Flow-matching sampling with Wan's timestep shift, classifier-free guidance (optionally CFG-parallel), and
-the per-step callback that can stop every rank of a replica at the same step."""
+"""Flow-matching sampling with Wan's timestep shift, fixed (distilled) schedules, classifier-free guidance
+(optionally CFG-parallel), and the per-step callback that can stop every rank of a replica at the same
+step."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, SchedulerMixin, UniPCMultistepScheduler
 
 import parallel
+from dit.cache import StepCache, attached
 
 # The schedulers Ithaca samples with, by their `--sampler` name; a pipeline folder's `scheduler/` must be one
 # of these classes.
 SCHEDULERS: dict[str, type[SchedulerMixin]] = {
     "unipc": UniPCMultistepScheduler,
     "euler": FlowMatchEulerDiscreteScheduler,
+    "renoise": FlowMatchEulerDiscreteScheduler,
 }
 SAMPLERS = tuple(SCHEDULERS)
-_SHIFT_KEY = {"unipc": "flow_shift", "euler": "shift"}  # each class's name for the flow shift
+_SHIFT_KEY = {"unipc": "flow_shift", "euler": "shift", "renoise": "shift"}  # each class's name for the shift
 # A sampler's config without a folder's: UniPC in flow-prediction mode as Wan publishes it; flow-match Euler.
-_DEFAULT_CONFIG = {"unipc": {"prediction_type": "flow_prediction", "use_flow_sigmas": True}, "euler": {}}
+_DEFAULT_CONFIG = {
+    "unipc": {"prediction_type": "flow_prediction", "use_flow_sigmas": True},
+    "euler": {},
+    "renoise": {},
+}
+# What makes a sampler itself over any config of its class. euler steps along the predicted velocity; renoise
+# (diffusers' `stochastic_sampling`) takes the predicted clean latents and noises them afresh to the next
+# sigma: the step of LightX2V's step-distilled Wan2.1 (WanStepDistillScheduler), ComfyUI's "lcm".
+_OWN_CONFIG = {"unipc": {}, "euler": {"stochastic_sampling": False}, "renoise": {"stochastic_sampling": True}}
+# The samplers that take a fixed schedule: they step from each given sigma to the next, one evaluation each.
+FIXED_SCHEDULE_SAMPLERS = ("euler", "renoise")
+NUM_TRAIN_TIMESTEPS = 1000  # Wan's, LightX2V's and the schedulers' default: timestep = 1000 · sigma
+_TIMESTEPS_RULE = (
+    f"timesteps must be integers in (0, {NUM_TRAIN_TIMESTEPS}], strictly decreasing, separated by commas, "
+    "e.g. 1000,750,500,250"
+)
 Callback = Callable[[int, int], "bool | None"]
+
+
+@dataclass(frozen=True)
+class FixedSchedule:
+    """The timesteps a step-distilled model was trained to sample with, e.g. LightX2V's 4-step Wan2.1:
+    1000, 750, 500, 250 with shift 5. Integers in (0, 1000], strictly decreasing (LightX2V's
+    `denoising_step_list`); a run takes exactly these steps, the last one to sigma 0.
+
+    Timestep t is the unshifted sigma s = t / 1000; the scheduler shifts it to shift·s / (1 + (shift − 1)·s)
+    and the model sees 1000 × that (diffusers' `FlowMatchEulerDiscreteScheduler.set_timesteps(sigmas=...)`).
+    This is LightX2V's definition: its WanStepDistillScheduler shifts linspace(1, 0, 1001)[:-1] the same way
+    and takes entry 1000 − t. With shift 5 the LightX2V list gives sigmas 1, 0.9375, 0.8333, 0.625."""
+
+    timesteps: tuple[int, ...]
+
+    def __post_init__(self):
+        ts = self.timesteps
+        if (
+            not isinstance(ts, tuple | list)
+            or not ts
+            or any(
+                isinstance(t, bool) or not isinstance(t, int) or not 0 < t <= NUM_TRAIN_TIMESTEPS for t in ts
+            )
+            or any(a <= b for a, b in pairwise(ts))
+        ):
+            raise ValueError(f"{_TIMESTEPS_RULE}; got {ts!r}")
+        object.__setattr__(self, "timesteps", tuple(ts))  # a JSON list from a folder's config
+
+    @classmethod
+    def parse(cls, text: str) -> FixedSchedule:
+        """From the command line's or the environment's form, "1000,750,500,250"."""
+        try:
+            return cls(tuple(int(part) for part in text.split(",")))
+        except ValueError:
+            raise ValueError(f"{_TIMESTEPS_RULE}; got {text!r}") from None
+
+    @property
+    def steps(self) -> int:
+        return len(self.timesteps)
+
+    @property
+    def sigmas(self) -> list[float]:
+        """The unshifted sigmas t / 1000, for `set_timesteps(sigmas=...)` (the scheduler shifts them)."""
+        return [t / NUM_TRAIN_TIMESTEPS for t in self.timesteps]
+
+    def __str__(self) -> str:
+        return ",".join(map(str, self.timesteps))
 
 
 class GenerationCancelled(RuntimeError):
@@ -37,21 +104,38 @@ def make_scheduler(
     """`sampler`'s scheduler from `config` (a pipeline folder's scheduler config of that class; None: the
     sampler's default config) with `flow_shift` set."""
     base = _DEFAULT_CONFIG[sampler] if config is None else config
-    return SCHEDULERS[sampler].from_config({**base, _SHIFT_KEY[sampler]: flow_shift})
+    return SCHEDULERS[sampler].from_config({**base, **_OWN_CONFIG[sampler], _SHIFT_KEY[sampler]: flow_shift})
 
 
-def guided_noise(model, x, t, cond: dict, uncond: dict | None, guidance: float, mesh) -> torch.Tensor:
+def sampler_of(config: dict) -> str | None:
+    """The sampler a scheduler config (a folder's `scheduler_config.json`) describes: its `_class_name`, and
+    for flow-match Euler its `stochastic_sampling` (diffusers' default: off); None for another class."""
+    for name, cls in SCHEDULERS.items():
+        own = _OWN_CONFIG[name].items()
+        if config.get("_class_name") == cls.__name__ and all(config.get(k, False) == v for k, v in own):
+            return name
+    return None
+
+
+def guided_noise(
+    model, x, t, cond: dict, uncond: dict | None, guidance: float, mesh, cache: StepCache | None = None
+) -> torch.Tensor:
     """One guided prediction; `cond`/`uncond` are the model's text keyword arguments. CFG-parallel (cfg_size
     2): cfg rank 0 runs the prompt, cfg rank 1 the negative prompt, and one all-gather gives both to every
     rank. Otherwise both passes run here, one after the other (not batched, so that every layout reduces in
-    the same order and gives the same numbers)."""
+    the same order and gives the same numbers). A step cache (`dit.cache`) hears which pass runs."""
+
+    def evaluate(which: str) -> torch.Tensor:
+        if cache is not None:
+            cache.current = which
+        return model(x, t, **(cond if which == "cond" else uncond)).float()
+
     if mesh.cfg_size == 2:
-        mine = model(x, t, **(cond if mesh.cfg_rank == 0 else uncond)).float()
-        cond_pred, uncond_pred = parallel.cfg_all_gather(mine, mesh)
+        cond_pred, uncond_pred = parallel.cfg_all_gather(evaluate(("cond", "uncond")[mesh.cfg_rank]), mesh)
     elif guidance == 1.0:  # no guidance: the unconditional pass would be multiplied by zero
-        return model(x, t, **cond).float()
+        return evaluate("cond")
     else:
-        cond_pred, uncond_pred = model(x, t, **cond).float(), model(x, t, **uncond).float()
+        cond_pred, uncond_pred = evaluate("cond"), evaluate("uncond")
     if guidance == 1.0:
         return cond_pred
     return uncond_pred + guidance * (cond_pred - uncond_pred)
@@ -78,22 +162,29 @@ def denoise(
     mesh,
     callback: Callback | None = None,
     sigmas: list[float] | None = None,
+    generator: torch.Generator | None = None,
+    cache: StepCache | None = None,
 ) -> torch.Tensor:
     """Run `steps` denoising steps from `latents` (float32) and return the final latents (float32, the same on
-    every rank). The model sees its own dtype; the scheduler works in float32."""
+    every rank). The model sees its own dtype; the scheduler works in float32. A renoise scheduler draws its
+    fresh noise from `generator`: a CPU generator seeded alike on every rank keeps the ranks identical. A
+    `cache` (dit.cache) lets the model skip its later blocks at steps where its first block's output barely
+    moved; it counts the evaluations run and skipped."""
     dtype = next(model.parameters()).dtype
     if sigmas is None:
         scheduler.set_timesteps(steps, device=latents.device)
-    else:  # an explicit schedule (HunyuanVideo-1.5's linspace(1, 0)), shifted by the scheduler
+    else:  # an explicit schedule (a fixed one, HunyuanVideo-1.5's linspace(1, 0)), shifted by the scheduler
         scheduler.set_timesteps(sigmas=sigmas, device=latents.device)
+    noise_source = {"generator": generator} if scheduler.config.get("stochastic_sampling") else {}
     # Begin at the first timestep by position, as diffusers' WanPipeline does: a large shift with many steps
     # repeats a timestep (UniPC's integer ones start 999, 999), and a lookup by value takes the second match.
     if hasattr(scheduler, "set_begin_index"):
         scheduler.set_begin_index(0)
-    for i, t in enumerate(scheduler.timesteps):
-        timestep = t.expand(latents.shape[0])
-        noise = guided_noise(model, latents.to(dtype), timestep, cond, uncond, guidance, mesh)
-        latents = scheduler.step(noise, t, latents, return_dict=False)[0]
-        if not should_continue(callback, i + 1, steps, mesh):
-            raise GenerationCancelled(i + 1, steps)
+    with attached(model, cache):
+        for i, t in enumerate(scheduler.timesteps):
+            timestep = t.expand(latents.shape[0])
+            noise = guided_noise(model, latents.to(dtype), timestep, cond, uncond, guidance, mesh, cache)
+            latents = scheduler.step(noise, t, latents, return_dict=False, **noise_source)[0]
+            if not should_continue(callback, i + 1, steps, mesh):
+                raise GenerationCancelled(i + 1, steps)
     return latents

@@ -3,9 +3,9 @@
 Parameter counts come from building each component on the meta device from its published config, so they are
 exact for those configs. Activation memory is an estimate from the tensor shapes of one DiT block's forward
 (see `activation_bytes`): sequence parallelism divides activations by the number of ranks, while every rank
-holds a full copy of the DiT's weights. Only the replica leader holds the text encoder(s) and the VAE (it
-encodes the prompts and broadcasts the conditioning, and it decodes), so the table gives the leader's memory
-and the other ranks'. `python -m dit.sizing` prints the table in deploy/README.md.
+holds a full copy of the DiT's weights and of the VAE (each rank decodes a band of rows). Only the replica
+leader holds the text encoder(s) (it encodes the prompts and broadcasts the conditioning), so the table gives
+the leader's memory and the other ranks'. `python -m dit.sizing` prints the table in deploy/README.md.
 """
 
 from __future__ import annotations
@@ -145,7 +145,8 @@ def table(ranks_list=(1, 2, 4, 8)) -> list[dict]:
             seq = tokens(model, res, patch)
             for ranks in ranks_list:
                 act = activation_bytes(seq, dim, ffn, ranks)
-                other = (dit_params * BF16 + act) / GIB  # every rank: the DiT and its activations share
+                # every rank: the DiT, its share of the activations, the VAE
+                other = (dit_params * BF16 + act + vae * FP32) / GIB
                 rows.append(
                     dict(
                         model=model.name,
@@ -156,7 +157,7 @@ def table(ranks_list=(1, 2, 4, 8)) -> list[dict]:
                         text_params_b=text_params / 1e9,
                         vae_params_b=vae / 1e9,
                         activations_gib=act / GIB,
-                        leader_gib=other + (text_params * BF16 + vae * FP32) / GIB,  # + text encoder(s), VAE
+                        leader_gib=other + text_params * BF16 / GIB,  # + the text encoder(s)
                         other_gib=other if ranks > 1 else None,
                         ulysses_ok=heads % ranks == 0,
                     )  # fmt: skip
@@ -168,7 +169,7 @@ def markdown(rows: list[dict]) -> str:
     out = [
         "| model | res | tokens | ranks | DiT params | text encoder params | VAE params (fp32) "
         "| activations/rank (GiB) "
-        "| leader: DiT + text encoder + VAE (GiB) | other ranks: DiT only (GiB) "
+        "| leader: DiT + text encoder + VAE (GiB) | other ranks: DiT + VAE (GiB) "
         "| Ulysses degree fits heads |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]

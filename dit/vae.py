@@ -12,8 +12,10 @@ import numpy as np
 import torch
 from diffusers import AutoencoderKLWan
 
-# Wan2.1's VAE compresses time ×4 (frames = 4k+1) and space ×8. Every rank needs these for the latent shape,
-# but only the replica leader loads the VAE, so they are constants here and `load_vae` checks the VAE agrees.
+from dit import vae_parallel
+
+# Wan2.1's VAE compresses time ×4 (frames = 4k+1) and space ×8: the family's constants (the latent shape is
+# known before any VAE loads), and `load_vae` checks the VAE agrees.
 WAN_COMPRESSION = (4, 8)
 
 
@@ -56,18 +58,29 @@ def check_vae(vae, channels: int, expected_channels: int, compression, expected_
 
 
 @torch.no_grad()
-def decode(vae: AutoencoderKLWan, latents: torch.Tensor) -> np.ndarray:
-    """Latents `[1, C, f, h, w]` (the DiT's normalised space) → uint8 frames `[F, H, W, 3]`."""
+def decode(vae: AutoencoderKLWan, latents: torch.Tensor, group=None) -> np.ndarray | None:
+    """Latents `[1, C, f, h, w]` (the DiT's normalised space) → uint8 frames `[F, H, W, 3]`. With a group,
+    every rank of it decodes a band of rows (`dit.vae_parallel`) and its rank 0 gets the frames (None
+    elsewhere)."""
     cfg = vae.config
     shape = (1, cfg.z_dim, 1, 1, 1)
     mean = torch.tensor(cfg.latents_mean, dtype=torch.float32).view(shape)
     std = torch.tensor(cfg.latents_std, dtype=torch.float32).view(shape)
     device = next(vae.parameters()).device
     z = latents.to(device, torch.float32) * std.to(device) + mean.to(device)
-    return to_uint8(vae.decode(z, return_dict=False)[0])
+    return frames(vae_parallel.decode(vae, z, group, finish=quantize))
+
+
+def quantize(video: torch.Tensor) -> torch.Tensor:
+    """A decoded video (or band of one) in [-1, 1] → uint8 levels, the same layout."""
+    return ((video.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+
+
+def frames(video: torch.Tensor | None) -> np.ndarray | None:
+    """uint8 `[1, 3, F, H, W]` → frames `[F, H, W, 3]` on the host (None stays None: not the leader)."""
+    return None if video is None else video[0].permute(1, 2, 3, 0).cpu().numpy()
 
 
 def to_uint8(video: torch.Tensor) -> np.ndarray:
     """A decoded video `[1, 3, F, H, W]` in [-1, 1] → uint8 frames `[F, H, W, 3]`."""
-    video = ((video[0].clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-    return video.permute(1, 2, 3, 0).cpu().numpy()
+    return frames(quantize(video))

@@ -1,22 +1,30 @@
-"""Sequence-parallel attention: process mesh, Ulysses (plain / FP8 / P2P), ring, hybrid, kernels."""
+"""Sequence-parallel attention: process mesh, Ulysses (plain / FP8 / P2P), ring, hybrid, kernels; row bands
+with halo exchange (band-parallel convolution)."""
 
 from parallel.attention import attention, cfg_all_gather
-from parallel.comm import COMM_MODES, CommConfig, CommStats, count_comm
+from parallel.comm import COMM_MODES, CommConfig, CommStats, all_reduce_sum, count_comm
+from parallel.halo import RowBands, band_sizes, exchange_halo, gather_bands
 from parallel.kernels import local_attention
 from parallel.mesh import ParallelMesh, init_parallel
-from parallel.sharding import SequenceShardInfo, gather_sequence, shard_sequence
+from parallel.sharding import SequenceShardInfo, gather_sequence, real_tokens, shard_sequence
 
 __all__ = [
     "COMM_MODES",
     "CommConfig",
     "CommStats",
     "ParallelMesh",
+    "RowBands",
     "SequenceShardInfo",
+    "all_reduce_sum",
     "attention",
+    "band_sizes",
     "cfg_all_gather",
     "count_comm",
+    "exchange_halo",
+    "gather_bands",
     "gather_sequence",
     "init_parallel",
     "local_attention",
+    "real_tokens",
     "shard_sequence",
 ]

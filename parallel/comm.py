@@ -129,6 +129,16 @@ def all_gather(x: torch.Tensor, group) -> torch.Tensor:
     return out.view(P, *x.shape)
 
 
+def all_reduce_sum(x: torch.Tensor, group) -> torch.Tensor:
+    """x summed over the group (a copy; x itself when there is no group)."""
+    if group is None:
+        return x
+    out = x.clone()
+    _record("all_reduce", x.nbytes)
+    dist.all_reduce(out, group=group)
+    return out
+
+
 def ring_pass(x: torch.Tensor, buf: torch.Tensor, group) -> list:
     """Start sending x to the next ring rank and receiving the previous rank's into buf; returns the works."""
     P, me = dist.get_world_size(group), dist.get_rank(group)

@@ -34,6 +34,7 @@ class ParallelMesh:
     sp_group: object = None
     cfg_group: object = None
     control_group: object = None
+    replica_group: object = None  # the backend's group over the whole replica (the VAE decodes across it)
     replica_leader: int = 0
     validate: bool = False  # cross-rank shape check before every attention call (one tiny gloo all-gather)
 
@@ -148,6 +149,15 @@ def init_parallel(
     ]
     replicas = [list(range(d * replica, (d + 1) * replica)) for d in range(D)]
     device = torch.device(f"cuda:{torch.cuda.current_device()}") if backend == "nccl" else torch.device("cpu")
+    groups = dict(  # created in this order on every rank
+        ulysses_group=make(ulysses_groups, u),
+        ring_group=make(ring_groups, r),
+        sp_group=make(sp_groups, r * u),
+        cfg_group=make(cfg_groups, c),
+        control_group=make(replicas, replica, "gloo") if replica > 1 else None,
+    )
+    # without CFG the sp group is the replica: no second communicator over the same ranks
+    groups["replica_group"] = make(replicas, replica) if c > 1 else groups["sp_group"]
     mesh = ParallelMesh(
         world_size=world,
         rank=rank,
@@ -161,11 +171,7 @@ def init_parallel(
         cfg_rank=cfg_rank,
         dp_size=D,
         dp_rank=dp_rank,
-        ulysses_group=make(ulysses_groups, u),
-        ring_group=make(ring_groups, r),
-        sp_group=make(sp_groups, r * u),
-        cfg_group=make(cfg_groups, c),
-        control_group=make(replicas, replica, "gloo") if replica > 1 else None,
+        **groups,
         replica_leader=dp_rank * replica,
         validate=os.environ.get("ITHACA_VALIDATE", "0") == "1",
     )

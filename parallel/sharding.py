@@ -91,6 +91,13 @@ def gather_sequence(x_local: torch.Tensor, mesh: ParallelMesh, info: SequenceSha
     return x.narrow(dim, 0, info.seq_len)
 
 
+def real_tokens(x_local: torch.Tensor, mesh: ParallelMesh, info: SequenceShardInfo, dim: int = 1):
+    """The real (unpadded) tokens of this rank's shard: a prefix of it, since padding sits at the global end
+    and a ring rank's span holds its valid tokens first."""
+    valid = info.span_valid(mesh.ring_rank) - mesh.ulysses_rank * info.local_len
+    return x_local.narrow(dim, 0, min(max(valid, 0), info.local_len))
+
+
 def local_info(q: torch.Tensor, mesh: ParallelMesh, info: SequenceShardInfo | None) -> SequenceShardInfo:
     """The info attention works with; without one the shards are taken as unpadded and contiguous."""
     if info is None:

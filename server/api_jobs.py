@@ -8,9 +8,11 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.responses import FileResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.concurrency import run_in_threadpool
 
+from dit.cache import CacheConfig
+from server import limits as limits_mod
 from server.jsonsafe import SafeJSONResponse, render, shown
 from server.openai_errors import responses
 from server.services import MAX_PROMPT_CHARS, Services
@@ -39,6 +41,17 @@ class GenerateBody(BaseModel):
     guidance_scale: float | None = Field(None, ge=0.0, le=1000.0, allow_inf_nan=False)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     fps: int | None = Field(None, ge=1, le=1000)
+    cache: str | None = Field(
+        None,
+        max_length=32,
+        description="step caching: off | fbcache[:THRESHOLD], threshold 0–1 (default: the server's)",
+        examples=["fbcache:0.05"],
+    )
+
+    @field_validator("cache")
+    @classmethod
+    def _cache(cls, value: str | None) -> str | None:
+        return None if value is None else str(CacheConfig.parse(value))  # ValueError → 422 naming the field
 
 
 def schema_with_limits(document: dict, limits: dict) -> dict:
@@ -56,6 +69,8 @@ def schema_with_limits(document: dict, limits: dict) -> dict:
                 branch["multipleOf"] = spec["multiple_of"]  # frames (4k+1) are not a multiple of anything
         if "max_tokens" in spec and name in fields:
             fields[name]["description"] = f"at most {spec['max_tokens']} tokens (the model's tokenizer)"
+        if "timesteps" in spec and name in fields:
+            fields[name]["description"] = limits_mod.fixed_steps(spec)
     return document
 
 

@@ -54,9 +54,9 @@ def _preflight(config: config_mod.ServeConfig) -> None:
     """The worker group's settings, checked before it starts (ValueError: one line naming the option)."""
     from dit.preflight import preflight
 
-    # ServeConfig names these fields as preflight names its arguments (serve has no --sampler)
-    checked = ("model_path", "preset", "device", "dtype", "attn_backend", "comm", "text_encoder_device",
-               "nproc", "ulysses", "ring", "cfg")  # fmt: skip
+    # ServeConfig names these fields as preflight names its arguments
+    checked = ("model_path", "preset", "device", "dtype", "attn_backend", "comm", "sampler", "timesteps",
+               "text_encoder_device", "nproc", "ulysses", "ring", "cfg")  # fmt: skip
     preflight(**{name: getattr(config, name) for name in checked})
 
 

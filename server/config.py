@@ -13,8 +13,21 @@ import socket
 from dataclasses import dataclass, field
 
 
-def _opt(default, help: str, *, worker: bool = False):
-    return field(default=default, metadata={"help": help, "worker": worker})
+def _opt(default, help: str, *, worker: bool = False, parse=None):
+    """`parse(text)` checks a text value as the flag or variable is read (ValueError: what is wrong)."""
+    return field(default=default, metadata={"help": help, "worker": worker, "parse": parse})
+
+
+def _loras(text: str) -> tuple[tuple[str, float], ...]:
+    from dit.lora import parse_specs  # imports torch: only when a LoRA is set
+
+    return parse_specs(text)
+
+
+def _cache(text: str) -> str:
+    from dit.cache import CacheConfig
+
+    return str(CacheConfig.parse(text))
 
 
 @dataclass
@@ -38,6 +51,32 @@ class ServeConfig:
         None, "device of the text encoder (cpu: keep it off the GPU; default: the DiT's)", worker=True
     )
     compile: bool = _opt(False, "torch.compile each DiT block (faster GPU steps after warm-up)", worker=True)
+    sampler: str | None = _opt(
+        None, "unipc, euler or renoise (default: the folder's scheduler, else the family's)", worker=True
+    )
+    flow_shift: float | None = _opt(
+        None, "flow shift (default: the folder's scheduler config, else the family's)", worker=True
+    )
+    timesteps: str | None = _opt(
+        None,
+        "a distilled model's fixed schedule, e.g. 1000,750,500,250: every job takes exactly these steps, "
+        "guidance 1 unless it asks (default: the folder's denoising_step_list, if any)",
+        worker=True,
+    )
+    lora: str | None = _opt(
+        None,
+        "LoRA files merged into the DiT at load: PATH[:STRENGTH] (strength 1 by default), several separated "
+        "by ',' or ';'",
+        worker=True,
+        parse=_loras,
+    )
+    cache: str = _opt(
+        "off",
+        "step caching for jobs that do not choose: off | fbcache[:THRESHOLD] (skips most of the DiT at steps "
+        "where its first block's output barely moved)",
+        worker=True,
+        parse=_cache,
+    )
     api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on every route but /health")
     max_queue: int = _opt(64, "queued jobs beyond this are refused with 429")
     max_body_bytes: int = _opt(65536, "larger request bodies are refused with 413")
@@ -65,6 +104,10 @@ class ServeConfig:
     @property
     def model(self) -> str:
         return self.model_path or self.preset
+
+    @property
+    def loras(self) -> tuple[tuple[str, float], ...]:
+        return _loras(self.lora) if self.lora else ()
 
     @property
     def db_path(self) -> str:
@@ -117,6 +160,11 @@ def _convert(f: dataclasses.Field, raw: str):
         raise argparse.ArgumentTypeError(
             f"{raw!r} is not {'an integer' if kind.startswith('int') else 'a number'}"
         ) from None
+    if f.metadata["parse"] is not None:
+        try:
+            f.metadata["parse"](raw)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
     return raw
 
 

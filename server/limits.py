@@ -1,8 +1,9 @@
 """The loaded model's request limits, as the API process sees them without loading the model.
 
 The worker leader publishes `pipe.limits` into the job store at startup (`describe`), in a plain form:
-`{field: {"min", "max", "multiple_of", "default"}}`. The API checks each request against the last
-published limits (`check`) and answers 422 naming the field and the allowed range. Until a worker has
+`{field: {"min", "max", "multiple_of", "default"}}`; a fixed (distilled) schedule adds its `timesteps` to
+`num_inference_steps`, whose min and max are then its step count. The API checks each request against the
+last published limits (`check`) and answers 422 naming the field and the allowed range. Until a worker has
 published them (first start, model still loading) the API only checks types and sanity bounds; the worker
 runs `pipe.validate` on every claimed job anyway, which turns anything the API could not check into a
 failed job with the pipeline's own message. The prompts' limit is in tokens (`{"max_tokens"}`): the API
@@ -37,6 +38,8 @@ def describe(limits) -> dict:
             spec["default"] = default
         if raw.get(_MULTIPLE.get(key, "")):
             spec["multiple_of"] = raw[_MULTIPLE[key]]
+        if key == "steps" and raw.get("schedule"):
+            spec["timesteps"] = list(raw["schedule"]["timesteps"])
         if spec:
             out[name] = spec
     if "max_prompt_tokens" in raw:
@@ -49,6 +52,12 @@ def defaults(described: dict) -> dict:
     return {name: spec["default"] for name, spec in described.items() if "default" in spec}
 
 
+def fixed_steps(spec: dict) -> str:
+    """What a published fixed schedule allows `num_inference_steps`, in words."""
+    timesteps = ",".join(map(str, spec["timesteps"]))
+    return f"the model's fixed schedule (timesteps {timesteps}) takes exactly {spec['min']} steps"
+
+
 def check(request: dict, limits: dict) -> list[tuple[str, str]]:
     """(field, message) for every value outside the published numeric limits."""
     errors = []
@@ -58,7 +67,11 @@ def check(request: dict, limits: dict) -> list[tuple[str, str]]:
             continue
         lo, hi, mult = spec.get("min"), spec.get("max"), spec.get("multiple_of")
         allowed = f"allowed {lo}..{hi}" + (f" in steps of {mult}" if mult else "")
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
+        if "timesteps" in spec and value != lo:
+            errors.append(
+                (name, f"{name}={value} is not valid: {fixed_steps(spec)}; send {lo} or leave it out")
+            )
+        elif (lo is not None and value < lo) or (hi is not None and value > hi):
             errors.append((name, f"{name}={value} is out of range: {allowed}"))
         elif mult and isinstance(value, int) and (value - (lo or 0)) % mult:
             errors.append((name, f"{name}={value} is not valid: {allowed}"))

@@ -1,34 +1,55 @@
 """Prometheus text exposition, written by hand (a handful of series; no client library needed).
 
 Histograms live as counters in the job store (`counters` table): the worker leader adds a finished job's
-step latencies and duration there, so every API process sharing the store reports the same numbers, across
-restarts.
+step latencies, duration and phase seconds there, so every API process sharing the store reports the same
+numbers, across restarts.
 """
 
 from __future__ import annotations
 
+from server.store import TIMED_PHASES
+
 STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 JOB_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+PHASE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+# name → (buckets, help, (label, its values) or None)
 _HISTOGRAMS = {
-    "ithaca_step_latency_seconds": (STEP_BUCKETS, "Wall time of one denoising step (all ranks)"),
-    "ithaca_job_duration_seconds": (JOB_BUCKETS, "Wall time from claim to completion of a completed job"),
+    "ithaca_step_latency_seconds": (STEP_BUCKETS, "Wall time of one denoising step (all ranks)", None),
+    "ithaca_job_duration_seconds": (
+        JOB_BUCKETS,
+        "Wall time from claim to completion of a completed job",
+        None,
+    ),
+    "ithaca_job_phase_seconds": (
+        PHASE_BUCKETS,
+        "Seconds a completed job spent in each phase (the text encoding, the denoising, the VAE decode, "
+        "writing the MP4)",
+        ("phase", TIMED_PHASES),
+    ),
 }
 
 
-def _observe(deltas: dict, name: str, value: float) -> None:
-    for le in _HISTOGRAMS[name][0]:
-        if value <= le:
-            deltas[f"{name}_bucket:{le}"] = deltas.get(f"{name}_bucket:{le}", 0) + 1
-    deltas[f"{name}_count"] = deltas.get(f"{name}_count", 0) + 1
-    deltas[f"{name}_sum"] = deltas.get(f"{name}_sum", 0.0) + value
+def _key(name: str, part: str, label_value: str | None) -> str:
+    """The series' counter in the store (unlabelled ones keep the names earlier versions stored)."""
+    return f"{name}_{part}" + (f":{label_value}" if label_value else "")
 
 
-def observations(step_times: list[float], job_seconds: float) -> dict[str, float]:
-    """Counter increments for one completed job."""
+def _observe(deltas: dict, name: str, value: float, label_value: str | None = None) -> None:
+    keys = [_key(name, f"bucket:{le}", label_value) for le in _HISTOGRAMS[name][0] if value <= le]
+    for key in [*keys, _key(name, "count", label_value)]:
+        deltas[key] = deltas.get(key, 0) + 1
+    key = _key(name, "sum", label_value)
+    deltas[key] = deltas.get(key, 0.0) + value
+
+
+def observations(step_times: list[float], job_seconds: float, phases: dict[str, float]) -> dict[str, float]:
+    """Counter increments for one completed job; `phases`: seconds of each phase it went through."""
     deltas: dict[str, float] = {}
     for t in step_times:
         _observe(deltas, "ithaca_step_latency_seconds", t)
     _observe(deltas, "ithaca_job_duration_seconds", job_seconds)
+    for phase, seconds in phases.items():
+        _observe(deltas, "ithaca_job_phase_seconds", seconds, phase)
     return deltas
 
 
@@ -47,16 +68,23 @@ def render(*, counts: dict[str, int], counters: dict[str, float], restarts: int,
         "# TYPE ithaca_ready gauge",
         f"ithaca_ready {int(ready)}",
     ]
-    for name, (buckets, help_text) in _HISTOGRAMS.items():
+    for name, (buckets, help_text, label) in _HISTOGRAMS.items():
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-        # Prometheus buckets are cumulative; _observe already counted every bucket >= the value.
-        lines += [
-            f'{name}_bucket{{le="{le}"}} {int(counters.get(f"{name}_bucket:{le}", 0))}' for le in buckets
-        ]
-        count = int(counters.get(f"{name}_count", 0))
-        lines += [
-            f'{name}_bucket{{le="+Inf"}} {count}',
-            f"{name}_count {count}",
-            f"{name}_sum {counters.get(f'{name}_sum', 0.0)}",
-        ]
+        for value in label[1] if label else [None]:
+            labels = {label[0]: value} if label else {}
+            count = int(counters.get(_key(name, "count", value), 0))
+            # Prometheus buckets are cumulative; _observe already counted every bucket >= the value.
+            cumulative = {le: int(counters.get(_key(name, f"bucket:{le}", value), 0)) for le in buckets}
+            lines += [
+                f"{_series(f'{name}_bucket', **labels, le=le)} {n}"
+                for le, n in (cumulative | {"+Inf": count}).items()
+            ]
+            lines += [
+                f"{_series(f'{name}_count', **labels)} {count}",
+                f"{_series(f'{name}_sum', **labels)} {counters.get(_key(name, 'sum', value), 0.0)}",
+            ]
     return "\n".join(lines) + "\n"
+
+
+def _series(name: str, **labels) -> str:
+    return name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")

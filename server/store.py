@@ -27,6 +27,10 @@ ACTIVE = ("queued", "in_progress")
 TERMINAL = ("completed", "failed", "cancelled")
 STATUSES = ACTIVE + TERMINAL
 PHASES = ("queued", "encoding", "denoising", "decoding", "writing")
+TIMED_PHASES = PHASES[1:]
+# The seconds of each phase: a column each, so a running job shows the phases it has finished and a failed
+# one keeps them (the rest of a job's timings is one JSON object written with its terminal state).
+PHASE_TIMINGS = tuple(f"{phase}_s" for phase in TIMED_PHASES)
 # Progress (0-100) at the start of each phase: denoising steps fill 0..DENOISED, the decode and the MP4
 # the rest, so a long decode is not "99 %" for seconds; 100 is reached only on completion.
 DENOISED = 90
@@ -74,7 +78,11 @@ CREATE TABLE IF NOT EXISTS flags (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 # Columns added after the first release, declared here alone: every store, new or written by an earlier
 # version, gains them at open.
-_ADDED_COLUMNS = {"phase": "TEXT NOT NULL DEFAULT 'queued'", "request_hash": "TEXT"}
+_ADDED_COLUMNS = {
+    "phase": "TEXT NOT NULL DEFAULT 'queued'",
+    "request_hash": "TEXT",
+    **dict.fromkeys(PHASE_TIMINGS, "REAL"),
+}
 
 
 @dataclass
@@ -124,7 +132,8 @@ def _job(row: sqlite3.Row | None) -> Job | None:
         deleted=bool(row["deleted"]),
         worker=row["worker"],
         video=row["video"],
-        timings=json.loads(row["timings"] or "{}"),
+        # null for the phases not reached; a job finished by an earlier version has them in its JSON
+        timings={c: row[c] for c in PHASE_TIMINGS} | json.loads(row["timings"] or "{}"),
         error=row["error"],
         phase=row["phase"],
     )
@@ -310,14 +319,16 @@ class JobStore:
             ).fetchone()
         return row is None or bool(row[0])
 
-    def set_phase(self, job_id: str, worker: str, phase: str) -> bool:
-        """Record that a running job entered `phase`; True (stop) as `progress` answers."""
+    def set_phase(self, job_id: str, worker: str, phase: str, timings: dict | None = None) -> bool:
+        """Record that a running job entered `phase`, and the seconds of the phases it has finished
+        (`timings`, PHASE_TIMINGS keys); True (stop) as `progress` answers."""
         assert phase in PHASES
+        set_timings, seconds = _phase_timings(5, timings)
         with self._write() as db:
             row = db.execute(
-                "UPDATE jobs SET phase = ?, progress = MAX(progress, ?) "
-                "WHERE id = ? AND worker = ? AND status = 'in_progress' RETURNING *",
-                (phase, PHASE_PROGRESS.get(phase, 0), job_id, worker),
+                f"UPDATE jobs SET phase = ?1, progress = MAX(progress, ?2), {set_timings} "
+                "WHERE id = ?3 AND worker = ?4 AND status = 'in_progress' RETURNING *",
+                (phase, PHASE_PROGRESS.get(phase, 0), job_id, worker, *seconds),
             ).fetchone()
         job = _log_change(_job(row))
         return job is None or job.cancel_requested
@@ -335,9 +346,12 @@ class JobStore:
         """Write the terminal state of a running job, if it is still `worker`'s (None: any worker's); returns
         the job, or None when it was no longer in progress there. A completion finds a cancel that arrived
         after the last step in the same statement and ends the job `cancelled` instead (no video): a DELETE
-        either lands before it or finds the job completed, never accepted and then ignored."""
+        either lands before it or finds the job completed, never accepted and then ignored. `timings`: the
+        phases' seconds (PHASE_TIMINGS keys; one left out keeps what `set_phase` recorded) and any others."""
         assert status in TERMINAL
         late_cancel = "cancelled after the last step; the video was not kept"
+        set_timings, seconds = _phase_timings(9, timings)
+        others = json.dumps({k: v for k, v in (timings or {}).items() if k not in PHASE_TIMINGS})
         with self._write() as db:
             row = db.execute(
                 "UPDATE jobs SET "
@@ -345,9 +359,9 @@ class JobStore:
                 "error = CASE WHEN ?1 = 'completed' AND cancel_requested THEN ?2 ELSE ?3 END, "
                 "video = CASE WHEN cancel_requested THEN NULL ELSE ?4 END, "
                 "progress = CASE WHEN ?1 = 'completed' AND NOT cancel_requested THEN 100 ELSE progress END, "
-                "timings = ?5, finished_at = ?6 "
+                f"timings = ?5, finished_at = ?6, {set_timings} "
                 "WHERE id = ?7 AND status = 'in_progress' AND (?8 IS NULL OR worker = ?8) RETURNING *",
-                (status, late_cancel, error, video, json.dumps(timings or {}), time.time(), job_id, worker),
+                (status, late_cancel, error, video, others, time.time(), job_id, worker, *seconds),
             ).fetchone()
         return _log_change(_job(row))
 
@@ -381,7 +395,7 @@ class JobStore:
             if job.attempts < max_attempts:
                 row = db.execute(
                     "UPDATE jobs SET status = 'queued', worker = NULL, started_at = NULL, step = 0, "
-                    "progress = 0, phase = 'queued' "
+                    f"progress = 0, phase = 'queued', {_CLEAR_TIMINGS} "
                     "WHERE id = ? AND status = 'in_progress' RETURNING *",
                     (job.id,),
                 ).fetchone()
@@ -464,6 +478,16 @@ class JobStore:
     def _flag(self, name: str) -> str | None:
         row = self._db.execute("SELECT value FROM flags WHERE name = ?", (name,)).fetchone()
         return None if row is None else row[0]
+
+
+def _phase_timings(first: int, timings: dict | None) -> tuple[str, list]:
+    """SQL that sets the phase-seconds columns from the parameters ?first, ?first+1, ..., and their values;
+    a phase `timings` leaves out keeps its column."""
+    sql = ", ".join(f"{c} = COALESCE(?{first + i}, {c})" for i, c in enumerate(PHASE_TIMINGS))
+    return sql, [(timings or {}).get(c) for c in PHASE_TIMINGS]
+
+
+_CLEAR_TIMINGS = ", ".join(f"{c} = NULL" for c in PHASE_TIMINGS)  # a re-queued job starts its phases afresh
 
 
 def _log_change(job: Job | None, reason: str | None = None) -> Job | None:

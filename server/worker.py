@@ -6,13 +6,14 @@ Each data-parallel replica serves its own jobs. Its leader polls the job store, 
 job and broadcasts the spec over the replica's gloo control group; idle ranks wait there (the leader sends
 a keep-alive while idle, so the wait never reaches the gloo timeout and never sits inside NCCL). Every
 rank runs the pipeline; the leader records progress after each step, turns the job's cancel flag into the
-callback's False, records each phase (encoding, denoising, decoding, writing), writes the MP4 and the
-terminal state; a cancel that arrives after the last step ends the job cancelled with no video. Before every
-claim the leader checks that its server is alive and has not asked it to drain (store flag or SIGTERM):
-otherwise it sends "stop" and the group exits, leaving queued jobs for the next group. Every rank dies with
-torchrun (parent-death signal). Any failure other than a cancel leaves the group's state unknown: the leader
-fails the job and every rank exits non-zero, so torchrun ends the group and the supervisor starts a fresh
-one; the first rank to fail records its error in the store for the supervisor's log.
+callback's False, records each phase (encoding, denoising, decoding, writing) and the seconds of each one
+it finished, writes the MP4 and the terminal state; a cancel that arrives after the last step ends the job
+cancelled with no video. Before every claim the leader checks that its server is alive and has not asked it
+to drain (store flag or SIGTERM): otherwise it sends "stop" and the group exits, leaving queued jobs for the
+next group. Every rank dies with torchrun (parent-death signal). Any failure other than a cancel leaves the
+group's state unknown: the leader fails the job and every rank exits non-zero, so torchrun ends the group
+and the supervisor starts a fresh one; the first rank to fail records its error in the store for the
+supervisor's log.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ class Worker:
         self.job_id, self.state = job_id, "busy"
         step_times: list[float] = []
         last = [time.perf_counter()]
-        phases = _PhaseClock()
+        phases = PhaseClock()
 
         def callback(step: int, total: int) -> bool:
             now = time.perf_counter()
@@ -150,7 +151,7 @@ class Worker:
             if phase == "denoising":
                 last[0] = time.perf_counter()  # the first step's time leaves the text encoding out
             if leader:
-                self.store.set_phase(job_id, self.name, phase)
+                self.store.set_phase(job_id, self.name, phase, phases.timings)
 
         start = time.perf_counter()
         try:
@@ -177,6 +178,7 @@ class Worker:
                     error=f"generation failed, the worker group was restarted: {type(e).__name__}: {e}"[
                         :2000
                     ],
+                    timings=_timings(start, step_times, phases),
                 )
             raise
         if leader:
@@ -189,7 +191,7 @@ class Worker:
         that lands in between is found by `finish`, and the file goes again."""
         path = os.path.join(self.config.videos_dir, f"{job_id}.mp4")
         phases.enter("writing")
-        if self.store.set_phase(job_id, self.name, "writing"):
+        if self.store.set_phase(job_id, self.name, "writing", phases.timings):
             self.store.finish(
                 job_id, self.name, "cancelled", error="cancelled while decoding; no video was written",
                 timings=_timings(start, step_times, phases),
@@ -204,7 +206,9 @@ class Worker:
         if job is None or job.status != "completed":  # cancelled meanwhile, or no longer this worker's
             os.remove(path)
         else:
-            self.store.add_counters(metrics.observations(step_times, job.finished_at - job.started_at))
+            self.store.add_counters(
+                metrics.observations(step_times, job.finished_at - job.started_at, phases.seconds)
+            )
 
 
 def _alive(pid: int) -> bool:
@@ -217,8 +221,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-class _PhaseClock:
-    """Seconds spent in each phase of one job."""
+class PhaseClock:
+    """Seconds spent in each phase of one job (the worker records them, bench/job.py prints them)."""
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
@@ -230,14 +234,19 @@ class _PhaseClock:
             self.seconds[self._phase] = self.seconds.get(self._phase, 0.0) + now - self._since
         self._phase, self._since = phase, now
 
+    @property
+    def timings(self) -> dict[str, float]:
+        """The finished phases' seconds under the job view's keys ("encoding_s", ...)."""
+        return {f"{phase}_s": seconds for phase, seconds in self.seconds.items()}
 
-def _timings(start: float, step_times: list[float], phases: _PhaseClock) -> dict:
+
+def _timings(start: float, step_times: list[float], phases: PhaseClock) -> dict:
     phases.enter(None)
     return {
         "total_s": time.perf_counter() - start,
         "steps": len(step_times),
         "mean_step_s": sum(step_times) / len(step_times) if step_times else None,
-        **{f"{phase}_s": seconds for phase, seconds in phases.seconds.items()},
+        **phases.timings,
     }
 
 
@@ -282,6 +291,11 @@ def _start(config: ServeConfig, group_id: str) -> Worker:
             attn_backend=config.attn_backend,
             text_encoder_device=config.text_encoder_device,
             compile=config.compile,
+            sampler=config.sampler,
+            flow_shift=config.flow_shift,
+            timesteps=config.timesteps,
+            loras=config.loras,
+            cache=config.cache,
         ),
         mesh,
     )

@@ -30,26 +30,28 @@ class _WordCounter:
 class FakePipeline:
     validate = Pipeline.validate  # the real request checks, against self.limits and self.tokenizer
 
-    def __init__(self, mesh):
-        self.mesh, self.limits, self.tokenizer = mesh, TINY_LIMITS, _WordCounter()
+    def __init__(self, mesh, config: PipelineConfig):
+        self.mesh, self.config, self.limits, self.tokenizer = mesh, config, TINY_LIMITS, _WordCounter()
+        self.cache_stats = None  # no transformer, nothing cached
         self.step_s = float(os.environ.get("ITHACA_FAKE_STEP_S", "0"))
         self.decode_s = float(os.environ.get("ITHACA_FAKE_DECODE_S", "0"))
 
     def generate(self, req: GenerationRequest, callback=None, on_phase=lambda phase: None):
         req = self.validate(req)
+        on_phase("encoding")
         on_phase("denoising")
         for step in range(1, req.num_inference_steps + 1):
             time.sleep(self.step_s)
             if not should_continue(callback, step, req.num_inference_steps, self.mesh):
                 raise GenerationCancelled(step, req.num_inference_steps)
+        on_phase("decoding")  # as the real pipeline: every rank decodes a band, the leader gets the frames
+        time.sleep(self.decode_s)
         if not self.mesh.is_replica_leader:
             return None
-        on_phase("decoding")
-        time.sleep(self.decode_s)
         return np.random.default_rng(req.seed).integers(
             0, 255, (req.num_frames, req.height, req.width, 3), np.uint8
         )
 
 
 def load_pipeline(config: PipelineConfig, mesh) -> FakePipeline:
-    return FakePipeline(mesh)
+    return FakePipeline(mesh, config)

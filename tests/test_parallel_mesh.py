@@ -7,6 +7,8 @@ from tests.distributed import run_distributed
 
 
 def _mesh_facts():
+    import torch.distributed as dist
+
     import parallel
 
     facts = {}
@@ -29,6 +31,7 @@ def _mesh_facts():
             leader=m.replica_leader,
             cfg_gather=got.flatten().tolist(),
             broadcast=obj,
+            replica=dist.get_process_group_ranks(m.replica_group),  # the VAE decodes across it
         )
     x = torch.arange(2 * 11 * 3, dtype=torch.float32).view(2, 11, 3)
     for layout in ("contiguous", "zigzag"):
@@ -48,11 +51,13 @@ def test_mesh_layout_groups_and_sharding():
         cfg = f["{'ulysses': 2, 'cfg': 2}"]
         assert cfg["u"] == (2, rank % 2) and cfg["c"] == (2, rank // 2) and cfg["dp"] == (1, 0)
         assert cfg["cfg_gather"] == [rank % 2, rank % 2 + 2] and cfg["broadcast"] == {"leader": 0}
+        assert cfg["replica"] == [0, 1, 2, 3]  # both CFG halves: they hold the same final latents
         hyb = f["{'ulysses': 2, 'ring': 2}"]
         assert hyb["r"] == (2, rank // 2) and hyb["sp"] == (4, rank) and hyb["cfg_gather"] == [rank]
         dp = f["{'ulysses': 2}"]  # two data-parallel replicas of 2 ranks, each with its own leader
         assert dp["dp"] == (2, rank // 2) and dp["leader"] == 2 * (rank // 2)
         assert dp["broadcast"] == {"leader": 2 * (rank // 2)}
+        assert dp["replica"] == [2 * (rank // 2), 2 * (rank // 2) + 1]
         ring = f["{'ulysses': 1, 'ring': 2}"]
         assert ring["r"] == (2, rank % 2) and ring["dp"] == (2, rank // 2)
         assert f["contiguous"] == ((2, 3, 3), 12, True)

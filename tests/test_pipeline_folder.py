@@ -151,9 +151,9 @@ def test_pipeline_folder_loads_and_generates(ours, reference):
 
 
 def _reference_kwargs(req: GenerationRequest) -> dict:
-    """WanPipeline's arguments for `req` (the same names but seed and fps); our initial noise is randn of
-    this generator."""
-    fields = {k: v for k, v in dataclasses.asdict(req).items() if k not in ("seed", "fps")}
+    """WanPipeline's arguments for `req` (the same names but seed, fps and our step cache); our initial noise
+    is randn of this generator."""
+    fields = {k: v for k, v in dataclasses.asdict(req).items() if k not in ("seed", "fps", "cache")}
     return {**fields, "generator": torch.Generator("cpu").manual_seed(req.seed)}
 
 
@@ -214,7 +214,7 @@ def test_an_unsupported_folder_scheduler_is_refused_unless_a_sampler_is_picked(f
     assert str(error.value) == (
         f"{tmp_path / 'scheduler'}: scheduler class 'DPMSolverMultistepScheduler' is not supported; "
         "supported: UniPCMultistepScheduler, FlowMatchEulerDiscreteScheduler; or pick a sampler "
-        "(unipc | euler) to sample with its default config"
+        "(unipc | euler | renoise) to sample with its default config"
     )
     pipe = load_pipeline(PipelineConfig(model=str(tmp_path), device="cpu", sampler="euler"))
     # the folder's shift stays; its class's other settings do not apply to Euler

@@ -1,4 +1,4 @@
-"""Whole-pipeline latents at world 1 vs 2 vs 4 for every layout, decoding on the leader only, and cancellation
+"""Whole-pipeline latents at world 1 vs 2 vs 4 for every layout, the replica's banded decode, and cancellation
 across ranks (gloo, CPU). One distributed call per world size keeps the suite fast.
 
 27 image tokens (3 latent frames × 3 × 3 patches) divide by neither 2 nor 4, so sequence padding is exercised.
@@ -81,7 +81,8 @@ def test_every_layout_matches_one_rank(reference, world):
         print(f"ulysses {u} x ring {r} x cfg {c}, {comm}: relative difference {rel:.2e}")
         assert rel <= bound, f"ulysses {u} x ring {r} x cfg {c}, {comm}: relative difference {rel:.2e}"
 
-    # Only the replica leader decodes; its frames match one rank's to within a rounding flip.
+    # The whole replica decodes (a band of rows each, tests/test_vae_parallel.py) and the frames arrive on the
+    # leader; they match one rank's to within a rounding flip (the layout's latents differ by rounding).
     assert all(rank["frames"] is None for rank in ranks[1:])
     assert abs(ranks[0]["frames"].astype(int) - ref_frames.astype(int)).max() <= 1
 

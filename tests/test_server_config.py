@@ -56,3 +56,12 @@ def test_a_bad_value_names_its_variable_or_flag(capsys):
     with pytest.raises(SystemExit):
         _parse(["--ring", "two"], {})
     assert "argument --ring: 'two' is not an integer" in capsys.readouterr().err
+
+
+def test_step_cache_default_reaches_the_workers():
+    assert _parse([], {}).cache == "off"
+    config = _parse([], {"ITHACA_CACHE": "fbcache:0.05"})
+    argv = config.worker_argv()
+    assert argv[argv.index("--cache") + 1] == "fbcache:0.05"
+    with pytest.raises(ValueError, match="ITHACA_CACHE.*threshold"):
+        _parse([], {"ITHACA_CACHE": "fbcache:7"})

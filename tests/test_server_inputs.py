@@ -363,3 +363,12 @@ def test_a_video_before_any_worker_published_its_defaults_has_an_empty_size(tmp_
         r = bare.post("/v1/videos", json={"prompt": "a boat"})
         assert r.status_code == 200, r.text
         assert r.json()["size"] == "" and r.json()["seconds"] == ""
+
+
+def test_generate_takes_a_step_cache_per_request(client):
+    """`cache` is checked at the door (422 naming it) and stored in its canonical form for the worker."""
+    for bad in ("fbcache:9", "teacache", "fbcache:x", 0.1):
+        r = client.post("/generate", json={"prompt": "a fox", "cache": bad})
+        assert r.status_code == 422 and _field(r) == "cache", r.text
+    r = client.post("/generate", json={"prompt": "a fox", "cache": "fbcache"})
+    assert r.status_code == 202 and r.json()["request"]["cache"] == "fbcache:0.08", r.text

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from server.store import JobStore
+from server.store import TIMED_PHASES, JobStore
 from tests.server_process import FAKE, ServerProcess, group_pids, wait_until
 
 SLOW_DECODE = {"ITHACA_FAKE_STEP_S": "0.05", "ITHACA_FAKE_DECODE_S": "1.5"}
@@ -82,15 +82,33 @@ def _wait_phase(srv: ServerProcess, job_id: str, phase: str, timeout: float = 30
     return seen[-1]
 
 
+def _phase_counts(srv: ServerProcess) -> dict[str, int]:
+    """`ithaca_job_phase_seconds_count` of each phase, read from /metrics."""
+    prefix = 'ithaca_job_phase_seconds_count{phase="'
+    lines = [line for line in srv.client.get("/metrics").text.splitlines() if line.startswith(prefix)]
+    return {line[len(prefix) :].split('"')[0]: int(line.split()[-1]) for line in lines}
+
+
 def test_phases_show_where_a_job_is_and_progress_counts_the_decode(slow):
+    counted = _phase_counts(slow)
+    assert set(counted) == set(TIMED_PHASES)
     job = slow.submit(prompt="phases", num_inference_steps=4)
+    assert set(job["timings"].values()) == {None}  # no phase reached yet
     decoding = _wait_phase(slow, job["id"], "decoding")
     assert decoding["status"] == "in_progress" and decoding["step"] == 4 and decoding["progress"] == 90
+    # the phases it finished are timed already, the running one not yet
+    assert decoding["timings"]["denoising_s"] >= 0.2 and decoding["timings"]["decoding_s"] is None
     done = slow.wait_job(job["id"])
     assert done["status"] == "completed" and done["progress"] == 100
     timings = done["timings"]
-    assert timings["decoding_s"] >= 1.4 and timings["total_s"] >= timings["decoding_s"]
-    assert {"denoising_s", "writing_s", "mean_step_s"} <= set(timings)
+    phases = [timings[f"{phase}_s"] for phase in TIMED_PHASES]
+    assert min(phases) >= 0 and sum(phases) <= min(
+        timings["total_s"], done["finished_at"] - done["started_at"]
+    )
+    assert timings["decoding_s"] >= 1.4 and timings["mean_step_s"] >= 0.05
+    wait_until(  # the leader adds the job to the histograms right after completing it
+        lambda: _phase_counts(slow) == {p: n + 1 for p, n in counted.items()}, 10, "one more job per phase"
+    )
 
 
 @pytest.mark.parametrize("route", ["/jobs/{}", "/v1/videos/{}"])

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from server import limits, logs, videos
-from server.store import JobStore, StoreBusy, StoreError
+from server.store import PHASE_TIMINGS, JobStore, StoreBusy, StoreError
 
 
 def test_claims_are_atomic_and_in_order(tmp_path):
@@ -144,11 +144,20 @@ def test_a_store_from_an_earlier_version_gains_the_new_columns(tmp_path):
         "DEFAULT 0, instance TEXT, worker TEXT, video TEXT, timings TEXT, error TEXT)"
     )
     db.execute("INSERT INTO jobs (id, status, spec, created_at) VALUES ('a' , 'queued', '{}', 0)")
+    old_timings = {"total_s": 2.0, "encoding_s": 0.5, "denoising_s": 1.0, "decoding_s": 0.3, "writing_s": 0.1}
+    db.execute(  # finished by a version that kept the phases' seconds in the timings JSON
+        "INSERT INTO jobs (id, status, spec, created_at, timings) VALUES ('b', 'completed', '{}', 0, ?)",
+        (json.dumps(old_timings),),
+    )
     db.commit()
     db.close()
     store = JobStore(str(path))
-    assert store.get("a").phase == "queued"
+    assert set(PHASE_TIMINGS) <= {r[1] for r in store._db.execute("PRAGMA table_info(jobs)")}
+    assert store.get("a").phase == "queued" and store.get("a").timings == dict.fromkeys(PHASE_TIMINGS)
+    assert store.get("b").timings == old_timings
     assert store.claim("w", "box").phase == "encoding"
+    store.set_phase("a", "w", "denoising", {"encoding_s": 0.25})
+    assert store.get("a").timings["encoding_s"] == 0.25
 
 
 def test_a_locked_store_fails_fast_with_store_busy(tmp_path):
@@ -179,6 +188,32 @@ def test_phases_progress_and_a_cancel_after_the_last_step(tmp_path):
     assert store.set_phase(job.id, "w", "writing") is True  # ... and the worker sees it before writing
     done = store.finish(job.id, "w", "completed", video=f"{job.id}.mp4")
     assert done.status == "cancelled" and done.video is None and "last step" in done.error  # ... or here
+
+
+def test_phase_seconds_are_kept_as_each_phase_ends_and_start_afresh_on_a_requeue(tmp_path):
+    store = JobStore(str(tmp_path / "jobs.db"))
+    job, _ = store.create({"prompt": "a"})
+    none = dict.fromkeys(PHASE_TIMINGS)
+    assert store.get(job.id).timings == none  # the job view's four keys, null until reached
+    store.claim("w", "box")
+    store.set_phase(job.id, "w", "denoising", {"encoding_s": 0.5})
+    assert store.get(job.id).timings == none | {"encoding_s": 0.5}
+    store.requeue_or_fail(store.get(job.id), max_attempts=2, reason="interrupted")
+    assert store.get(job.id).timings == none
+    store.claim("w", "box")
+    store.set_phase(job.id, "w", "decoding", {"encoding_s": 0.2, "denoising_s": 1.0})
+    failed = store.finish(job.id, None, "failed", error="the group died")  # a supervisor knows no seconds
+    assert failed.timings == none | {"encoding_s": 0.2, "denoising_s": 1.0}
+
+    job, _ = store.create({"prompt": "b"})
+    store.claim("w", "box")
+    seconds = {"encoding_s": 0.1, "denoising_s": 2.0, "decoding_s": 0.5, "writing_s": 0.05}
+    done = store.finish(
+        job.id, "w", "completed", video="b.mp4", timings=seconds | {"total_s": 2.7, "steps": 4}
+    )
+    assert done.timings == seconds | {"total_s": 2.7, "steps": 4}
+    row = store._db.execute("SELECT timings, decoding_s FROM jobs WHERE id = ?", (job.id,)).fetchone()
+    assert json.loads(row[0]) == {"total_s": 2.7, "steps": 4} and row[1] == 0.5  # each value kept once
 
 
 def test_deleted_jobs_leave_the_counts_and_gone_workers_are_pruned(tmp_path):

@@ -10,7 +10,8 @@ import numpy as np
 import torch
 from diffusers import AutoencoderKLHunyuanVideo15
 
-from dit.vae import check_vae, to_uint8
+from dit import vae_parallel
+from dit.vae import check_vae, frames, quantize
 
 COMPRESSION = (4, 16)
 
@@ -36,7 +37,8 @@ def load_vae(folder: Path | None, channels: int, device) -> AutoencoderKLHunyuan
 
 
 @torch.no_grad()
-def decode(vae: AutoencoderKLHunyuanVideo15, latents: torch.Tensor) -> np.ndarray:
-    """Latents `[1, C, f, h, w]` (the DiT's space: the VAE's latents × scaling_factor) → uint8 frames."""
+def decode(vae: AutoencoderKLHunyuanVideo15, latents: torch.Tensor, group=None) -> np.ndarray | None:
+    """Latents `[1, C, f, h, w]` (the DiT's space: the VAE's latents × scaling_factor) → uint8 frames; with a
+    group, decoded in bands across it as `dit.vae.decode` does."""
     z = latents.to(next(vae.parameters()).device, torch.float32) / vae.config.scaling_factor
-    return to_uint8(vae.decode(z, return_dict=False)[0])
+    return frames(vae_parallel.decode(vae, z, group, finish=quantize))

@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from dit.tiny.detect import Reading, read
 from dit.tiny.language import HELD_OUT, Scene
 
@@ -16,6 +18,8 @@ class Scored:
     scene: Scene
     reading: Reading
     seconds: float  # denoise + decode
+    frames: np.ndarray  # uint8 [F, H, W, 3]
+    skipped: float = 0.0  # the share of transformer evaluations a step cache skipped
 
     @property
     def held_out(self) -> bool:
@@ -31,7 +35,9 @@ def generate_and_read(pipe, scenes: list[Scene], **request) -> list[Scored]:
     for scene in scenes:
         start = time.perf_counter()
         frames = pipe.generate(GenerationRequest(scene.prompt, **request))
-        out.append(Scored(scene, read(frames), time.perf_counter() - start))
+        stats = pipe.cache_stats
+        skipped = stats.skipped / (stats.evaluated + stats.skipped) if stats is not None else 0.0
+        out.append(Scored(scene, read(frames), time.perf_counter() - start, frames, skipped))
     return out
 
 

@@ -20,6 +20,13 @@ def resolver(config: WanConfig, naming: str):
     return resolve
 
 
+def lora_resolver(config: WanConfig):
+    """LoRA files name Wan's weights either way, diffusers' or the original's, whatever the checkpoint's:
+    LightX2V's LoRAs use the original names on diffusers folders (a name both use is the same weight)."""
+    table = {**key_map(config, "original"), **key_map(config, "diffusers")}
+    return table.__getitem__
+
+
 register_family(
     Family(
         "WanTransformer3DModel",
@@ -27,8 +34,16 @@ register_family(
         WanModel,
         lambda c: resolver(c, "diffusers"),
         FP32_PARAMS,
+        lora_resolver,
     )
 )
 register_family(
-    Family("WanModel", WanConfig.from_original, WanModel, lambda c: resolver(c, "original"), FP32_PARAMS)
+    Family(
+        "WanModel",
+        WanConfig.from_original,
+        WanModel,
+        lambda c: resolver(c, "original"),
+        FP32_PARAMS,
+        lora_resolver,
+    )
 )

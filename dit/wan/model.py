@@ -178,6 +178,8 @@ class Head(nn.Module):
 
 
 class WanModel(nn.Module):
+    step_cache = None  # a dit.cache.StepCache while a generation with step caching runs
+
     def __init__(self, config: WanConfig):
         super().__init__()
         self.config = config
@@ -201,8 +203,16 @@ class WanModel(nn.Module):
         cos, sin = self.rope(grid, x.device)
         temb, mod = self.time_embed(timestep, encoder_hidden_states.dtype)
         context = self.text_embed(encoder_hidden_states.to(x.dtype))
-        for block in self.blocks:
-            x = block(x, context, mod, cos, sin)
+
+        def run(x, blocks):
+            for block in blocks:
+                x = block(x, context, mod, cos, sin)
+            return x
+
+        if self.step_cache is None:
+            x = run(x, self.blocks)
+        else:  # dit.cache: the first block always, the others unless the step is skipped
+            x = self.step_cache.run(x, lambda h: run(h, self.blocks[:1]), lambda h: run(h, self.blocks[1:]))
         x = self.head(x, temb)  # [B, S, C*pt*ph*pw]
         x = x.reshape(b, *grid, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
         return x.reshape(b, -1, grid[0] * pt, grid[1] * ph, grid[2] * pw)

@@ -1,0 +1,122 @@
+"""Where a job's time goes: seconds of the text encoding, the denoising, the VAE decode and writing the MP4,
+measured as the server measures them (server.worker.PhaseClock on the replica leader, fed by the pipeline's
+phase callback), for the tiny models at 1, 2 and 4 CPU ranks (gloo, Ulysses over every rank).
+
+    python bench/job.py [--models tiny tiny-random] [--ranks 1 2 4] [--iters 3] [--json]
+    python bench/job.py --config comm=fp8 --request num_inference_steps=4    # PipelineConfig / request fields
+
+Each row is the job of median total among --iters jobs after one warm-up job, with the model's default
+request unless --request changes it; `total` is the wall time from the pipeline call to the written MP4.
+--config and --request take any field of `dit.pipeline.PipelineConfig` and `GenerationRequest` (values read
+as JSON, else as text), so options the pipeline gains are benchmarked without changes here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline  # noqa: E402
+from dit.video import write_mp4  # noqa: E402
+from parallel import init_parallel  # noqa: E402
+from parallel.launch import spawn_local  # noqa: E402
+from server.store import TIMED_PHASES  # noqa: E402
+from server.worker import PhaseClock  # noqa: E402
+
+PROMPT = "a red circle moving right"
+COLUMNS = dict(zip(TIMED_PHASES, ("encode", "denoise", "decode", "write"), strict=True))
+
+
+def _rank(model: str, config: dict, request: dict, iters: int, out: str) -> None:
+    """One rank: a warm-up job, then `iters` timed ones; the leader writes the median job to `out`."""
+    mesh = init_parallel(backend="gloo")
+    pipe = load_pipeline(PipelineConfig(**{"device": "cpu", **config, "model": model}), mesh)
+    req = pipe.validate(GenerationRequest(**{"prompt": PROMPT, **request}))
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(1 + iters):
+            clock, start = PhaseClock(), time.perf_counter()
+            frames = pipe.generate(req, None, clock.enter)
+            if mesh.is_replica_leader:
+                clock.enter("writing")
+                write_mp4(frames, os.path.join(tmp, "job.mp4"), req.fps)
+            clock.enter(None)
+            runs.append(clock.seconds | {"total": time.perf_counter() - start})
+    if mesh.rank == 0:  # the job of median total: its parts add up, as a column-wise median's need not
+        row = sorted(runs[1:], key=lambda r: r["total"])[iters // 2]
+        with open(out, "w") as f:
+            json.dump(
+                {"model": model, "ranks": mesh.world_size, **row, "request": dataclasses.asdict(req)}, f
+            )
+
+
+def run(models: list[str], ranks: list[int], iters: int, config: dict, request: dict) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "row.json")
+        for model in models:
+            for n in ranks:
+                spawn_local(_rank, n, model, config, request, iters, out)
+                with open(out) as f:
+                    rows.append(json.load(f))
+    return rows
+
+
+def _fields(cls, pairs: list[str], flag: str, parser: argparse.ArgumentParser, reserved=()) -> dict:
+    """KEY=VALUE pairs → {field: value} for the dataclass `cls`; a VALUE that is not JSON stays text."""
+    names = [f.name for f in dataclasses.fields(cls) if f.name not in reserved]
+    fields = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in names:
+            parser.error(f"{flag} {pair!r}: expected KEY=VALUE with KEY one of {', '.join(names)}")
+        try:
+            fields[key] = json.loads(value)
+        except ValueError:
+            fields[key] = value
+    return fields
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["tiny", "tiny-random"])
+    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--iters", type=int, default=3, help="timed jobs per row, after one warm-up job")
+    p.add_argument(
+        "--config", action="append", default=[], metavar="KEY=VALUE", help="a PipelineConfig field"
+    )
+    p.add_argument("--request", action="append", default=[], metavar="KEY=VALUE", help="a request field")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    args = p.parse_args(argv)
+    config = _fields(PipelineConfig, args.config, "--config", p, reserved=("model",))
+    request = _fields(GenerationRequest, args.request, "--request", p)
+    rows = run(args.models, args.ranks, args.iters, config, request)
+    if args.json:
+        print(json.dumps({"config": config, "iters": args.iters, "torch": torch.__version__, "rows": rows}))
+        return
+    where = f"CPU ({os.cpu_count()} cores), gloo, torch {torch.__version__}"
+    print(
+        f"{where}, the median of {args.iters} timed jobs after a warm-up"
+        + "".join(f", {k}={v}" for k, v in config.items())
+    )
+    print("| model | job | ranks | " + " | ".join(f"{c} s" for c in COLUMNS.values()) + " | total s |")
+    print("| --- | --- | ---: |" + " ---: |" * (len(COLUMNS) + 1))
+    for r in rows:
+        req = r["request"]
+        job = f"{req['num_frames']}×{req['width']}×{req['height']}, {req['num_inference_steps']} steps"
+        cells = [f"{r[key]:.3f}" for key in (*COLUMNS, "total")]
+        print(f"| {r['model']} | {job} | {r['ranks']} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

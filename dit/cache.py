@@ -1,0 +1,127 @@
+"""Step caching, training-free: skip all but the first block of the DiT at steps where the first block's
+output has barely moved (a first-block residual cache, as ParaAttention's FBCache): if the first block's
+residual differs from the one at the last full evaluation by less than `threshold` (relative L1 over the
+video's real tokens), the other blocks' residual from that evaluation is added instead of running them.
+
+One decision per step, taken from the prompt's (conditional) pass and followed by the negative prompt's, so
+that the two halves of classifier-free guidance always come from the same evaluations. The L1 sums run over
+the replica: the sequence-parallel ranks' shards (padding excluded) and, under CFG parallel, both cfg ranks
+(the negative prompt's ranks add zeros), so every rank of every layout takes the same decision at every step
+(a decision from a rank's own shard would let the ranks diverge, and a collective skipped by some ranks
+would hang the others).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+POLICIES = ("off", "fbcache")
+# bench/quality.py, tiny model at 32 steps: 39 % of evaluations skipped, the detector score unchanged
+DEFAULT_THRESHOLD = 0.08
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    policy: str = "off"  # off | fbcache
+    threshold: float = DEFAULT_THRESHOLD  # relative L1 change of the first block's residual that still skips
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ValueError(f"cache policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        t = self.threshold
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t <= 1:
+            raise ValueError(f"cache threshold must be a number between 0 and 1, got {t!r}")
+
+    @classmethod
+    def parse(cls, text: str | None) -> CacheConfig:
+        """ "off", "fbcache" or "fbcache:0.08" (the command line's and the environment's form)."""
+        if not text:
+            return cls()
+        policy, _, threshold = text.partition(":")
+        if not threshold:
+            return cls(policy)
+        try:
+            value = float(threshold)
+        except ValueError:
+            raise ValueError(f"cache must be POLICY[:THRESHOLD], e.g. fbcache:0.1; got {text!r}") from None
+        return cls(policy, value)
+
+    @property
+    def enabled(self) -> bool:
+        return self.policy != "off"
+
+    def __str__(self) -> str:
+        return self.policy if not self.enabled else f"{self.policy}:{self.threshold:g}"
+
+
+@dataclass
+class CacheStats:
+    """One generation's transformer evaluations (each CFG pass of each step is one, on whichever ranks it
+    ran), so every layout of a replica counts the same."""
+
+    evaluated: int = 0  # run in full
+    skipped: int = 0  # the first block only
+
+
+@dataclass
+class StepCache:
+    """One generation's cache. `real(x)` is this rank's real tokens of a block output (its shard without
+    padding); `reduce(v)` sums a small float64 vector over the replica. `cfg_parallel`: this rank runs one
+    CFG half, and the other half runs on other ranks at the same time."""
+
+    threshold: float
+    real: Callable[[torch.Tensor], torch.Tensor]
+    reduce: Callable[[torch.Tensor], torch.Tensor]
+    cfg_parallel: bool
+    stats: CacheStats = field(default_factory=CacheStats)
+    current: str = "cond"  # the pass being evaluated: "cond" (the prompt) or "uncond" (the negative)
+    _first: torch.Tensor | None = None  # the prompt's first-block residual at its last full evaluation
+    _rest: dict = field(default_factory=dict)  # per pass: the other blocks' residual at that evaluation
+    _skip: bool = False  # this step's decision, taken by the prompt's pass
+
+    def run(self, x: torch.Tensor, first: Callable, rest: Callable) -> torch.Tensor:
+        """The blocks' output for input x: `first(x)` (the first block), then `rest(h)` (all the others) or,
+        when the step is skipped, the residual they added last time."""
+        h = first(x)
+        if self.current == "cond" or self.cfg_parallel:
+            self._skip = self._decide(h - x)
+        halves = 2 if self.cfg_parallel else 1  # the other CFG half took the same decision elsewhere
+        if self._skip:
+            self.stats.skipped += halves
+            return h + self._rest[self.current]
+        self.stats.evaluated += halves
+        if self.current == "cond":
+            self._first = h - x
+        out = rest(h)
+        self._rest[self.current] = out - h
+        return out
+
+    def _decide(self, residual: torch.Tensor) -> bool:
+        if not self._rest:  # the first step: every rank of the replica evaluates in full
+            return False
+        mine = torch.zeros(2, dtype=torch.float64, device=residual.device)
+        if self.current == "cond":  # the negative prompt's ranks (CFG parallel) add zeros
+            now, last = self.real(residual).double(), self.real(self._first).double()
+            mine = torch.stack([(now - last).abs().sum(), last.abs().sum()])
+        change, scale = self.reduce(mine).tolist()
+        return change < self.threshold * scale
+
+
+@contextmanager
+def attached(model, cache: StepCache | None) -> Iterator[None]:
+    """`model` runs with `cache` inside the block (nothing changes for None). A model opts in with a
+    `step_cache` attribute that its forward consults (dit.wan.model.WanModel)."""
+    if cache is None:
+        yield
+        return
+    if not hasattr(model, "step_cache"):
+        raise ValueError(f"step caching is not implemented for {type(model).__name__} (Wan models have it)")
+    model.step_cache = cache
+    try:
+        yield
+    finally:
+        model.step_cache = None
