@@ -229,6 +229,7 @@ def _preflight(args, command: str, *, ulysses=None, ring=1, cfg=1, comm="alltoal
             ulysses=ulysses,
             ring=ring,
             cfg=cfg,
+            loras=tuple(getattr(args, "lora", None) or ()),
         )
     except ValueError as e:
         if os.environ.get("RANK", "0") == "0":

@@ -91,12 +91,7 @@ def load_transformer(
     "wan2.1-14b": random weights from `seed`), a diffusers `transformer/` folder, a whole pipeline folder, or
     an original Wan checkpoint folder → eval-mode model. `loras`: (safetensors file, strength) pairs merged
     into the weights as they load (dit.lora: the key layouts accepted, the scale)."""
-    path_or_preset = resolve(path_or_preset)
-    if isinstance(path_or_preset, str) and path_or_preset in presets():
-        folder, config_json = None, PRESETS[path_or_preset]
-    else:
-        folder = _checkpoint_dir(Path(path_or_preset))
-        config_json = json.loads((folder / "config.json").read_text())
+    folder, config_json = _source(path_or_preset)
     family, config, model = build_empty(config_json, dtype, device)
     # every LoRA key and shape is checked before the checkpoint is read
     merges = lora.plan(model, loras, (family.lora_resolver or family.resolver)(config))
@@ -105,6 +100,24 @@ def load_transformer(
     else:
         load_safetensors(model, checkpoint_files(folder), family.resolver(config))
     return lora.merge(model, merges).eval().requires_grad_(False)
+
+
+def check_loras(path_or_preset: str | Path, loras: Sequence[lora.Lora]) -> None:
+    """What `load_transformer(..., loras=loras)` checks first, without allocating or reading any weight
+    (the model on the meta device, the LoRA files' headers): FileNotFoundError or ValueError naming the file
+    and the keys that do not fit."""
+    _, config_json = _source(path_or_preset)
+    family, config, model = build_empty(config_json, torch.float32, "meta")
+    lora.plan(model, loras, (family.lora_resolver or family.resolver)(config))
+
+
+def _source(path_or_preset: str | Path) -> tuple[Path | None, dict]:
+    """(checkpoint folder or None for a preset, its config.json)."""
+    path_or_preset = resolve(path_or_preset)
+    if isinstance(path_or_preset, str) and path_or_preset in presets():
+        return None, PRESETS[path_or_preset]
+    folder = _checkpoint_dir(Path(path_or_preset))
+    return folder, json.loads((folder / "config.json").read_text())
 
 
 def build_random(

@@ -30,6 +30,7 @@ def preflight(
     ulysses: int | None = None,
     ring: int = 1,
     cfg: int = 1,
+    loras: tuple[tuple[str, float], ...] = (),
 ) -> None:
     """Raise ValueError (one line: the option, the value, what is allowed) for settings that cannot run on
     `nproc` ranks, `local_nproc` of them on this machine (default: all). `device` None: cuda when CUDA is
@@ -84,6 +85,13 @@ def preflight(
     pick_scheduler(
         pipeline_family(model), Path(model) if Path(model).is_dir() else None, sampler, None, timesteps
     )
+    if loras:  # every file's keys and shapes against the model's (headers only, no weights)
+        from dit.loading import check_loras
+
+        try:
+            check_loras(model, loras)
+        except (FileNotFoundError, ValueError) as e:
+            raise ValueError(f"--lora: {e}") from None
 
 
 def _check_choice(option: str, value, allowed) -> None:

@@ -56,7 +56,7 @@ def _preflight(config: config_mod.ServeConfig) -> None:
 
     # ServeConfig names these fields as preflight names its arguments
     checked = ("model_path", "preset", "device", "dtype", "attn_backend", "comm", "sampler", "timesteps",
-               "text_encoder_device", "nproc", "ulysses", "ring", "cfg")  # fmt: skip
+               "text_encoder_device", "nproc", "ulysses", "ring", "cfg", "loras")  # fmt: skip
     preflight(**{name: getattr(config, name) for name in checked})
 
 

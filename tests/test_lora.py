@@ -265,3 +265,25 @@ def test_hunyuan_takes_the_diffusers_layout(tmp_path):
     got = got["blocks.0.attn.img_qkv.weight"]
     torch.testing.assert_close(got[third : 2 * third], qkv[third : 2 * third] + 0.5 * 2.0 / RANK * up @ down)
     assert torch.equal(got[:third], qkv[:third]) and torch.equal(got[2 * third :], qkv[2 * third :])
+
+
+def test_a_lora_that_does_not_fit_stops_the_launch_in_one_line(tmp_path, monkeypatch, capsys):
+    """`ithaca generate` and `ithaca serve` check the LoRA files against the model before any rank starts
+    (headers only): exit 2 and the keys that do not fit, not a traceback from every rank."""
+    import dit.cli
+    from server.cli import main
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("ranks started")
+
+    monkeypatch.setattr(dit.cli.subprocess, "call", no_launch)
+    monkeypatch.setattr(dit.cli, "load_pipeline", no_launch, raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    path = tmp_path / "other.safetensors"
+    save_file({"diffusion_model.blocks.9.self_attn.q.diff": torch.zeros(4)}, path)
+    for argv in (["generate", "a fox", "--nproc", "2"], ["serve", "--data-dir", str(tmp_path / "d")]):
+        assert main([*argv, "--lora", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"ithaca {argv[0]}: error: --lora: LoRA {path}: 1 key(s) name no weight"), err
+        assert "diffusion_model.blocks.9.self_attn.q.diff" in err and "Traceback" not in err
+    assert not (tmp_path / "d").exists()  # serve stopped before its store
