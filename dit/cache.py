@@ -59,9 +59,9 @@ class CacheConfig:
 
 
 @dataclass
-class CacheStats:
+class Evaluations:
     """One generation's transformer evaluations (each CFG pass of each step is one, on whichever ranks it
-    ran), so every layout of a replica counts the same."""
+    ran), so every layout of a replica counts the same; the job view and /metrics report them."""
 
     evaluated: int = 0  # run in full
     skipped: int = 0  # the first block only
@@ -77,7 +77,7 @@ class StepCache:
     real: Callable[[torch.Tensor], torch.Tensor]
     reduce: Callable[[torch.Tensor], torch.Tensor]
     cfg_parallel: bool
-    stats: CacheStats = field(default_factory=CacheStats)
+    stats: Evaluations = field(default_factory=Evaluations)
     current: str = "cond"  # the pass being evaluated: "cond" (the prompt) or "uncond" (the negative)
     _first: torch.Tensor | None = None  # the prompt's first-block residual at its last full evaluation
     _rest: dict = field(default_factory=dict)  # per pass: the other blocks' residual at that evaluation
@@ -111,17 +111,31 @@ class StepCache:
         return change < self.threshold * scale
 
 
+def _transformer(model):
+    """The DiT inside a family's wrapper (HunyuanVideo-1.5's text-to-video adapter), or the model itself."""
+    return getattr(model, "transformer", model)
+
+
+def real_tokens(model) -> Callable[[torch.Tensor], torch.Tensor]:
+    """This rank's real tokens of the model's block outputs: its sequence sharding's (Wan's hooks
+    `sequence_parallel`, HunyuanVideo-1.5's `sequence`), all of them when the model is not sharded."""
+    inner = _transformer(model)
+    sharding = getattr(inner, "sequence_parallel", None) or getattr(inner, "sequence", None)
+    return sharding.real_tokens if sharding is not None else lambda x: x
+
+
 @contextmanager
 def attached(model, cache: StepCache | None) -> Iterator[None]:
     """`model` runs with `cache` inside the block (nothing changes for None). A model opts in with a
-    `step_cache` attribute that its forward consults (dit.wan.model.WanModel)."""
+    `step_cache` attribute that its forward consults (dit.wan.model.WanModel, HunyuanVideo15Transformer)."""
+    inner = _transformer(model)
     if cache is None:
         yield
         return
-    if not hasattr(model, "step_cache"):
-        raise ValueError(f"step caching is not implemented for {type(model).__name__} (Wan models have it)")
-    model.step_cache = cache
+    if not hasattr(inner, "step_cache"):
+        raise ValueError(f"step caching is not implemented for {type(inner).__name__}")
+    inner.step_cache = cache
     try:
         yield
     finally:
-        model.step_cache = None
+        inner.step_cache = None

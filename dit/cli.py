@@ -287,8 +287,8 @@ def run_generate(args) -> int:
             n, h, w, _ = frames.shape
             layout = f"ulysses {mesh.ulysses_size} x ring {mesh.ring_size} x cfg {mesh.cfg_size}"
             seconds = time.perf_counter() - start
-            stats, cached = pipe.cache_stats, ""
-            if stats is not None:
+            stats, cached = pipe.evaluations, ""
+            if request.cache != "off":
                 cached = f", {stats.skipped} of {stats.evaluated + stats.skipped} evaluations skipped"
             print(
                 f"wrote {args.out}: {n} frames {w}x{h} @ {request.fps} fps, "

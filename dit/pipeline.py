@@ -21,11 +21,11 @@ from diffusers import SchedulerMixin
 
 import dit
 import parallel
-from dit.cache import CacheConfig, CacheStats, StepCache
+from dit.cache import CacheConfig, Evaluations, StepCache, real_tokens
 from dit.compile import compile_blocks
 from dit.families import TINY_LIMITS, Limits, PipelineFamily, pick_scheduler, pipeline_family
 from dit.presets import resolve
-from dit.sampling import Callback, GenerationCancelled, denoise
+from dit.sampling import Callback, GenerationCancelled, denoise, passes_per_step
 
 __all__ = [
     "GenerationCancelled",
@@ -116,7 +116,7 @@ class Pipeline:
         self.vae = vae  # on every rank: the replica decodes together
         # `families.pick_scheduler`'s choice; `denoise` resets the scheduler's state at every run
         self.sampler, self.flow_shift, self.scheduler = sampling
-        self.cache_stats: CacheStats | None = None  # the last generation's evaluations, when it cached
+        self.evaluations: Evaluations | None = None  # the last completed generation's transformer passes
 
     def validate(self, req: GenerationRequest) -> GenerationRequest:
         """The request with defaults filled in; ValueError naming the field and its allowed values if not."""
@@ -200,8 +200,8 @@ class Pipeline:
         generator = torch.Generator("cpu").manual_seed(req.seed)
         schedule = self.limits.schedule
         cache = self.step_cache(CacheConfig.parse(req.cache))
-        self.cache_stats = cache.stats if cache is not None else None
-        return denoise(
+        self.evaluations = None
+        latents = denoise(
             self.model,
             self.initial_noise(req, generator),
             cond=cond,
@@ -215,15 +215,20 @@ class Pipeline:
             generator=generator,
             cache=cache,
         )
+        if cache is not None:
+            self.evaluations = cache.stats
+        else:
+            passes = passes_per_step(self.mesh, req.guidance_scale)
+            self.evaluations = Evaluations(evaluated=passes * req.num_inference_steps)
+        return latents
 
     def step_cache(self, config: CacheConfig) -> StepCache | None:
         """A fresh cache for one generation (None when off), its sums taken over this replica."""
         if not config.enabled:
             return None
-        sp = getattr(self.model, "sequence_parallel", None)
         return StepCache(
             config.threshold,
-            real=sp.real_tokens if sp is not None else lambda x: x,
+            real=real_tokens(self.model),
             reduce=partial(parallel.all_reduce_sum, group=self.mesh.replica_group),
             cfg_parallel=self.mesh.cfg_size == 2,
         )

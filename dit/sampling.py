@@ -141,6 +141,12 @@ def guided_noise(
     return uncond_pred + guidance * (cond_pred - uncond_pred)
 
 
+def passes_per_step(mesh, guidance: float) -> int:
+    """Transformer passes `guided_noise` runs per step over the replica: the prompt's, and the negative
+    prompt's when guided or on CFG-parallel's cfg rank 1."""
+    return 2 if mesh.cfg_size == 2 or guidance != 1.0 else 1
+
+
 def should_continue(callback: Callback | None, step: int, total: int, mesh) -> bool:
     """Ask the callback on the replica leader; every rank of the replica gets the same answer."""
     keep = True

@@ -12,6 +12,8 @@ from server.store import TIMED_PHASES
 STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 JOB_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 PHASE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+EVALUATIONS = "ithaca_transformer_evaluations_total"
+RESULTS = ("evaluated", "skipped")
 # name → (buckets, help, (label, its values) or None)
 _HISTOGRAMS = {
     "ithaca_step_latency_seconds": (STEP_BUCKETS, "Wall time of one denoising step (all ranks)", None),
@@ -42,9 +44,12 @@ def _observe(deltas: dict, name: str, value: float, label_value: str | None = No
     deltas[key] = deltas.get(key, 0.0) + value
 
 
-def observations(step_times: list[float], job_seconds: float, phases: dict[str, float]) -> dict[str, float]:
-    """Counter increments for one completed job; `phases`: seconds of each phase it went through."""
-    deltas: dict[str, float] = {}
+def observations(
+    step_times: list[float], job_seconds: float, phases: dict[str, float], evaluations
+) -> dict[str, float]:
+    """Counter increments for one completed job; `phases`: seconds of each phase it went through;
+    `evaluations`: its transformer passes run and skipped (dit.cache.Evaluations)."""
+    deltas: dict[str, float] = {f"{EVALUATIONS}:{result}": getattr(evaluations, result) for result in RESULTS}
     for t in step_times:
         _observe(deltas, "ithaca_step_latency_seconds", t)
     _observe(deltas, "ithaca_job_duration_seconds", job_seconds)
@@ -67,6 +72,10 @@ def render(*, counts: dict[str, int], counters: dict[str, float], restarts: int,
         "# HELP ithaca_ready Whether the worker group is loaded and answering",
         "# TYPE ithaca_ready gauge",
         f"ithaca_ready {int(ready)}",
+        f"# HELP {EVALUATIONS} Transformer passes of completed jobs (one per CFG pass per step), run in "
+        "full or skipped by the step cache",
+        f"# TYPE {EVALUATIONS} counter",
+        *(f'{EVALUATIONS}{{result="{r}"}} {int(counters.get(f"{EVALUATIONS}:{r}", 0))}' for r in RESULTS),
     ]
     for name, (buckets, help_text, label) in _HISTOGRAMS.items():
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]

@@ -201,13 +201,19 @@ class Worker:
         tmp = path + PARTIAL_SUFFIX
         write_mp4(frames, tmp, spec["fps"])
         os.replace(tmp, path)  # readers never see a half-written file
-        timings = _timings(start, step_times, phases)
+        evaluations = self.pipe.evaluations
+        timings = _timings(start, step_times, phases) | {
+            "evaluated": evaluations.evaluated,
+            "skipped": evaluations.skipped,
+        }
         job = self.store.finish(job_id, self.name, "completed", video=os.path.basename(path), timings=timings)
         if job is None or job.status != "completed":  # cancelled meanwhile, or no longer this worker's
             os.remove(path)
         else:
             self.store.add_counters(
-                metrics.observations(step_times, job.finished_at - job.started_at, phases.seconds)
+                metrics.observations(
+                    step_times, job.finished_at - job.started_at, phases.seconds, evaluations
+                )
             )
 
 

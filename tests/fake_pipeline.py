@@ -14,8 +14,9 @@ import time
 
 import numpy as np
 
+from dit.cache import Evaluations
 from dit.pipeline import TINY_LIMITS, GenerationCancelled, GenerationRequest, Pipeline, PipelineConfig
-from dit.sampling import should_continue
+from dit.sampling import passes_per_step, should_continue
 
 __all__ = ["GenerationCancelled", "GenerationRequest", "PipelineConfig", "load_pipeline"]
 
@@ -32,7 +33,7 @@ class FakePipeline:
 
     def __init__(self, mesh, config: PipelineConfig):
         self.mesh, self.config, self.limits, self.tokenizer = mesh, config, TINY_LIMITS, _WordCounter()
-        self.cache_stats = None  # no transformer, nothing cached
+        self.evaluations: Evaluations | None = None  # as the real pipeline's: every pass counted, none cached
         self.step_s = float(os.environ.get("ITHACA_FAKE_STEP_S", "0"))
         self.decode_s = float(os.environ.get("ITHACA_FAKE_DECODE_S", "0"))
 
@@ -44,6 +45,8 @@ class FakePipeline:
             time.sleep(self.step_s)
             if not should_continue(callback, step, req.num_inference_steps, self.mesh):
                 raise GenerationCancelled(step, req.num_inference_steps)
+        passes = passes_per_step(self.mesh, req.guidance_scale)
+        self.evaluations = Evaluations(evaluated=passes * req.num_inference_steps)
         on_phase("decoding")  # as the real pipeline: every rank decodes a band, the leader gets the frames
         time.sleep(self.decode_s)
         if not self.mesh.is_replica_leader:

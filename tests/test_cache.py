@@ -1,5 +1,6 @@
 """Step caching (dit/cache.py) on the trained tiny model: off by default, threshold 0 is exact, a threshold
-saves evaluations, and every rank of every layout takes the same decisions (gloo, CPU)."""
+saves evaluations, and every rank of every layout takes the same decisions (gloo, CPU); the same for the
+tiny HunyuanVideo-1.5 model (joint text attention)."""
 
 from __future__ import annotations
 
@@ -17,21 +18,26 @@ CACHE = "fbcache"  # its default threshold (0.08) skips 14 of 48 evaluations her
 EXACT_REL = 1e-4  # as tests/test_pipeline_parallel.py: exact layouts differ by float rounding only
 
 
-def _pipeline(ulysses=None, ring=1, cfg=1):
+# Random weights change the first block's output a lot from step to step: only a large threshold skips.
+JOINT = dict(model="tiny-joint", cache="fbcache:0.9", steps=16)  # skips 10 of 32 evaluations here
+
+
+def _pipeline(ulysses=None, ring=1, cfg=1, model="tiny"):
     import parallel
     from dit.pipeline import PipelineConfig, load_pipeline
 
     mesh = parallel.init_parallel(ulysses=ulysses, ring=ring, cfg=cfg)
-    return load_pipeline(PipelineConfig(model="tiny", device="cpu"), mesh)
+    return load_pipeline(PipelineConfig(model=model, device="cpu"), mesh)
 
 
 @pytest.fixture(scope="module")
 def one_rank():
     pipe = _pipeline()
     off = pipe.denoise(GenerationRequest(**REQUEST))
-    assert pipe.cache_stats is None
+    steps = REQUEST["num_inference_steps"]
+    assert (pipe.evaluations.evaluated, pipe.evaluations.skipped) == (2 * steps, 0)  # counted uncached too
     cached = pipe.denoise(GenerationRequest(**REQUEST, cache=CACHE))
-    return pipe, off, cached, pipe.cache_stats
+    return pipe, off, cached, pipe.evaluations
 
 
 def test_parse():
@@ -55,7 +61,7 @@ def test_threshold_zero_is_the_uncached_run(one_rank):
     exact = pipe.denoise(GenerationRequest(**REQUEST, cache="fbcache:0"))
     assert torch.equal(exact, off)
     steps = REQUEST["num_inference_steps"]
-    assert (pipe.cache_stats.evaluated, pipe.cache_stats.skipped) == (2 * steps, 0)
+    assert (pipe.evaluations.evaluated, pipe.evaluations.skipped) == (2 * steps, 0)
 
 
 def test_cache_saves_evaluations_and_stays_close(one_rank):
@@ -70,12 +76,13 @@ def test_cache_saves_evaluations_and_stays_close(one_rank):
 LAYOUTS = {2: [(2, 1, 1), (1, 2, 1), (1, 1, 2)], 4: [(4, 1, 1), (2, 2, 1), (2, 1, 2)]}
 
 
-def _cached_on_ranks(layouts):
+def _cached_on_ranks(layouts, model="tiny", cache=CACHE, steps=REQUEST["num_inference_steps"]):
     out = []
+    request = GenerationRequest(**REQUEST | dict(num_inference_steps=steps, cache=cache))
     for layout in layouts:
-        pipe = _pipeline(*layout)
-        latents = pipe.denoise(GenerationRequest(**REQUEST, cache=CACHE))
-        out.append((latents, pipe.cache_stats))
+        pipe = _pipeline(*layout, model=model)
+        latents = pipe.denoise(request)
+        out.append((latents, pipe.evaluations))
     return out
 
 
@@ -86,6 +93,23 @@ def test_every_layout_takes_the_same_decisions(one_rank, world):
     _, _, ref, ref_stats = one_rank
     ranks = run_distributed(world, _cached_on_ranks, LAYOUTS[world], timeout=240)
     for i, layout in enumerate(LAYOUTS[world]):
+        for rank in ranks:
+            latents, stats = rank[i]
+            assert stats == ref_stats, (layout, stats, ref_stats)
+            rel = ((latents - ref).abs().max() / ref.abs().max()).item()
+            assert rel <= EXACT_REL, (layout, rel)
+
+
+def test_hunyuan_caches_alike_on_every_layout():
+    """HunyuanVideo-1.5's dual-stream blocks: the first block carries the text stream on to the others, a
+    skipped step reuses the image stream's residual; Ulysses, ring and CFG parallel decide as one rank."""
+    (ref, ref_stats), (off, _) = _cached_on_ranks([(None, 1, 1)], **JOINT) + _cached_on_ranks(
+        [(None, 1, 1)], **JOINT | {"cache": "off"}
+    )
+    assert ref_stats.skipped >= 4 and ref_stats.evaluated + ref_stats.skipped == 2 * JOINT["steps"]
+    assert 0 < ((ref - off).abs().max() / off.abs().max()).item() < 0.15
+    ranks = run_distributed(2, _cached_on_ranks, LAYOUTS[2], **JOINT, timeout=240)
+    for i, layout in enumerate(LAYOUTS[2]):
         for rank in ranks:
             latents, stats = rank[i]
             assert stats == ref_stats, (layout, stats, ref_stats)

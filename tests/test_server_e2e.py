@@ -13,7 +13,7 @@ import imageio.v3 as iio
 import openai
 import pytest
 
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, wait_until
 
 pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")  # the SDK's notice
 KEY = "test-key-123"
@@ -54,6 +54,8 @@ def test_submit_poll_sse_download(server, tmp_path):
     assert steps == sorted(steps) and steps[-1] == 4
     done = server.client.get(f"/jobs/{job['id']}").json()
     assert done["progress"] == 100 and done["total_steps"] == 4 and done["timings"]["steps"] == 4
+    # guided by default: the prompt's and the negative prompt's pass at each step, none skipped
+    assert (done["timings"]["evaluated"], done["timings"]["skipped"]) == (8, 0)
     r = server.client.get(done["video_url"])
     assert r.status_code == 200 and r.headers["content-type"] == "video/mp4"
     (tmp_path / "v.mp4").write_bytes(r.content)
@@ -63,6 +65,25 @@ def test_submit_poll_sse_download(server, tmp_path):
     assert listing["data"][0]["id"] == job["id"]
     metrics = server.client.get("/metrics").text
     assert "ithaca_step_latency_seconds_count" in metrics and 'ithaca_jobs{state="completed"}' in metrics
+
+
+def _evaluations(srv: ServerProcess) -> dict[str, int]:
+    prefix = 'ithaca_transformer_evaluations_total{result="'
+    lines = [line for line in srv.client.get("/metrics").text.splitlines() if line.startswith(prefix)]
+    return {line[len(prefix) :].split('"')[0]: int(line.split()[-1]) for line in lines}
+
+
+def test_a_cached_job_reports_its_skipped_evaluations(server):
+    """The step cache on the server's 2-rank sequence-parallel group: the job view and /metrics count the
+    passes it ran and skipped."""
+    before = _evaluations(server)
+    job = server.submit(prompt="a blue square moving left", num_inference_steps=12, cache="fbcache:0.3")
+    done = server.wait_job(job["id"])
+    assert done["status"] == "completed" and done["request"]["cache"] == "fbcache:0.3", done
+    evaluated, skipped = done["timings"]["evaluated"], done["timings"]["skipped"]
+    assert evaluated + skipped == 24 and skipped >= 2 and skipped % 2 == 0, done["timings"]
+    after = {"evaluated": before["evaluated"] + evaluated, "skipped": before["skipped"] + skipped}
+    wait_until(lambda: _evaluations(server) == after, 10, "the job's evaluations in /metrics")
 
 
 def test_idempotency_key_returns_the_same_job(server):

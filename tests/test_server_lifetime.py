@@ -106,6 +106,7 @@ def test_phases_show_where_a_job_is_and_progress_counts_the_decode(slow):
         timings["total_s"], done["finished_at"] - done["started_at"]
     )
     assert timings["decoding_s"] >= 1.4 and timings["mean_step_s"] >= 0.05
+    assert (timings["evaluated"], timings["skipped"]) == (8, 0)  # guided: two passes a step
     wait_until(  # the leader adds the job to the histograms right after completing it
         lambda: _phase_counts(slow) == {p: n + 1 for p, n in counted.items()}, 10, "one more job per phase"
     )

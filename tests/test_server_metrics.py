@@ -1,7 +1,9 @@
-"""/metrics exposition on its own: the per-phase histogram beside the unlabelled ones."""
+"""/metrics exposition on its own: the per-phase histogram beside the unlabelled ones, the evaluation
+counter."""
 
 from __future__ import annotations
 
+from dit.cache import Evaluations
 from server import metrics
 
 
@@ -9,7 +11,7 @@ def test_phase_seconds_histogram_counts_each_phase_under_its_label():
     counters: dict[str, float] = {}
     jobs = [{"encoding": 0.02, "denoising": 0.3, "decoding": 0.3, "writing": 0.04}, {"denoising": 2.0}]
     for phases in jobs:
-        for name, delta in metrics.observations([0.1], 1.0, phases).items():
+        for name, delta in metrics.observations([0.1], 1.0, phases, Evaluations(6, 2)).items():
             counters[name] = counters.get(name, 0) + delta
     text = metrics.render(counts={}, counters=counters, restarts=0, ready=True)
     lines = set(text.splitlines())
@@ -26,3 +28,11 @@ def test_phase_seconds_histogram_counts_each_phase_under_its_label():
     assert "ithaca_step_latency_seconds_count 2" in lines  # unlabelled, named as before
     assert 'ithaca_job_duration_seconds_bucket{le="1.0"} 2' in lines
     assert text.count("# TYPE ithaca_job_phase_seconds histogram") == 1  # one family, four series
+    assert 'ithaca_transformer_evaluations_total{result="evaluated"} 12' in lines
+    assert 'ithaca_transformer_evaluations_total{result="skipped"} 4' in lines
+
+
+def test_an_empty_store_renders_zero_evaluations():
+    text = metrics.render(counts={}, counters={}, restarts=0, ready=False)
+    assert "# TYPE ithaca_transformer_evaluations_total counter" in text
+    assert 'ithaca_transformer_evaluations_total{result="skipped"} 0' in text

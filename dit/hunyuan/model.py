@@ -62,6 +62,10 @@ class LocalSequence:
     def gather(self, x: torch.Tensor, info) -> torch.Tensor:
         return x
 
+    def real_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's real tokens of a block output (all of them: nothing is sharded or padded)."""
+        return x
+
 
 class JointAttention(nn.Module):
     def __init__(self, dim: int, heads: int):
@@ -127,6 +131,8 @@ def pack_text(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Ten
 
 
 class HunyuanVideo15Transformer(nn.Module):
+    step_cache = None  # a dit.cache.StepCache while a generation with step caching runs
+
     def __init__(self, config: HunyuanVideo15Config):
         super().__init__()
         self.config = config
@@ -191,8 +197,17 @@ class HunyuanVideo15Transformer(nn.Module):
 
         x = self.patch_embed(hidden_states).flatten(2).transpose(1, 2)
         x, rope, info = self.sequence.shard(x, *rope)
-        for block in self.blocks:
-            x, txt = block(x, txt, temb, rope, text_mask, self.attention, info)
+
+        def run(x, blocks):
+            nonlocal txt  # the text stream flows on through the blocks run; only x leaves the last one
+            for block in blocks:
+                x, txt = block(x, txt, temb, rope, text_mask, self.attention, info)
+            return x
+
+        if self.step_cache is None:
+            x = run(x, self.blocks)
+        else:  # dit.cache: the first block always, the others unless the step is skipped
+            x = self.step_cache.run(x, lambda h: run(h, self.blocks[:1]), lambda h: run(h, self.blocks[1:]))
 
         scale, shift = self.norm_out(temb)
         x = self.proj_out(modulate(x, shift, scale))

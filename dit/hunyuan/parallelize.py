@@ -21,14 +21,19 @@ from dit.hunyuan.model import LocalJointAttention
 @dataclass
 class ShardedSequence:
     mesh: parallel.ParallelMesh
+    info: parallel.SequenceShardInfo | None = None  # the current forward's
 
     def shard(self, x: torch.Tensor, *aligned: torch.Tensor):
-        x, info = parallel.shard_sequence(x, self.mesh, dim=1)
+        x, self.info = parallel.shard_sequence(x, self.mesh, dim=1)
         aligned = tuple(parallel.shard_sequence(a, self.mesh, dim=0)[0] for a in aligned)
-        return x, aligned, info
+        return x, aligned, self.info
 
     def gather(self, x: torch.Tensor, info) -> torch.Tensor:
         return parallel.gather_sequence(x, self.mesh, info, dim=1)
+
+    def real_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's real tokens of a block output (the step cache's L1 sums skip the padding)."""
+        return parallel.real_tokens(x, self.mesh, self.info, dim=1)
 
 
 @dataclass

@@ -35,8 +35,8 @@ def generate_and_read(pipe, scenes: list[Scene], **request) -> list[Scored]:
     for scene in scenes:
         start = time.perf_counter()
         frames = pipe.generate(GenerationRequest(scene.prompt, **request))
-        stats = pipe.cache_stats
-        skipped = stats.skipped / (stats.evaluated + stats.skipped) if stats is not None else 0.0
+        stats = pipe.evaluations
+        skipped = stats.skipped / (stats.evaluated + stats.skipped)
         out.append(Scored(scene, read(frames), time.perf_counter() - start, frames, skipped))
     return out
 
