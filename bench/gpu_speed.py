@@ -232,7 +232,10 @@ def vae_decode(kit: Kit, report: Report) -> None:
         ["what", "s", "peak GiB"],
         [[f"{tuple(latents.shape)} → {tuple(video.shape)} frames", f"{sec:.3f}", gib(peak)]],
     )
-    report.note("One rank decodes the whole video (no parallel decode exists yet).")
+    report.note(
+        "One rank decodes the whole video: the replica's band-parallel decode (dit.vae_parallel) needs "
+        "one GPU per rank; bench/vae_decode.py measures it at 1/2/4 ranks on CPU."
+    )
 
 
 def text_encode(kit: Kit, report: Report) -> None:

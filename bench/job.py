@@ -4,11 +4,13 @@ phase callback), for the tiny models at 1, 2 and 4 CPU ranks (gloo, Ulysses over
 
     python bench/job.py [--models tiny tiny-random] [--ranks 1 2 4] [--iters 3] [--json]
     python bench/job.py --config comm=fp8 --request num_inference_steps=4    # PipelineConfig / request fields
+    python bench/job.py --vary parallel_decode=false --vary cache=fbcache    # rows with one field changed
 
 Each row is the job of median total among --iters jobs after one warm-up job, with the model's default
 request unless --request changes it; `total` is the wall time from the pipeline call to the written MP4.
 --config and --request take any field of `dit.pipeline.PipelineConfig` and `GenerationRequest` (values read
-as JSON, else as text), so options the pipeline gains are benchmarked without changes here.
+as JSON, else as text), so options the pipeline gains are benchmarked without changes here. Each --vary
+KEY=VALUE (a field of either) adds the same rows with that one field changed, beside the baseline's.
 """
 
 from __future__ import annotations
@@ -60,30 +62,38 @@ def _rank(model: str, config: dict, request: dict, iters: int, out: str) -> None
             )
 
 
-def run(models: list[str], ranks: list[int], iters: int, config: dict, request: dict) -> list[dict]:
+def run(
+    models: list[str], ranks: list[int], iters: int, config: dict, request: dict, variants=(("", {}, {}),)
+) -> list[dict]:
+    """Rows for every model × variant × rank count; a variant is (name, config fields, request fields) laid
+    over `config` and `request`."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "row.json")
         for model in models:
-            for n in ranks:
-                spawn_local(_rank, n, model, config, request, iters, out)
-                with open(out) as f:
-                    rows.append(json.load(f))
+            for name, vary_config, vary_request in variants:
+                for n in ranks:
+                    spawn_local(_rank, n, model, config | vary_config, request | vary_request, iters, out)
+                    with open(out) as f:
+                        rows.append(json.load(f) | {"variant": name})
     return rows
 
 
-def _fields(cls, pairs: list[str], flag: str, parser: argparse.ArgumentParser, reserved=()) -> dict:
-    """KEY=VALUE pairs → {field: value} for the dataclass `cls`; a VALUE that is not JSON stays text."""
-    names = [f.name for f in dataclasses.fields(cls) if f.name not in reserved]
-    fields = {}
+def _fields(classes, pairs: list[str], flag: str, parser: argparse.ArgumentParser, reserved=()) -> list[dict]:
+    """KEY=VALUE pairs → one {field: value} per dataclass of `classes`, each KEY going to the first class
+    that has the field; a VALUE that is not JSON stays text."""
+    names = [[f.name for f in dataclasses.fields(cls) if f.name not in reserved] for cls in classes]
+    fields = [{} for _ in classes]
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or key not in names:
-            parser.error(f"{flag} {pair!r}: expected KEY=VALUE with KEY one of {', '.join(names)}")
+        owner = next((i for i, n in enumerate(names) if key in n), None)
+        if not sep or owner is None:
+            known = ", ".join(sorted({k for n in names for k in n}))
+            parser.error(f"{flag} {pair!r}: expected KEY=VALUE with KEY one of {known}")
         try:
-            fields[key] = json.loads(value)
+            fields[owner][key] = json.loads(value)
         except ValueError:
-            fields[key] = value
+            fields[owner][key] = value
     return fields
 
 
@@ -96,11 +106,22 @@ def main(argv=None) -> None:
         "--config", action="append", default=[], metavar="KEY=VALUE", help="a PipelineConfig field"
     )
     p.add_argument("--request", action="append", default=[], metavar="KEY=VALUE", help="a request field")
+    p.add_argument(
+        "--vary",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="also the rows with this PipelineConfig or request field changed",
+    )
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = p.parse_args(argv)
-    config = _fields(PipelineConfig, args.config, "--config", p, reserved=("model",))
-    request = _fields(GenerationRequest, args.request, "--request", p)
-    rows = run(args.models, args.ranks, args.iters, config, request)
+    (config,) = _fields([PipelineConfig], args.config, "--config", p, reserved=("model",))
+    (request,) = _fields([GenerationRequest], args.request, "--request", p)
+    classes = [PipelineConfig, GenerationRequest]
+    variants = [("", {}, {})] + [
+        (pair, *_fields(classes, [pair], "--vary", p, reserved=("model",))) for pair in args.vary
+    ]
+    rows = run(args.models, args.ranks, args.iters, config, request, variants)
     if args.json:
         print(json.dumps({"config": config, "iters": args.iters, "torch": torch.__version__, "rows": rows}))
         return
@@ -109,13 +130,16 @@ def main(argv=None) -> None:
         f"{where}, the median of {args.iters} timed jobs after a warm-up"
         + "".join(f", {k}={v}" for k, v in config.items())
     )
-    print("| model | job | ranks | " + " | ".join(f"{c} s" for c in COLUMNS.values()) + " | total s |")
-    print("| --- | --- | ---: |" + " ---: |" * (len(COLUMNS) + 1))
+    print(
+        "| model | job | changed | ranks | " + " | ".join(f"{c} s" for c in COLUMNS.values()) + " | total s |"
+    )
+    print("| --- | --- | --- | ---: |" + " ---: |" * (len(COLUMNS) + 1))
     for r in rows:
         req = r["request"]
         job = f"{req['num_frames']}×{req['width']}×{req['height']}, {req['num_inference_steps']} steps"
         cells = [f"{r[key]:.3f}" for key in (*COLUMNS, "total")]
-        print(f"| {r['model']} | {job} | {r['ranks']} | " + " | ".join(cells) + " |")
+        changed = r["variant"] or "–"
+        print(f"| {r['model']} | {job} | {changed} | {r['ranks']} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

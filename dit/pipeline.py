@@ -67,6 +67,10 @@ class PipelineConfig:
     loras: tuple[tuple[str, float], ...] = ()
     # step caching for requests that do not choose: off | fbcache[:THRESHOLD] (dit.cache)
     cache: str = "off"
+    # True: every rank of a replica holds the VAE and decodes a band of rows (dit.vae_parallel); False: the
+    # replica leader alone holds it and decodes the whole video while the others wait (the comparison
+    # bench/job.py draws)
+    parallel_decode: bool = True
 
 
 @dataclass
@@ -113,7 +117,7 @@ class Pipeline:
         self.config, self.mesh, self.family, self.model = config, mesh, family, model
         self.tokenizer, self.limits = tokenizer, limits
         self.text_encoder = text_encoder  # None except on the replica leader
-        self.vae = vae  # on every rank: the replica decodes together
+        self.vae = vae  # on every rank when the replica decodes together, else on the leader alone
         # `families.pick_scheduler`'s choice; `denoise` resets the scheduler's state at every run
         self.sampler, self.flow_shift, self.scheduler = sampling
         self.evaluations: Evaluations | None = None  # the last completed generation's transformer passes
@@ -262,8 +266,11 @@ class Pipeline:
 
     def decode(self, latents: torch.Tensor) -> np.ndarray | None:
         """uint8 frames `[F, H, W, 3]` on the replica leader, None on the other ranks. Collective over the
-        replica (every rank passes the same latents): each rank decodes a band of rows."""
-        return self.family.decode(self.vae, latents, self.mesh.replica_group)
+        replica (every rank passes the same latents): each rank decodes a band of rows, or the leader all of
+        them when the config turns the parallel decode off."""
+        if self.config.parallel_decode:
+            return self.family.decode(self.vae, latents, self.mesh.replica_group)
+        return self.family.decode(self.vae, latents) if self.mesh.is_replica_leader else None
 
     def generate(
         self, req: GenerationRequest, callback: Callback | None = None, on_phase: PhaseCallback | None = None
@@ -319,7 +326,8 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     leader = mesh.is_replica_leader
     text_device = torch.device(config.text_encoder_device) if config.text_encoder_device else device
     text_encoder = family.text_encoder(folder, model, tokenizer, dtype, text_device) if leader else None
-    vae = family.vae(folder, model.config.in_channels, device)
+    decodes = leader or config.parallel_decode
+    vae = family.vae(folder, model.config.in_channels, device) if decodes else None
 
     t, s = family.compression
     limits = replace(

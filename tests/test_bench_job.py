@@ -1,17 +1,28 @@
-"""bench/job.py kept alive: one row per (model, ranks), every phase timed on the leader, the parts within the
-total."""
+"""bench/job.py kept alive: one row per (model, variant, ranks), every phase timed on the leader, the parts
+within the total."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench import job
 
 
 def test_rows_split_a_job_into_its_phases(capsys):
-    job.main(["--models", "tiny-random", "--ranks", "1", "2", "--iters", "1", "--json"])
+    argv = ["--models", "tiny-random", "--ranks", "1", "2", "--iters", "1", "--json"]
+    job.main([*argv, "--vary", "parallel_decode=false", "--vary", "cache=fbcache:0.5"])
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert [(r["model"], r["ranks"]) for r in rows] == [("tiny-random", 1), ("tiny-random", 2)]
+    variants = ["", "parallel_decode=false", "cache=fbcache:0.5"]
+    assert [(r["variant"], r["ranks"]) for r in rows] == [(v, n) for v in variants for n in (1, 2)]
+    assert [r["request"]["cache"] for r in rows] == ["off"] * 4 + ["fbcache:0.5"] * 2
     for r in rows:
         parts = [r[phase] for phase in job.COLUMNS]
         assert min(parts) > 0 and sum(parts) <= r["total"]
+
+
+def test_an_unknown_field_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        job.main(["--vary", "no_such_field=1"])
+    assert "no_such_field" in capsys.readouterr().err

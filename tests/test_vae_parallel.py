@@ -126,15 +126,16 @@ def test_unknown_layers_are_refused():
 REQUEST = dict(prompt="a red circle moving right", num_frames=9, height=48, width=64, num_inference_steps=2)
 
 
-def _generate(model, degrees):
+def _generate(model, degrees, **config):
     import parallel
     from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline
 
-    pipe = load_pipeline(PipelineConfig(model=model, device="cpu"), parallel.init_parallel(**degrees))
+    mesh = parallel.init_parallel(**degrees)
+    pipe = load_pipeline(PipelineConfig(model=model, device="cpu", **config), mesh)
     phases = []
     with parallel.count_comm() as stats:
         frames = pipe.generate(GenerationRequest(**REQUEST), on_phase=phases.append)
-    return dict(frames=frames, phases=phases, gathers=stats.calls["gather"])
+    return dict(frames=frames, phases=phases, gathers=stats.calls["gather"], has_vae=pipe.vae is not None)
 
 
 @pytest.mark.parametrize("model", ["tiny", "tiny-joint"])
@@ -149,3 +150,7 @@ def test_pipeline_at_ulysses_2_gives_one_ranks_frames(model):
     assert same_frames(leader["frames"], want) and other["frames"] is None
     for rank in (leader, other):  # both decode (a band each; one gather to the leader) and say so
         assert rank["phases"] == ["encoding", "denoising", "decoding"] and rank["gathers"] == 1
+    # with the parallel decode off the leader alone holds the VAE and decodes the same frames
+    leader, other = run_distributed(2, _generate, model, dict(ulysses=2), parallel_decode=False, timeout=180)
+    assert same_frames(leader["frames"], want) and other["frames"] is None
+    assert (leader["has_vae"], other["has_vae"], leader["gathers"], other["gathers"]) == (True, False, 0, 0)
