@@ -16,6 +16,12 @@ Notable renames (original → diffusers → ours):
   blocks.N.ffn.{0,2} → blocks.N.ffn.net.{0.proj,2} → blocks.N.ffn.{0,2}
   blocks.N.modulation → blocks.N.scale_shift_table → blocks.N.modulation
   head.head / head.modulation → proj_out / scale_shift_table → head.proj / head.modulation
+Image-to-video (Wan2.1 I2V / FLF2V) adds:
+  img_emb.proj.{0,1,3,4} → condition_embedder.image_embedder.{norm1, ff.net.0.proj, ff.net.2, norm2}
+    → img_embed.{norm1, ff.0, ff.2, norm2}
+  img_emb.emb_pos → condition_embedder.image_embedder.pos_embed → img_embed.pos_embed (FLF2V)
+  blocks.N.cross_attn.{k,v}_img → blocks.N.attn2.add_{k,v}_proj → blocks.N.cross_attn.kv_img[0..1]
+  blocks.N.cross_attn.norm_k_img → blocks.N.attn2.norm_added_k → blocks.N.cross_attn.norm_k_img
 Original checkpoints may carry a `model.diffusion_model.` prefix; it is stripped.
 """
 
@@ -47,6 +53,14 @@ def key_table(cfg: WanConfig) -> list[Row]:
     rows += _linear("time_embed.proj", "condition_embedder.time_proj", "time_projection.1")
     rows += _linear("text_embed.0", "condition_embedder.text_embedder.linear_1", "text_embedding.0")
     rows += _linear("text_embed.2", "condition_embedder.text_embedder.linear_2", "text_embedding.2")
+    if cfg.image_dim is not None:
+        e, d = "img_embed.", "condition_embedder.image_embedder."
+        rows += _linear(e + "norm1", d + "norm1", "img_emb.proj.0")
+        rows += _linear(e + "ff.0", d + "ff.net.0.proj", "img_emb.proj.1")
+        rows += _linear(e + "ff.2", d + "ff.net.2", "img_emb.proj.3")
+        rows += _linear(e + "norm2", d + "norm2", "img_emb.proj.4")
+        if cfg.pos_embed_seq_len is not None:
+            rows.append(Row(e + "pos_embed", 0, 1, d + "pos_embed", "img_emb.emb_pos"))
     for i in range(cfg.num_layers):
         o, d, w = f"blocks.{i}.", f"blocks.{i}.", f"blocks.{i}."
         for part, name in enumerate("qkv"):
@@ -76,6 +90,24 @@ def key_table(cfg: WanConfig) -> list[Row]:
                 )
             )
         rows += _linear(o + "cross_attn.out", d + "attn2.to_out.0", w + "cross_attn.o")
+        if cfg.added_kv_proj_dim is not None:
+            for part, name in enumerate("kv"):
+                rows += _linear(
+                    o + "cross_attn.kv_img",
+                    d + f"attn2.add_{name}_proj",
+                    w + f"cross_attn.{name}_img",
+                    part,
+                    2,
+                )
+            rows.append(
+                Row(
+                    o + "cross_attn.norm_k_img.weight",
+                    0,
+                    1,
+                    d + "attn2.norm_added_k.weight",
+                    w + "cross_attn.norm_k_img.weight",
+                )
+            )
         if cfg.cross_attn_norm:
             rows += _linear(o + "norm_cross", d + "norm2", w + "norm3")
         rows += _linear(o + "ffn.0", d + "ffn.net.0.proj", w + "ffn.0")

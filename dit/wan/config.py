@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The original Wan code fixes what diffusers' config names: image-to-video models take CLIP ViT-H image tokens
+# (1280 wide) projected to the model width, and FLF2V learns positions over two frames' 257 tokens each.
+CLIP_DIM = 1280
+FLF2V_IMAGE_TOKENS = 2 * 257
+
 
 @dataclass(frozen=True)
 class WanConfig:
@@ -19,6 +24,10 @@ class WanConfig:
     cross_attn_norm: bool = True
     eps: float = 1e-6
     rope_theta: float = 10000.0
+    # image-to-video (Wan2.1 I2V / FLF2V); None for text-to-video
+    image_dim: int | None = None  # width of the image-encoder tokens (the image embedder's input)
+    added_kv_proj_dim: int | None = None  # input width of cross-attention's image K/V projections
+    pos_embed_seq_len: int | None = None  # FLF2V: learned positions over the two frames' image tokens
 
     @property
     def dim(self) -> int:
@@ -31,10 +40,6 @@ class WanConfig:
     @classmethod
     def from_diffusers(cls, cfg: dict) -> WanConfig:
         """From a diffusers `WanTransformer3DModel` config.json."""
-        if cfg.get("image_dim") is not None or cfg.get("added_kv_proj_dim") is not None:
-            raise ValueError(
-                "image-to-video Wan checkpoints (image_dim / added_kv_proj_dim) are not supported"
-            )
         return cls(
             num_layers=cfg.get("num_layers", 40),
             num_heads=cfg.get("num_attention_heads", 40),
@@ -47,6 +52,9 @@ class WanConfig:
             patch_size=tuple(cfg.get("patch_size", (1, 2, 2))),
             cross_attn_norm=cfg.get("cross_attn_norm", True),
             eps=cfg.get("eps", 1e-6),
+            image_dim=cfg.get("image_dim"),
+            added_kv_proj_dim=cfg.get("added_kv_proj_dim"),
+            pos_embed_seq_len=cfg.get("pos_embed_seq_len"),
         )
 
     def to_diffusers(self) -> dict:
@@ -62,16 +70,21 @@ class WanConfig:
             patch_size=list(self.patch_size),
             cross_attn_norm=self.cross_attn_norm,
             eps=self.eps,
+            image_dim=self.image_dim,
+            added_kv_proj_dim=self.added_kv_proj_dim,
+            pos_embed_seq_len=self.pos_embed_seq_len,
         )
 
     @classmethod
     def from_original(cls, cfg: dict) -> WanConfig:
-        """From the original Wan repo's config.json (`_class_name: WanModel`); defaults are WanModel's."""
-        if cfg.get("model_type", "t2v") != "t2v":
-            raise ValueError(
-                f"only text-to-video Wan checkpoints are supported, got model_type={cfg['model_type']}"
-            )
+        """From the original Wan repo's config.json (`_class_name: WanModel`); defaults are WanModel's. Its
+        `model_type` says the conditioning: t2v and Wan2.2's ti2v take text only, i2v and flf2v (Wan2.1) add
+        CLIP image tokens."""
+        model_type = cfg.get("model_type", "t2v")
+        if model_type not in ("t2v", "ti2v", "i2v", "flf2v"):
+            raise ValueError(f"unsupported Wan model_type {model_type!r} (t2v, ti2v, i2v or flf2v)")
         dim, heads = cfg.get("dim", 2048), cfg.get("num_heads", 16)
+        image = model_type in ("i2v", "flf2v")
         return cls(
             num_layers=cfg.get("num_layers", 32),
             num_heads=heads,
@@ -84,12 +97,17 @@ class WanConfig:
             patch_size=tuple(cfg.get("patch_size", (1, 2, 2))),
             cross_attn_norm=cfg.get("cross_attn_norm", True),
             eps=cfg.get("eps", 1e-6),
+            image_dim=CLIP_DIM if image else None,
+            added_kv_proj_dim=dim if image else None,
+            pos_embed_seq_len=FLF2V_IMAGE_TOKENS if model_type == "flf2v" else None,
         )
 
     def to_original(self) -> dict:
-        return dict(
+        """ValueError for a config the original format cannot state (its image widths are fixed)."""
+        model_type = "flf2v" if self.pos_embed_seq_len else "i2v" if self.image_dim else "t2v"
+        cfg = dict(
             _class_name="WanModel",
-            model_type="t2v",
+            model_type=model_type,
             dim=self.dim,
             num_heads=self.num_heads,
             num_layers=self.num_layers,
@@ -102,3 +120,6 @@ class WanConfig:
             cross_attn_norm=self.cross_attn_norm,
             eps=self.eps,
         )
+        if WanConfig.from_original(cfg) != self:
+            raise ValueError(f"the original Wan config.json cannot express {self}")
+        return cfg

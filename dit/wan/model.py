@@ -3,11 +3,16 @@
 Shapes follow diffusers: latents `[B, C, F, H, W]`, timestep `[B]` or per-token `[B, S]` (Wan2.2 style),
 text `[B, T, text_dim]`. Differences from the reference are layout only: q/k/v (and cross-attention k/v) are
 one fused projection, and q/k RMSNorm weights are stacked so q and k are normalised and rotated in one pass.
-The image-to-video image embedder is not implemented (text-to-video checkpoints only).
+Image-to-video (Wan2.1 I2V / FLF2V, config `image_dim` and `added_kv_proj_dim`) adds diffusers' image
+embedder, whose tokens precede the text in the cross-attention context, and per-block image K/V projections
+(fused like the text's): the queries attend to the image tokens separately and the two outputs are summed.
+The context is the pair (text tokens, image tokens or None), so the split needs no fixed text length
+(diffusers and the original take the last 512 context tokens as text: the same wherever, as in every Wan
+pipeline, the text is padded to 512 tokens; the tiny text encoders pad to 16).
 
 Precision follows diffusers: LayerNorms, modulation and the gated residuals run in fp32; the time-embedding
-MLP, the modulation tables and the cross-attention LayerNorm stay fp32 when the model is loaded in a lower
-dtype (`FP32_PARAMS`, diffusers' `_keep_in_fp32_modules`).
+MLP, the modulation tables and the cross-attention and image-embedder LayerNorms stay fp32 when the model is
+loaded in a lower dtype (`FP32_PARAMS`, diffusers' `_keep_in_fp32_modules`).
 
 Parallel code never enters here: the sequence-parallel layer (`dit.parallelize`) hooks the module
 boundaries (`patch_embed` output, `rope` output, `time_embed` input, `head` output) and replaces
@@ -25,12 +30,18 @@ from torch import nn
 from dit.wan.config import WanConfig
 from parallel import local_attention
 
-FP32_PARAMS = ("time_embed.mlp.", ".modulation", "head.modulation", ".norm_cross.")
+FP32_PARAMS = ("time_embed.mlp.", ".modulation", "head.modulation", ".norm_cross.", "img_embed.norm")
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
     """fp32 LayerNorm (no affine) then `* (1 + scale) + shift`, as diffusers; returns fp32."""
     return torch.addcmul(shift, F.layer_norm(x.float(), x.shape[-1:], eps=eps), 1 + scale)
+
+
+def fp32_layer_norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """`norm` computed in fp32 whatever the weights' and x's dtype, back in x's (diffusers' FP32LayerNorm)."""
+    w, b = norm.weight.float(), norm.bias.float()
+    return F.layer_norm(x.float(), norm.normalized_shape, w, b, norm.eps).type_as(x)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -116,7 +127,8 @@ class SelfAttention(nn.Module):
 
 
 class CrossAttention(nn.Module):
-    """Attention from image tokens to the (replicated) text tokens: always local, never sequence-parallel."""
+    """Attention from the video tokens to the (replicated) text, and image tokens where the model has image
+    K/V: always local, never sequence-parallel."""
 
     def __init__(self, cfg: WanConfig):
         super().__init__()
@@ -128,13 +140,26 @@ class CrossAttention(nn.Module):
         self.norm_k = nn.RMSNorm(cfg.dim, eps=cfg.eps)
         self.out = nn.Linear(cfg.dim, cfg.dim)
         self.attention = local_attention  # the kernel choice is set from outside (`dit.parallelize`)
+        self.kv_img = self.norm_k_img = None
+        if cfg.added_kv_proj_dim is not None:
+            self.kv_img = nn.Linear(cfg.added_kv_proj_dim, 2 * cfg.dim)
+            self.norm_k_img = nn.RMSNorm(cfg.dim, eps=cfg.eps)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        k, v = self.kv(context).chunk(2, dim=-1)
+    def forward(self, x: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
+        """`context`: (text tokens, image tokens or None)."""
+        text, image = context
         q = self.norm_q(self.q(x)).unflatten(-1, (self.num_heads, -1))
-        k = self.norm_k(k).unflatten(-1, (self.num_heads, -1))
-        out = self.attention(q, k, v.unflatten(-1, (self.num_heads, -1)))
+        out = self._attend(q, text, self.kv, self.norm_k)
+        if image is not None:
+            out = out + self._attend(q, image, self.kv_img, self.norm_k_img)
         return self.out(out.flatten(2).type_as(x))
+
+    def _attend(
+        self, q: torch.Tensor, context: torch.Tensor, kv: nn.Linear, norm_k: nn.RMSNorm
+    ) -> torch.Tensor:
+        k, v = kv(context).chunk(2, dim=-1)
+        k = norm_k(k).unflatten(-1, (self.num_heads, -1))
+        return self.attention(q, k, v.unflatten(-1, (self.num_heads, -1)))
 
 
 class Block(nn.Module):
@@ -153,14 +178,32 @@ class Block(nn.Module):
         shift1, scale1, gate1, shift2, scale2, gate2 = (self.modulation + mod.float()).unbind(2)
         h = modulate(x, shift1, scale1, self.eps).type_as(x)
         x = torch.addcmul(x.float(), self.self_attn(h, cos, sin), gate1).type_as(x)
-        h = x if self.norm_cross is None else self._norm_cross(x)
+        h = x if self.norm_cross is None else fp32_layer_norm(self.norm_cross, x)
         x = x + self.cross_attn(h, context)
         h = modulate(x, shift2, scale2, self.eps).type_as(x)
         return torch.addcmul(x.float(), self.ffn(h).float(), gate2).type_as(x)
 
-    def _norm_cross(self, x: torch.Tensor) -> torch.Tensor:
-        n = self.norm_cross
-        return F.layer_norm(x.float(), n.normalized_shape, n.weight.float(), n.bias.float(), n.eps).type_as(x)
+
+class ImageEmbedding(nn.Module):
+    """Image-encoder tokens → context tokens: fp32 LayerNorm, GELU MLP, fp32 LayerNorm (diffusers'
+    WanImageEmbedding). FLF2V's first- and last-frame tokens arrive as consecutive batch entries; they are
+    joined per sample and given learned positions."""
+
+    def __init__(self, cfg: WanConfig):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.image_dim)
+        self.ff = nn.Sequential(
+            nn.Linear(cfg.image_dim, cfg.image_dim), nn.GELU(), nn.Linear(cfg.image_dim, cfg.dim)
+        )
+        self.norm2 = nn.LayerNorm(cfg.dim)
+        self.pos_embed = None
+        if cfg.pos_embed_seq_len is not None:
+            self.pos_embed = nn.Parameter(torch.zeros(1, cfg.pos_embed_seq_len, cfg.image_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pos_embed is not None:
+            x = x.reshape(-1, 2 * x.shape[1], x.shape[2]) + self.pos_embed
+        return fp32_layer_norm(self.norm2, self.ff(fp32_layer_norm(self.norm1, x)))
 
 
 class Head(nn.Module):
@@ -190,19 +233,28 @@ class WanModel(nn.Module):
         self.text_embed = nn.Sequential(
             nn.Linear(config.text_dim, dim), nn.GELU(approximate="tanh"), nn.Linear(dim, dim)
         )
+        self.img_embed = ImageEmbedding(config) if config.image_dim is not None else None
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.head = Head(config)
 
     def forward(
-        self, hidden_states: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor
+        self,
+        hidden_states: torch.Tensor,
+        timestep: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        encoder_hidden_states_image: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """`encoder_hidden_states_image`: an image-to-video model's image-encoder tokens `[B, N, image_dim]`
+        (FLF2V: `[2B, N, image_dim]`, each sample's first then last frame)."""
         b, _, f, h, w = hidden_states.shape
         pt, ph, pw = self.config.patch_size
         grid = (f // pt, h // ph, w // pw)
         x = self.patch_embed(hidden_states)
         cos, sin = self.rope(grid, x.device)
         temb, mod = self.time_embed(timestep, encoder_hidden_states.dtype)
-        context = self.text_embed(encoder_hidden_states.to(x.dtype))
+        text = self.text_embed(encoder_hidden_states.to(x.dtype))
+        image = encoder_hidden_states_image
+        context = (text, None if image is None else self.img_embed(image.to(x.dtype)))
 
         def run(x, blocks):
             for block in blocks:
