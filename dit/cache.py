@@ -100,6 +100,11 @@ class StepCache:
         self._rest[self.current] = out - h
         return out
 
+    def restart(self, real: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Another model takes over (its real tokens: `real`): the last full evaluation is forgotten, so the
+        next step runs in full."""
+        self.real, self._first, self._rest = real, None, {}
+
     def _decide(self, residual: torch.Tensor) -> bool:
         if not self._rest:  # the first step: every rank of the replica evaluates in full
             return False
@@ -128,10 +133,10 @@ def real_tokens(model) -> Callable[[torch.Tensor], torch.Tensor]:
 def attached(model, cache: StepCache | None) -> Iterator[None]:
     """`model` runs with `cache` inside the block (nothing changes for None). A model opts in with a
     `step_cache` attribute that its forward consults (dit.wan.model.WanModel, HunyuanVideo15Transformer)."""
-    inner = _transformer(model)
-    if cache is None:
+    if cache is None or model is None:
         yield
         return
+    inner = _transformer(model)
     if not hasattr(inner, "step_cache"):
         raise ValueError(f"step caching is not implemented for {type(inner).__name__}")
     inner.step_cache = cache

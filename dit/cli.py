@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 MODES = ("alltoall", "fp8", "p2p", "ring", "hybrid", "cfg")
@@ -97,6 +97,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "(default: the folder's denoising_step_list in scheduler/scheduler_config.json, if any)",
     )
     p.add_argument(
+        "--offload-idle-expert",
+        action="store_true",
+        help="a two-expert model (Wan2.2 A14B): keep the expert not running in host memory",
+    )
+    p.add_argument(
         "--lora",
         action="append",
         type=_lora_arg,
@@ -122,7 +127,19 @@ def _add_request_args(p: argparse.ArgumentParser, prompt_default: str | None = N
         default=None,
         help="guidance scale (default: the model's; 1 with --timesteps)",
     )
+    p.add_argument(
+        "--guidance-2",
+        type=float,
+        default=None,
+        help="a two-expert model's (Wan2.2 A14B) guidance below its boundary (default: --guidance)",
+    )
     p.add_argument("--seed", type=int, default=0, help="the initial noise depends on it alone")
+    p.add_argument(
+        "--image",
+        default=None,
+        help="first frame of an image-to-video model: a PNG, JPEG or WebP file (scaled to cover the video "
+        "and centre-cropped)",
+    )
     p.add_argument(
         "--cache",
         default=None,
@@ -186,6 +203,7 @@ def _pipeline_config(args, comm: str):
         flow_shift=args.flow_shift,
         timesteps=args.timesteps,
         loras=tuple(args.lora or ()),
+        offload_idle_expert=args.offload_idle_expert,
     )
 
 
@@ -238,6 +256,20 @@ def _preflight(args, command: str, *, ulysses=None, ring=1, cfg=1, comm="alltoal
     return True
 
 
+def read_image(path: str):
+    """`--image`: the file's pixels (uint8 RGB), checked as the server checks an upload (dit.image)."""
+    from dit.image import ImageLimits, decode
+
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"--image {path}: {e.strerror or e}") from None
+    try:
+        return decode(data, ImageLimits())
+    except ValueError as e:
+        raise ValueError(f"--image {path}: {e}") from None
+
+
 def run_generate(args) -> int:
     if not _preflight(args, "generate", ulysses=args.ulysses, ring=args.ring, cfg=args.cfg, comm=args.comm):
         return 2
@@ -264,11 +296,14 @@ def run_generate(args) -> int:
             width=args.width,
             num_inference_steps=args.steps,
             guidance_scale=args.guidance,
+            guidance_scale_2=args.guidance_2,
             seed=args.seed,
             fps=args.fps,
             cache=args.cache,
         )
         try:
+            if args.image is not None:
+                request = replace(request, image=read_image(args.image))
             request = pipe.validate(request)
         except ValueError as e:
             if mesh.rank == 0:
@@ -334,6 +369,7 @@ def _common_argv(args) -> list[str]:
     argv = [args.prompt, "--negative-prompt", args.negative_prompt, "--seed", str(args.seed)]
     for flag, value in (("--frames", args.frames), ("--height", args.height), ("--width", args.width),
                         ("--steps", args.steps), ("--guidance", args.guidance), ("--fps", args.fps),
+                        ("--guidance-2", args.guidance_2), ("--image", args.image),
                         ("--model-path", args.model_path), ("--device", args.device),
                         ("--flow-shift", args.flow_shift), ("--sampler", args.sampler),
                         ("--timesteps", args.timesteps), ("--cache", args.cache),
@@ -344,6 +380,8 @@ def _common_argv(args) -> list[str]:
         argv += ["--preset", args.preset]
     if args.compile:
         argv.append("--compile")
+    if args.offload_idle_expert:
+        argv.append("--offload-idle-expert")
     for path, strength in args.lora or ():
         argv += ["--lora", f"{path}:{strength!r}"]
     return argv + ["--dtype", args.dtype, "--attn-backend", args.attn_backend]

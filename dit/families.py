@@ -21,6 +21,7 @@ import torch
 from diffusers import SchedulerMixin
 from torch import nn
 
+from dit import i2v
 from dit import vae as wan_vae
 from dit.loading import model_names, presets
 from dit.presets import SHIPPED, resolve
@@ -60,6 +61,11 @@ class Limits:
     max_fps: int = 60
     default_fps: int = 16
     schedule: FixedSchedule | None = None  # a fixed (distilled) schedule: every run takes exactly its steps
+    # the model is conditioned on a first-frame image (image-to-video): every request carries one, and a
+    # text-to-video model (False) refuses one
+    image: bool = False
+    # two experts (Wan2.2 A14B, dit.experts): a request may give the low-noise expert's `guidance_scale_2`
+    two_experts: bool = False
 
     def with_schedule(self, schedule: FixedSchedule | None) -> Limits:
         """These limits under a fixed schedule: exactly its step count, and guidance 1 by default (a
@@ -109,6 +115,12 @@ class PipelineFamily:
     samplers: tuple[str, ...]  # the `dit.sampling.SCHEDULERS` names it samples with (`pick_scheduler`)
     # steps → the schedule to set (None: the scheduler's default)
     sigmas: Callable[[int], list[float] | None] = lambda steps: None
+    # (folder or None, wrapped model, dtype, device) → the image-to-video model's image encoder, or None (no
+    # image features); only the replica leader loads one
+    image_encoder: Callable[..., Any] = lambda folder, model, dtype, device: None
+    # (vae, image uint8 [H, W, 3] at the video's size, frames) → the image-to-video model's conditioning
+    # volume, its keyword argument `condition` (the model's `takes_image`)
+    image_condition: Callable[..., torch.Tensor] | None = None
 
 
 _PIPELINE_FAMILIES: dict[str, PipelineFamily] = {}
@@ -203,17 +215,17 @@ def pick_scheduler(
 def _wan_limits(folder: Path | None, preset: str) -> Limits:
     if folder is not None and folder.resolve() == SHIPPED["tiny"]:
         return TRAINED_TINY_LIMITS
-    return TINY_LIMITS if folder is None and preset == "tiny-random" else Limits()
+    return TINY_LIMITS if folder is None and preset.startswith("tiny-") else Limits()  # tiny-*-random
 
 
-# Wan2.1: UMT5 (or the tiny encoder), AutoencoderKLWan (×4 time, ×8 space), UniPC flow sampling unless the
-# folder's scheduler is flow-match Euler.
+# Wan2.1 and Wan2.2: UMT5 (or the tiny encoder), AutoencoderKLWan (×4 time, ×8 space), UniPC flow sampling
+# unless the folder's scheduler is flow-match Euler; image-to-video models take an image (dit.i2v).
 WAN = PipelineFamily(
     class_name="WanTransformer3DModel",
     compression=wan_vae.WAN_COMPRESSION,
     default_shift=3.0,  # Wan's 480p value
     default_sampler="unipc",
-    wrap=lambda transformer: transformer,
+    wrap=i2v.wrap,
     tokenizer=load_tokenizer,
     text_encoder=lambda folder, model, tokenizer, dtype, device: load_text_encoder(
         folder, tokenizer, dim=model.config.text_dim, dtype=dtype, device=device
@@ -222,6 +234,8 @@ WAN = PipelineFamily(
     decode=wan_vae.decode,
     limits=_wan_limits,
     samplers=SAMPLERS,
+    image_encoder=i2v.load_image_encoder,
+    image_condition=i2v.latent_condition,
 )
 register_pipeline_family(WAN)
 register_pipeline_family(replace(WAN, class_name="WanModel"))  # an original Wan checkpoint folder

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,9 +24,11 @@ import dit
 import parallel
 from dit.cache import CacheConfig, Evaluations, StepCache, real_tokens
 from dit.compile import compile_blocks
+from dit.experts import HostOffload, boundary_ratio, second_source
 from dit.families import TINY_LIMITS, Limits, PipelineFamily, pick_scheduler, pipeline_family
+from dit.image import fit
 from dit.presets import resolve
-from dit.sampling import Callback, GenerationCancelled, denoise, passes_per_step
+from dit.sampling import NUM_TRAIN_TIMESTEPS, Callback, GenerationCancelled, SecondExpert, denoise
 
 __all__ = [
     "GenerationCancelled",
@@ -71,6 +74,9 @@ class PipelineConfig:
     # replica leader alone holds it and decodes the whole video while the others wait (the comparison
     # bench/job.py draws)
     parallel_decode: bool = True
+    # a two-expert model (Wan2.2 A14B, dit.experts): keep the expert not running in host memory, moving each
+    # in at its turn (saves one expert's weights of device memory per rank, costs two copies per job)
+    offload_idle_expert: bool = False
 
 
 @dataclass
@@ -84,9 +90,14 @@ class GenerationRequest:
     width: int | None = None
     num_inference_steps: int | None = None
     guidance_scale: float | None = None
+    # a two-expert model's guidance below its boundary (the low-noise expert's); None: its default
+    guidance_scale_2: float | None = None
     seed: int = 0
     fps: int | None = None
     cache: str | None = None  # off | fbcache[:THRESHOLD] (dit.cache); None: the pipeline's
+    # the first frame of an image-to-video model: RGB, a PIL image or uint8 [H, W, 3] of any size (resized to
+    # cover the request's size, aspect kept, and centre-cropped: dit.image.fit)
+    image: Any = None
 
 
 def _check_int(
@@ -101,6 +112,11 @@ def _check_int(
         raise ValueError(f"{name} must be {rule} between {low} and {high}, got {value!r}")
 
 
+def _check_guidance(name: str, g, lim: Limits) -> None:
+    if isinstance(g, bool) or not isinstance(g, int | float) or not lim.min_guidance <= g <= lim.max_guidance:
+        raise ValueError(f"{name} must be between {lim.min_guidance} and {lim.max_guidance}, got {g!r}")
+
+
 class Pipeline:
     def __init__(
         self,
@@ -113,8 +129,13 @@ class Pipeline:
         vae,
         limits: Limits,
         sampling: tuple[str, float, SchedulerMixin],
+        second: tuple[Any, float] | None = None,
+        image_encoder=None,
     ):
         self.config, self.mesh, self.family, self.model = config, mesh, family, model
+        self.image_encoder = image_encoder  # an image-to-video model's, on the replica leader; else None
+        # a two-expert model's low-noise expert and its boundary ratio (dit.experts), else None, None
+        self.model_2, self.boundary = second if second is not None else (None, None)
         self.tokenizer, self.limits = tokenizer, limits
         self.text_encoder = text_encoder  # None except on the replica leader
         self.vae = vae  # on every rank when the replica decodes together, else on the leader alone
@@ -153,18 +174,20 @@ class Pipeline:
         _check_int("num_inference_steps", req.num_inference_steps, lim.min_steps, lim.max_steps)
         _check_int("fps", req.fps, lim.min_fps, lim.max_fps)
         _check_int("seed", req.seed, 0, MAX_SEED)
-        g = req.guidance_scale
-        if (
-            isinstance(g, bool)
-            or not isinstance(g, int | float)
-            or not lim.min_guidance <= g <= lim.max_guidance
-        ):
-            raise ValueError(
-                f"guidance_scale must be between {lim.min_guidance} and {lim.max_guidance}, got {g!r}"
-            )
+        _check_guidance("guidance_scale", req.guidance_scale, lim)
+        if self.boundary is None and req.guidance_scale_2 is not None:
+            raise ValueError("guidance_scale_2 is for two-expert models (Wan2.2 A14B); this model has one")
+        if self.boundary is not None:  # as diffusers: the low-noise expert takes guidance_scale unless told
+            if req.guidance_scale_2 is None:
+                req = replace(req, guidance_scale_2=req.guidance_scale)
+            _check_guidance("guidance_scale_2", req.guidance_scale_2, lim)
         if req.cache is not None and not isinstance(req.cache, str):
             raise ValueError(f"cache must be a string such as fbcache:0.1, got {req.cache!r}")
         req = replace(req, cache=str(CacheConfig.parse(req.cache or self.config.cache)))
+        if lim.image and req.image is None:
+            raise ValueError("image: this image-to-video model needs a first-frame image")
+        if not lim.image and req.image is not None:
+            raise ValueError("image: this text-to-video model takes no image")
         if not isinstance(req.prompt, str) or not req.prompt.strip():
             raise ValueError("prompt must be a non-empty string")
         for name in ("prompt", "negative_prompt"):
@@ -204,7 +227,7 @@ class Pipeline:
         generator = torch.Generator("cpu").manual_seed(req.seed)
         schedule = self.limits.schedule
         cache = self.step_cache(CacheConfig.parse(req.cache))
-        self.evaluations = None
+        self.evaluations, counted = None, Evaluations()
         latents = denoise(
             self.model,
             self.initial_noise(req, generator),
@@ -218,13 +241,19 @@ class Pipeline:
             sigmas=self.family.sigmas(req.num_inference_steps) if schedule is None else schedule.sigmas,
             generator=generator,
             cache=cache,
+            second=self.second_expert(req),
+            evaluations=counted,
         )
-        if cache is not None:
-            self.evaluations = cache.stats
-        else:
-            passes = passes_per_step(self.mesh, req.guidance_scale)
-            self.evaluations = Evaluations(evaluated=passes * req.num_inference_steps)
+        self.evaluations = cache.stats if cache is not None else counted
         return latents
+
+    def second_expert(self, req: GenerationRequest) -> SecondExpert | None:
+        if self.model_2 is None:
+            return None
+        experts = (self.model, self.model_2)
+        offload = HostOffload(experts, self.device) if self.config.offload_idle_expert else lambda model: None
+        boundary = self.boundary * NUM_TRAIN_TIMESTEPS
+        return SecondExpert(self.model_2, req.guidance_scale_2, boundary, offload)
 
     def step_cache(self, config: CacheConfig) -> StepCache | None:
         """A fresh cache for one generation (None when off), its sums taken over this replica."""
@@ -246,10 +275,12 @@ class Pipeline:
         shared = mesh.cfg_size * mesh.sp_size > 1  # other ranks in this replica wait for the leader's text
         if mesh.is_replica_leader:
             dtype = next(self.model.parameters()).dtype
-            need_uncond = req.guidance_scale != 1.0 or mesh.cfg_size == 2
+            guided = req.guidance_scale != 1.0 or req.guidance_scale_2 not in (None, 1.0)
+            need_uncond = guided or mesh.cfg_size == 2
+            image = self.image_condition(req, dtype) if req.image is not None else {}
             text = (
-                self.text_condition(req.prompt, dtype),
-                self.text_condition(req.negative_prompt, dtype) if need_uncond else None,
+                self.text_condition(req.prompt, dtype) | image,
+                self.text_condition(req.negative_prompt, dtype) | image if need_uncond else None,
             )
             if shared:
                 text = tuple(_on(part, torch.device("cpu")) for part in text)
@@ -263,6 +294,16 @@ class Pipeline:
             name: t.to(dtype) if t.is_floating_point() else t
             for name, t in self.text_encoder.condition(text).items()
         }
+
+    def image_condition(self, req: GenerationRequest, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """An image-to-video model's image keyword arguments (replica leader only): the conditioning volume
+        from the VAE, and the image encoder's features when the model takes them. The image is first fit to
+        the video's size (dit.image.fit: cover, then centre crop)."""
+        image = fit(req.image, req.height, req.width)
+        parts = {"condition": self.family.image_condition(self.vae, image, req.num_frames).to(dtype)}
+        if self.image_encoder is not None:
+            parts["encoder_hidden_states_image"] = self.image_encoder.encode(image).to(dtype)
+        return parts
 
     def decode(self, latents: torch.Tensor) -> np.ndarray | None:
         """uint8 frames `[F, H, W, 3]` on the replica leader, None on the other ranks. Collective over the
@@ -315,17 +356,30 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     # the sampler and any fixed schedule, decided before any weights load
     *sampling, schedule = pick_scheduler(family, folder, config.sampler, config.flow_shift, config.timesteps)
 
-    model = dit.load_transformer(model_name, dtype=dtype, device=device, loras=config.loras)
-    model = family.wrap(model.eval())
-    model = dit.parallelize(model, mesh, comm=config.comm, backend=config.attn_backend)
-    if config.compile:
-        model = compile_blocks(model)
+    boundary = boundary_ratio(model_name, folder)
+    if boundary is not None and config.loras:
+        raise ValueError(
+            "LoRAs on a two-expert model (Wan2.2 A14B) are not supported: each expert takes its own file"
+        )
+
+    def transformer(source, seed=0):
+        model = dit.load_transformer(source, dtype=dtype, device=device, loras=config.loras, seed=seed)
+        model = dit.parallelize(
+            family.wrap(model.eval()), mesh, comm=config.comm, backend=config.attn_backend
+        )
+        return compile_blocks(model) if config.compile else model
+
+    model = transformer(model_name)
+    second = None if boundary is None else (transformer(*second_source(model_name, folder)), boundary)
+    if second is not None and config.offload_idle_expert:
+        second[0].to("cpu")  # in host memory until its first turn
     tokenizer = family.tokenizer(folder)
     # The replica leader alone encodes text; every rank decodes a band of the video (its activations, the
     # bulk of a decode's memory, shrink with the ranks).
     leader = mesh.is_replica_leader
     text_device = torch.device(config.text_encoder_device) if config.text_encoder_device else device
     text_encoder = family.text_encoder(folder, model, tokenizer, dtype, text_device) if leader else None
+    image_encoder = family.image_encoder(folder, model, dtype, text_device) if leader else None
     decodes = leader or config.parallel_decode
     vae = family.vae(folder, model.config.in_channels, device) if decodes else None
 
@@ -335,5 +389,9 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
         frame_step=t,
         size_multiple=s * max(model.config.patch_size[1:]),
         max_prompt_tokens=tokenizer.max_tokens,
+        image=getattr(model, "takes_image", False),
+        two_experts=second is not None,
     ).with_schedule(schedule)
-    return Pipeline(config, mesh, family, model, tokenizer, text_encoder, vae, limits, sampling)
+    return Pipeline(
+        config, mesh, family, model, tokenizer, text_encoder, vae, limits, sampling, second, image_encoder
+    )

@@ -12,7 +12,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, SchedulerMixin, UniPCMultistepScheduler
 
 import parallel
-from dit.cache import StepCache, attached
+from dit.cache import Evaluations, StepCache, attached, real_tokens
 
 # The schedulers Ithaca samples with, by their `--sampler` name; a pipeline folder's `scheduler/` must be one
 # of these classes.
@@ -155,6 +155,18 @@ def should_continue(callback: Callback | None, step: int, total: int, mesh) -> b
     return mesh.broadcast_object(keep)
 
 
+@dataclass
+class SecondExpert:
+    """Wan2.2's low-noise expert: it replaces the first model at the timesteps below `boundary` (diffusers:
+    boundary_ratio × 1000), with its own guidance scale. `enter(model)` hears which expert is about to run
+    (host-memory offload moves the idle one out)."""
+
+    model: object
+    guidance: float
+    boundary: float
+    enter: Callable[[object], None] = lambda model: None
+
+
 @torch.no_grad()
 def denoise(
     model,
@@ -170,12 +182,15 @@ def denoise(
     sigmas: list[float] | None = None,
     generator: torch.Generator | None = None,
     cache: StepCache | None = None,
+    second: SecondExpert | None = None,
+    evaluations: Evaluations | None = None,
 ) -> torch.Tensor:
     """Run `steps` denoising steps from `latents` (float32) and return the final latents (float32, the same on
     every rank). The model sees its own dtype; the scheduler works in float32. A renoise scheduler draws its
     fresh noise from `generator`: a CPU generator seeded alike on every rank keeps the ranks identical. A
     `cache` (dit.cache) lets the model skip its later blocks at steps where its first block's output barely
-    moved; it counts the evaluations run and skipped."""
+    moved; it counts the evaluations run and skipped, else `evaluations` counts the passes run. `second`: a
+    two-expert model's low-noise expert, taking over at its boundary."""
     dtype = next(model.parameters()).dtype
     if sigmas is None:
         scheduler.set_timesteps(steps, device=latents.device)
@@ -186,10 +201,24 @@ def denoise(
     # repeats a timestep (UniPC's integer ones start 999, 999), and a lookup by value takes the second match.
     if hasattr(scheduler, "set_begin_index"):
         scheduler.set_begin_index(0)
-    with attached(model, cache):
+    running = None
+    with attached(model, cache), attached(second.model if second else None, cache):
         for i, t in enumerate(scheduler.timesteps):
+            expert, g = (
+                (model, guidance)
+                if second is None or t >= second.boundary
+                else (second.model, second.guidance)
+            )
+            if expert is not running:
+                if running is not None and cache is not None:
+                    cache.restart(real_tokens(expert))  # the residuals it keeps are the other expert's
+                if second is not None:
+                    second.enter(expert)
+                running = expert
             timestep = t.expand(latents.shape[0])
-            noise = guided_noise(model, latents.to(dtype), timestep, cond, uncond, guidance, mesh, cache)
+            noise = guided_noise(expert, latents.to(dtype), timestep, cond, uncond, g, mesh, cache)
+            if cache is None and evaluations is not None:
+                evaluations.evaluated += passes_per_step(mesh, g)
             latents = scheduler.step(noise, t, latents, return_dict=False, **noise_source)[0]
             if not should_continue(callback, i + 1, steps, mesh):
                 raise GenerationCancelled(i + 1, steps)

@@ -5,12 +5,14 @@ exact for those configs. Activation memory is an estimate from the tensor shapes
 (see `activation_bytes`): sequence parallelism divides activations by the number of ranks, while every rank
 holds a full copy of the DiT's weights and of the VAE (each rank decodes a band of rows). Only the replica
 leader holds the text encoder(s) (it encodes the prompts and broadcasts the conditioning), so the table gives
-the leader's memory and the other ranks'. `python -m dit.sizing` prints the table in deploy/README.md.
+the leader's memory and the other ranks'. A two-expert model (Wan2.2 A14B) has rows with both experts on the
+device and with the idle one in host memory. `python -m dit.sizing` prints the table in deploy/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +41,7 @@ class ModelShape:
     vae_spatial: int  # pixels per latent pixel
     vae_temporal: int  # frames per latent frame
     resolutions: tuple[Resolution, ...]
+    experts: int = 1  # Wan2.2 A14B: two transformers of the preset's shape (dit.experts)
 
 
 MODELS = (
@@ -53,6 +56,16 @@ MODELS = (
         8,
         4,
         (Resolution("480p", 480, 832), Resolution("720p", 720, 1280)),
+    ),  # fmt: skip
+    ModelShape(
+        "Wan2.2 A14B",
+        "wan2.2-t2v-a14b",
+        "umt5-xxl",
+        "AutoencoderKLWan",
+        8,
+        4,
+        (Resolution("480p", 480, 832), Resolution("720p", 720, 1280)),
+        experts=2,
     ),  # fmt: skip
     ModelShape(
         "HunyuanVideo-1.5",
@@ -141,19 +154,21 @@ def table(ranks_list=(1, 2, 4, 8)) -> list[dict]:
         ffn = cfg.get("ffn_dim") or int(dim * cfg.get("mlp_ratio", 4.0))
         patch = tuple(cfg["patch_size"]) if isinstance(cfg.get("patch_size"), list) else (
             cfg.get("patch_size_t", 1), cfg.get("patch_size", 1), cfg.get("patch_size", 1))  # fmt: skip
-        for res in model.resolutions:
+        # two experts: both on the device, or the idle one in host memory (`offload_idle_expert`)
+        residency = {1: ""} if model.experts == 1 else {2: ", both experts", 1: ", idle expert on host"}
+        for (resident, named), res in itertools.product(residency.items(), model.resolutions):
             seq = tokens(model, res, patch)
             for ranks in ranks_list:
                 act = activation_bytes(seq, dim, ffn, ranks)
-                # every rank: the DiT, its share of the activations, the VAE
-                other = (dit_params * BF16 + act + vae * FP32) / GIB
+                # every rank: the DiT(s) on the device, its share of the activations, the VAE
+                other = (resident * dit_params * BF16 + act + vae * FP32) / GIB
                 rows.append(
                     dict(
-                        model=model.name,
+                        model=model.name + named,
                         resolution=res.name,
                         tokens=seq,
                         ranks=ranks,
-                        dit_params_b=dit_params / 1e9,
+                        dit_params_b=resident * dit_params / 1e9,  # on the device
                         text_params_b=text_params / 1e9,
                         vae_params_b=vae / 1e9,
                         activations_gib=act / GIB,

@@ -71,6 +71,19 @@ def decode(vae: AutoencoderKLWan, latents: torch.Tensor, group=None) -> np.ndarr
     return frames(vae_parallel.decode(vae, z, group, finish=quantize))
 
 
+@torch.no_grad()
+def encode(vae: AutoencoderKLWan, video: torch.Tensor) -> torch.Tensor:
+    """A video `[1, 3, F, H, W]` in [-1, 1] → its latents' mode in the DiT's normalised space (as diffusers'
+    Wan image-to-video conditions on the first frame), float32 on the VAE's device."""
+    cfg = vae.config
+    shape = (1, cfg.z_dim, 1, 1, 1)
+    device = next(vae.parameters()).device
+    mean = torch.tensor(cfg.latents_mean, dtype=torch.float32, device=device).view(shape)
+    std = torch.tensor(cfg.latents_std, dtype=torch.float32, device=device).view(shape)
+    z = vae.encode(video.to(device, torch.float32)).latent_dist.mode()
+    return (z - mean) / std
+
+
 def quantize(video: torch.Tensor) -> torch.Tensor:
     """A decoded video (or band of one) in [-1, 1] → uint8 levels, the same layout."""
     return ((video.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)

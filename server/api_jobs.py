@@ -1,4 +1,9 @@
-"""The native jobs API: /generate, /jobs, /jobs/{id}, /jobs/{id}/events (SSE), /jobs/{id}/video."""
+"""The native jobs API: /generate, /jobs, /jobs/{id}, /jobs/{id}/events (SSE), /jobs/{id}/video.
+
+/generate takes JSON (the first-frame image of an image-to-video model as a data URL in `image`), or
+multipart/form-data with the same fields and `image` as a file part. The two are two routes on one path:
+the multipart one matches multipart bodies only (`_FormRoute`), so JSON keeps FastAPI's own parsing and
+error replies."""
 
 from __future__ import annotations
 
@@ -7,15 +12,19 @@ import copy
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers, UploadFile
+from starlette.routing import Match
 
 from dit.cache import CacheConfig
 from server import limits as limits_mod
 from server.jsonsafe import SafeJSONResponse, render, shown
 from server.openai_errors import responses
-from server.services import MAX_PROMPT_CHARS, Services
+from server.services import MAX_PROMPT_CHARS, Services, unprocessable
 from server.store import Job, StoreBusy
 
 # Routes that touch the job store are plain `def`: FastAPI runs them in its thread pool, so a store held
@@ -24,6 +33,19 @@ router = APIRouter()
 SSE_POLL_S = 0.1
 _BIG = 1_000_000
 VIDEO = {200: {"content": {"video/mp4": {"schema": {"type": "string", "format": "binary"}}}}}
+MULTIPART = "multipart/form-data"
+_GENERATE_TYPES = ("application/json", MULTIPART)
+# The multipart body in the OpenAPI document (the JSON one FastAPI writes from GenerateBody)
+_FORM_BODY = {
+    "requestBody": {
+        "content": {
+            MULTIPART: {
+                "schema": {"$ref": "#/components/schemas/GenerateBody"},
+                "encoding": {"image": {"contentType": "image/png, image/jpeg, image/webp"}},
+            }
+        }
+    }
+}
 
 
 class GenerateBody(BaseModel):
@@ -39,6 +61,14 @@ class GenerateBody(BaseModel):
     width: int | None = Field(None, ge=1, le=_BIG)
     num_inference_steps: int | None = Field(None, ge=1, le=10_000)
     guidance_scale: float | None = Field(None, ge=0.0, le=1000.0, allow_inf_nan=False)
+    guidance_scale_2: float | None = Field(
+        None,
+        ge=0.0,
+        le=1000.0,
+        allow_inf_nan=False,
+        description="a two-expert model's (Wan2.2 A14B) guidance below its boundary "
+        "(default: guidance_scale)",
+    )
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     fps: int | None = Field(None, ge=1, le=1000)
     cache: str | None = Field(
@@ -46,6 +76,11 @@ class GenerateBody(BaseModel):
         max_length=32,
         description="step caching: off | fbcache[:THRESHOLD], threshold 0–1 (default: the server's)",
         examples=["fbcache:0.05"],
+    )
+    image: str | None = Field(
+        None,
+        description="the first frame of an image-to-video model: PNG, JPEG or WebP as a data URL "
+        "(data:image/png;base64,...), or in multipart/form-data a file part",
     )
 
     @field_validator("cache")
@@ -71,6 +106,8 @@ def schema_with_limits(document: dict, limits: dict) -> dict:
             fields[name]["description"] = f"at most {spec['max_tokens']} tokens (the model's tokenizer)"
         if "timesteps" in spec and name in fields:
             fields[name]["description"] = limits_mod.fixed_steps(spec)
+    if "image" in limits:
+        fields["image"]["description"] = limits_mod.image_rule(limits["image"])
     return document
 
 
@@ -78,9 +115,13 @@ def svc(request: Request) -> Services:
     return request.app.state.services
 
 
+def _media_type(headers: Headers) -> str:
+    return headers.get("content-type", "").split(";")[0].strip().lower()
+
+
 def media_type(request: Request, *allowed: str) -> str:
     """The body's media type; 415 unless it is one of `allowed` (a body is never guessed to be JSON)."""
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    kind = _media_type(request.headers)
     if kind not in allowed:
         raise HTTPException(
             415, f"Content-Type {shown(kind)} is not accepted here; send {' or '.join(allowed)}"
@@ -88,8 +129,22 @@ def media_type(request: Request, *allowed: str) -> str:
     return kind
 
 
-async def json_body(request: Request) -> None:
-    media_type(request, "application/json")
+async def generate_body(request: Request) -> None:
+    media_type(request, *_GENERATE_TYPES)  # a multipart body never gets here: `_FormRoute` takes it
+
+
+async def form_fields(request: Request, file_field: str) -> dict:
+    """A form's fields, text as it came; `file_field` alone may be a file part (its bytes). The body limit
+    (`--max-body-bytes`) is the one limit on a part: a data URL may be far longer than Starlette's 1 MB."""
+    form = await request.form(max_part_size=svc(request).config.max_body_bytes)
+    fields = {}
+    for key, item in form.multi_items():
+        if isinstance(item, UploadFile):
+            if key != file_field:
+                raise unprocessable(key, f"{shown(key)} cannot be a file; only {file_field} can")
+            item = await item.read()
+        fields[key] = item
+    return fields
 
 
 def job_view(services: Services, job: Job) -> dict:
@@ -114,16 +169,54 @@ def job_view(services: Services, job: Job) -> dict:
     }
 
 
+class _FormRoute(APIRoute):
+    """Matches multipart bodies only; any other request goes on to the next route of its path."""
+
+    def matches(self, scope):
+        match, child_scope = super().matches(scope)
+        if match == Match.FULL and _media_type(Headers(scope=scope)) != MULTIPART:
+            return Match.NONE, {}
+        return match, child_scope
+
+
+async def generate_form(request: Request, idempotency_key: Annotated[str | None, Header()] = None):
+    fields = await form_fields(request, "image")
+    image = fields.pop("image", None)  # a file's bytes, or a data URL as text
+    try:
+        body = GenerateBody.model_validate(fields, strict=False)  # form values are text: "17" is 17
+    except ValidationError as e:  # in FastAPI's own shape, as the JSON route answers
+        errors = e.errors(include_url=False)
+        raise RequestValidationError([err | {"loc": ("body", *err["loc"])} for err in errors]) from None
+    return await run_in_threadpool(_generate, svc(request), body, image, idempotency_key)
+
+
+# before the JSON route, which takes whatever this one does not match
+router.add_api_route(
+    "/generate",
+    generate_form,
+    methods=["POST"],
+    status_code=202,
+    include_in_schema=False,
+    route_class_override=_FormRoute,
+)
+
+
 @router.post(
     "/generate",
     status_code=202,
-    dependencies=[Depends(json_body)],
+    dependencies=[Depends(generate_body)],
     responses=responses(400, 401, 409, 413, 415, 422, 429, 503),
+    openapi_extra=_FORM_BODY,
 )
 def generate(request: Request, body: GenerateBody, idempotency_key: Annotated[str | None, Header()] = None):
-    services = svc(request)
-    spec = body.model_dump(exclude_none=True)
-    job, created = services.submit(spec, idempotency_key=idempotency_key, scope="generate", body=spec)
+    return _generate(svc(request), body, body.image, idempotency_key)
+
+
+def _generate(services: Services, body: GenerateBody, image: bytes | str | None, idempotency_key: str | None):
+    spec = body.model_dump(exclude_none=True, exclude={"image"})
+    job, created = services.submit(
+        spec, image=image, idempotency_key=idempotency_key, scope="generate", body=spec
+    )
     view = job_view(services, job)
     return SafeJSONResponse(view, status_code=202, headers={} if created else {"Idempotent-Replayed": "true"})
 

@@ -4,7 +4,8 @@
 "WxH" is used as given when the loaded model allows it, otherwise its aspect ratio is fitted to the
 model's default pixel count (rounded to the allowed multiples); `seconds` becomes the nearest valid frame
 count at the model's fps. The reply reports the size and seconds actually generated. A cancelled job shows
-as `failed` with code "cancelled".
+as `failed` with code "cancelled". `input_reference`, the first frame of an image-to-video model, is a file
+part (what the SDK sends) or a data URL, checked as /generate checks `image`.
 """
 
 from __future__ import annotations
@@ -17,16 +18,16 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Header, HTTPException, Query, Request
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import UploadFile
 
-from server.api_jobs import VIDEO, media_type, svc, video_file
+from server.api_jobs import VIDEO, form_fields, media_type, svc, video_file
 from server.jsonsafe import shown
 from server.openai_errors import responses
 from server.services import MAX_PROMPT_CHARS, Services, text_field, unprocessable
 from server.store import Job
 
 router = APIRouter(prefix="/v1/videos")
-_FIELDS = {"prompt", "model", "seconds", "size"}
+_IMAGE = "input_reference"
+_FIELDS = {"prompt", "model", "seconds", "size", _IMAGE}
 # ASCII digits only, the whole string (`\d` takes any script's digits; `$` lets a final newline through).
 _SIZE = re.compile(r"([0-9]{1,5})x([0-9]{1,5})")
 _SECONDS = re.compile(r"[0-9]{1,4}(\.[0-9]{1,6})?")
@@ -40,12 +41,16 @@ _FORM_SCHEMA = {
         "model": {"type": "string", "maxLength": MAX_MODEL_CHARS},
         "seconds": {"type": "string", "pattern": f"^{_SECONDS.pattern}$"},
         "size": {"type": "string", "pattern": f"^{_SIZE.pattern}$"},
+        _IMAGE: {"type": "string", "format": "binary", "description": "PNG, JPEG or WebP; or a data URL"},
     },
     "additionalProperties": False,
 }
 _JSON_SCHEMA = _FORM_SCHEMA | {
     "properties": _FORM_SCHEMA["properties"]
-    | {"seconds": {"anyOf": [_FORM_SCHEMA["properties"]["seconds"], {"type": "number"}]}}
+    | {
+        "seconds": {"anyOf": [_FORM_SCHEMA["properties"]["seconds"], {"type": "number"}]},
+        _IMAGE: {"type": "string", "description": "a data URL: data:image/png;base64,..."},
+    }
 }
 _CREATE_BODY = {
     "required": True,
@@ -128,12 +133,7 @@ def video_view(services: Services, job: Job) -> dict:
 
 async def _create_fields(request: Request) -> dict:
     if media_type(request, "application/json", *_FORMS) in _FORMS:
-        form = await request.form()
-        fields = {}
-        for key, item in form.multi_items():
-            if isinstance(item, UploadFile):
-                raise unprocessable(key, f"{shown(key)}: file inputs (input_reference) are not supported")
-            fields[key] = item
+        fields = await form_fields(request, _IMAGE)
     else:
         try:
             fields = json.loads(await request.body())
@@ -153,7 +153,13 @@ def _create(services: Services, fields: dict, idempotency_key: str | None) -> di
         text_field("model", model, max_chars=MAX_MODEL_CHARS)
     spec = map_request(fields, services.worker_info())
     job, _ = services.submit(
-        spec, meta={"model": model}, idempotency_key=idempotency_key, scope="v1", body=fields
+        spec,
+        image=fields.get(_IMAGE),
+        image_field=_IMAGE,
+        meta={"model": model},
+        idempotency_key=idempotency_key,
+        scope="v1",
+        body={k: v for k, v in fields.items() if k != _IMAGE},  # the image counts by its hash (`submit`)
     )
     return video_view(services, job)
 

@@ -55,5 +55,13 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
         return api_jobs.schema_with_limits(FastAPI.openapi(app), services.worker_info().get("limits", {}))
 
     app.openapi = openapi
-    app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
+    # an image rides in the submit routes' bodies: as a data URL it is 4/3 of its bytes, plus form headers
+    upload = -(-4 * config.max_image_bytes // 3) + 4096
+    app.add_middleware(
+        GuardMiddleware,
+        api_key=config.api_key,
+        max_body_bytes=config.max_body_bytes,
+        upload_bytes=upload,
+        upload_paths=("/generate", "/v1/videos"),
+    )
     return app

@@ -12,6 +12,8 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from dit.image import ImageLimits
+
 
 def _opt(default, help: str, *, worker: bool = False, parse=None):
     """`parse(text)` checks a text value as the flag or variable is read (ValueError: what is wrong)."""
@@ -51,6 +53,9 @@ class ServeConfig:
         None, "device of the text encoder (cpu: keep it off the GPU; default: the DiT's)", worker=True
     )
     compile: bool = _opt(False, "torch.compile each DiT block (faster GPU steps after warm-up)", worker=True)
+    offload_idle_expert: bool = _opt(
+        False, "a two-expert model (Wan2.2 A14B): keep the expert not running in host memory", worker=True
+    )
     sampler: str | None = _opt(
         None, "unipc, euler or renoise (default: the folder's scheduler, else the family's)", worker=True
     )
@@ -80,6 +85,14 @@ class ServeConfig:
     api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on every route but /health")
     max_queue: int = _opt(64, "queued jobs beyond this are refused with 429")
     max_body_bytes: int = _opt(65536, "larger request bodies are refused with 413")
+    max_image_bytes: int = _opt(
+        ImageLimits.max_bytes, "image-to-video: larger input images are refused with 413", worker=True
+    )
+    max_image_pixels: int = _opt(
+        ImageLimits.max_pixels,
+        "image-to-video: input images of more pixels are refused with 413, before they are decoded",
+        worker=True,
+    )
     store_busy_timeout: float = _opt(
         2.0, "seconds a request waits for another process's lock on the job store before it answers 503"
     )
@@ -108,6 +121,10 @@ class ServeConfig:
     @property
     def loras(self) -> tuple[tuple[str, float], ...]:
         return _loras(self.lora) if self.lora else ()
+
+    @property
+    def image_limits(self) -> ImageLimits:
+        return ImageLimits(max_bytes=self.max_image_bytes, max_pixels=self.max_image_pixels)
 
     @property
     def db_path(self) -> str:

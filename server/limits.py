@@ -7,12 +7,16 @@ last published limits (`check`) and answers 422 naming the field and the allowed
 published them (first start, model still loading) the API only checks types and sanity bounds; the worker
 runs `pipe.validate` on every claimed job anyway, which turns anything the API could not check into a
 failed job with the pipeline's own message. The prompts' limit is in tokens (`{"max_tokens"}`): the API
-counts them with the model's tokenizer (`Services.check_prompts`).
+counts them with the model's tokenizer (`Services.check_prompts`). `image` says whether the model takes a
+first-frame image (`required`: image-to-video, which then needs one; a text-to-video model refuses one) and
+the server's image limits (`max_bytes`, `max_pixels`, `formats`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+from dit.image import MEDIA_TYPES, ImageLimits
 
 # Request fields, and the name each goes by in `dit.pipeline.Limits` (min_<key>, max_<key>, default_<key>).
 _KEYS = {
@@ -26,9 +30,10 @@ _KEYS = {
 _MULTIPLE = {"frames": "frame_step", "size": "size_multiple"}
 
 
-def describe(limits) -> dict:
+def describe(limits, images: ImageLimits | None = None) -> dict:
     """`pipe.limits` → `{field: {"min", "max", "default", "multiple_of"?}}`, the multiple counted from the
-    minimum (frames are frame_step·k + 1 and the minimum is one of them)."""
+    minimum (frames are frame_step·k + 1 and the minimum is one of them); `images`: the server's image
+    limits (None: the defaults)."""
     raw = dataclasses.asdict(limits)
     out = {}
     for name, key in _KEYS.items():
@@ -42,8 +47,17 @@ def describe(limits) -> dict:
             spec["timesteps"] = list(raw["schedule"]["timesteps"])
         if spec:
             out[name] = spec
+    if raw.get(
+        "two_experts"
+    ):  # the low-noise expert's guidance: guidance_scale's range, its value by default
+        out["guidance_scale_2"] = {k: v for k, v in out["guidance_scale"].items() if k != "default"}
     if "max_prompt_tokens" in raw:
         out["prompt"] = out["negative_prompt"] = {"max_tokens": raw["max_prompt_tokens"]}
+    out["image"] = {
+        "required": raw["image"],
+        **dataclasses.asdict(images or ImageLimits()),
+        "formats": list(MEDIA_TYPES),
+    }
     return out
 
 
@@ -58,8 +72,19 @@ def fixed_steps(spec: dict) -> str:
     return f"the model's fixed schedule (timesteps {timesteps}) takes exactly {spec['min']} steps"
 
 
+def image_rule(spec: dict) -> str:
+    """What a published `image` entry asks of a request, in words."""
+    if not spec["required"]:
+        return "not accepted: the model is text-to-video"
+    return (
+        f"required: the model's first frame, {', '.join(spec['formats'])} of at most {spec['max_bytes']} "
+        f"bytes and {spec['max_pixels']} pixels, as a data URL or in multipart/form-data a file part"
+    )
+
+
 def check(request: dict, limits: dict) -> list[tuple[str, str]]:
-    """(field, message) for every value outside the published numeric limits."""
+    """(field, message) for every value outside the published numeric limits, and for an image the model
+    needs and did not get, or got and does not take."""
     errors = []
     for name, spec in limits.items():
         value = request.get(name)
@@ -75,4 +100,13 @@ def check(request: dict, limits: dict) -> list[tuple[str, str]]:
             errors.append((name, f"{name}={value} is out of range: {allowed}"))
         elif mult and isinstance(value, int) and (value - (lo or 0)) % mult:
             errors.append((name, f"{name}={value} is not valid: {allowed}"))
+    if request.get("guidance_scale_2") is not None and limits and "guidance_scale_2" not in limits:
+        errors.append(("guidance_scale_2", "the model has one expert: guidance_scale_2 is for Wan2.2 A14B"))
+    image = limits.get("image")
+    if image is not None and image["required"] != (request.get("image") is not None):
+        errors.append(
+            ("image", "the model generates from a first-frame image: send one (PNG, JPEG or WebP)")
+            if image["required"]
+            else ("image", "the model is text-to-video: it takes no image")
+        )
     return errors

@@ -13,14 +13,23 @@ async def _send_json(scope, send, status: int, detail: str, headers: dict | None
 
 class GuardMiddleware:
     """Every route but /health needs `Authorization: Bearer <key>` when a key is set; larger bodies get 413.
+    A POST to one of `upload_paths` (the submit routes, which may carry an image) may be `upload_bytes`
+    larger.
 
     A body without Content-Length is read here up to the limit and handed on, so the app never sees an
     oversized body whatever the client declares.
     """
 
-    def __init__(self, app, *, api_key: str | None, max_body_bytes: int):
+    def __init__(
+        self, app, *, api_key: str | None, max_body_bytes: int, upload_bytes: int = 0, upload_paths=()
+    ):
         self.app, self.max_body_bytes = app, max_body_bytes
+        self.upload_bytes, self.upload_paths = upload_bytes, frozenset(upload_paths)
         self.expected = f"Bearer {api_key}".encode() if api_key else None
+
+    def _limit(self, scope) -> int:
+        upload = scope["method"] == "POST" and scope["path"].rstrip("/") in self.upload_paths
+        return self.max_body_bytes + (self.upload_bytes if upload else 0)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -35,14 +44,13 @@ class GuardMiddleware:
                     "missing or wrong API key (Authorization: Bearer <key>)",
                     {"WWW-Authenticate": "Bearer"},
                 )
+        limit = self._limit(scope)
         length = headers.get(b"content-length")
         if length is not None:
             if not length.isdigit():
                 return await _send_json(scope, send, 400, "invalid Content-Length")
-            if int(length) > self.max_body_bytes:
-                return await _send_json(
-                    scope, send, 413, f"request body is larger than {self.max_body_bytes} bytes"
-                )
+            if int(length) > limit:
+                return await _send_json(scope, send, 413, f"request body is larger than {limit} bytes")
             return await self.app(scope, receive, send)
         if scope["method"] in ("GET", "HEAD", "DELETE"):
             return await self.app(scope, receive, send)
@@ -53,10 +61,8 @@ class GuardMiddleware:
                 return
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
-            if size > self.max_body_bytes:
-                return await _send_json(
-                    scope, send, 413, f"request body is larger than {self.max_body_bytes} bytes"
-                )
+            if size > limit:
+                return await _send_json(scope, send, 413, f"request body is larger than {limit} bytes")
             if not message.get("more_body"):
                 break
         replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]

@@ -1,6 +1,6 @@
 """What the routes share: settings, the job store, the supervisor (None when attached), and the job rules
-both APIs apply (id checks, text and prompt rules, published limits, idempotency, the queue cap, cancel,
-the video path)."""
+both APIs apply (id checks, text and prompt rules, published limits, the input image, idempotency, the
+queue cap, cancel, the video path)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ import os
 import re
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 
 from fastapi import HTTPException
 
+from dit.image import ImageError, ImageTooLarge, UnsupportedFormat, decode, encode_png, from_data_url
 from server import limits as limits_mod
+from server import videos
 from server.config import ServeConfig
 from server.jsonsafe import shown
 from server.store import IdempotencyConflict, Job, JobStore
@@ -26,6 +29,7 @@ _ID = re.compile(r"^[0-9a-f]{32}$")
 LIMITS_CACHE_S = 1.0
 # Characters a prompt may have before it is tokenized at all (tokens set the real limit, well below this).
 MAX_PROMPT_CHARS = 20_000
+_IMAGE_STATUS = {ImageTooLarge: 413, UnsupportedFormat: 415}  # any other ImageError: 422
 
 
 def unprocessable(field_name: str, message: str) -> HTTPException:
@@ -117,14 +121,24 @@ class Services:
                 )
 
     def submit(
-        self, spec: dict, *, meta: dict | None = None, idempotency_key: str | None, scope: str, body: dict
+        self,
+        spec: dict,
+        *,
+        image: bytes | str | None = None,
+        image_field: str = "image",
+        meta: dict | None = None,
+        idempotency_key: str | None,
+        scope: str,
+        body: dict,
     ) -> tuple[Job, bool]:
-        """Queue a job for `spec`. An Idempotency-Key belongs to its route family (`scope`) and to the
-        request `body` it first came with: the same body replays the job, another one is a 409."""
+        """Queue a job for `spec` with its first-frame `image` (a file's bytes or a data URL; errors name
+        `image_field`), kept as a PNG beside the job and described in its request. An Idempotency-Key
+        belongs to its route family (`scope`) and to the request `body` (and image) it first came with: the
+        same body replays the job, another one is a 409."""
         self.check_prompts(spec)
-        errors = limits_mod.check(spec, self.worker_info().get("limits", {}))
+        errors = limits_mod.check(spec | {"image": image}, self.worker_info().get("limits", {}))
         if errors:
-            raise HTTPException(422, [_error(f, m) for f, m in errors])
+            raise HTTPException(422, [_error(image_field if f == "image" else f, m) for f, m in errors])
         if idempotency_key is not None and len(idempotency_key) > 255:
             raise HTTPException(400, "Idempotency-Key is longer than 255 characters")
         queued = self.store.queued_count()
@@ -134,16 +148,43 @@ class Services:
                 f"the queue is full ({queued} jobs waiting); retry later",
                 headers={"Retry-After": str(self.retry_after(queued))},
             )
+        if image is not None:  # decoded only now: cheaper refusals come first
+            png, described = self._input_image(image_field, image)
+            spec, body = spec | {"image": described}, body | {"image": described}
         key = None if idempotency_key is None else f"{scope}:{idempotency_key}"
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        job_id, created = uuid.uuid4().hex, False
+        if image is not None:  # in place before the job exists, so no worker claims it without its image
+            videos.write_input(self.config.videos_dir, job_id, png)
         try:
-            return self.store.create(spec, meta=meta, idempotency_key=key, request_hash=digest)
+            job, created = self.store.create(
+                spec, meta=meta, idempotency_key=key, request_hash=digest, job_id=job_id
+            )
         except IdempotencyConflict as exc:
             raise HTTPException(
                 409,
                 f"Idempotency-Key {shown(idempotency_key)} was first used with a different request (job "
                 f"{exc.args[0]}); send that request again to get its job, or use a new key",
             ) from None
+        finally:
+            if image is not None and not created:  # a replay (its job has its own file), or no job at all
+                videos.remove_input(self.config.videos_dir, job_id)
+        return job, created
+
+    def _input_image(self, name: str, image: bytes | str) -> tuple[bytes, dict]:
+        """A client's image checked and decoded (413: too many bytes or pixels, 415: not PNG, JPEG or WebP,
+        422: not an image, naming `name`) → (its pixels as PNG, what the job's request shows instead)."""
+        try:
+            data = image if isinstance(image, bytes) else from_data_url(image)
+            pixels = decode(data, self.config.image_limits)
+        except ImageError as e:
+            raise HTTPException(_IMAGE_STATUS.get(type(e), 422), [_error(name, str(e))]) from None
+        height, width, _ = pixels.shape
+        return encode_png(pixels), {
+            "width": width,
+            "height": height,
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
 
     def retry_after(self, queued: int) -> int:
         """Seconds until the queue has room, from the mean job duration so far (1 s when unknown)."""
@@ -162,6 +203,8 @@ class Services:
         path = self._video_file(job)
         if delete and path is not None and os.path.isfile(path):
             os.remove(path)
+        if delete and job.terminal:  # a running job may still be re-queued: its worker removes it at the end
+            videos.remove_input(self.config.videos_dir, job.id)
         return job
 
     def _video_file(self, job: Job) -> str | None:

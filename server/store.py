@@ -195,10 +195,12 @@ class JobStore:
         meta: dict | None = None,
         idempotency_key: str | None = None,
         request_hash: str | None = None,
+        job_id: str | None = None,
     ) -> tuple[Job, bool]:
-        """Insert a queued job. A known idempotency key returns its job instead (created=False), or raises
-        IdempotencyConflict when it came with another request (`request_hash`). A deleted job's key is
-        free again."""
+        """Insert a queued job (its id `job_id`, or a fresh one: a caller names it to write the job's files
+        before the job can be claimed). A known idempotency key returns its job instead (created=False), or
+        raises IdempotencyConflict when it came with another request (`request_hash`). A deleted job's key
+        is free again."""
         with self._write() as db:
             if idempotency_key is not None:
                 row = db.execute(
@@ -214,7 +216,7 @@ class JobStore:
                 "INSERT INTO jobs (id, idempotency_key, request_hash, status, spec, meta, created_at) "
                 "VALUES (?, ?, ?, 'queued', ?, ?, ?) RETURNING *",
                 (
-                    uuid.uuid4().hex,
+                    job_id or uuid.uuid4().hex,
                     idempotency_key,
                     request_hash,
                     json.dumps(spec),

@@ -1,45 +1,82 @@
-"""The results folder: finished MP4s named `<job id>.mp4`, written as `<job id>.partial.mp4` first.
+"""The results folder: finished MP4s named `<job id>.mp4`, written as `<job id>.partial.mp4` first, and in its
+`inputs/` folder the first-frame image of each image-to-video job, `<job id>.png`, written before the job is
+queued and kept beside it (the worker reads it when it claims the job, again if the job is re-queued).
 
 At start-up `sweep` removes what no route can reach or remove any more: the MP4 of a job that was deleted or
-did not complete (a worker that died between writing the file and recording the job), and partial files of
-jobs no longer running. MP4s the store knows nothing of are left alone and reported: they mean the store was
-replaced or lost, and deleting them would make a lost store worse.
+did not complete (a worker that died between writing the file and recording the job), partial files of
+jobs no longer running, and the input image of a deleted job that is over. Files the store knows nothing of
+are left alone and reported: they mean the store was replaced or lost, and deleting them would make a lost
+store worse.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
-from server.store import JobStore
+from server.store import Job, JobStore
 
 PARTIAL_SUFFIX = ".partial.mp4"
 log = logging.getLogger("ithaca.videos")
 
 
+def input_path(videos_dir: str, job_id: str) -> str:
+    return os.path.join(videos_dir, "inputs", f"{job_id}.png")
+
+
+def write_input(videos_dir: str, job_id: str, png: bytes) -> None:
+    path = input_path(videos_dir, job_id)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".partial", "wb") as f:
+        f.write(png)
+    os.replace(path + ".partial", path)  # the worker never reads a half-written file
+
+
+def remove_input(videos_dir: str, job_id: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(input_path(videos_dir, job_id))
+
+
+def _unreachable_video(name: str, job: Job) -> bool:
+    if name.endswith(PARTIAL_SUFFIX):
+        return job.status != "in_progress"
+    return job.deleted or job.status != "completed"
+
+
+def _unreachable_input(name: str, job: Job) -> bool:
+    return job.deleted and job.terminal  # a running job may be re-queued and read it again
+
+
 def sweep(store: JobStore, videos_dir: str) -> list[str]:
-    """Remove unreachable MP4s; returns the names removed. Logs a warning for MP4s of unknown jobs."""
+    """Remove unreachable MP4s and input images; returns the names removed. Logs a warning for files of
+    unknown jobs."""
+    return _sweep(store, videos_dir, ".mp4", "MP4(s)", _unreachable_video) + _sweep(
+        store, os.path.join(videos_dir, "inputs"), ".png", "input image(s)", _unreachable_input
+    )
+
+
+def _sweep(store: JobStore, folder: str, suffix: str, kind: str, unreachable) -> list[str]:
     try:
-        names = sorted(n for n in os.listdir(videos_dir) if n.endswith(".mp4"))
+        names = sorted(n for n in os.listdir(folder) if n.endswith(suffix))
     except FileNotFoundError:
         return []
     removed, unknown = [], []
     for name in names:
-        partial = name.endswith(PARTIAL_SUFFIX)
-        job = store.get(name.removesuffix(PARTIAL_SUFFIX if partial else ".mp4"), include_deleted=True)
+        job_id = name.removesuffix(PARTIAL_SUFFIX if name.endswith(PARTIAL_SUFFIX) else suffix)
+        job = store.get(job_id, include_deleted=True)
         if job is None:
             unknown.append(name)
-            continue
-        if (job.status != "in_progress") if partial else (job.deleted or job.status != "completed"):
-            os.remove(os.path.join(videos_dir, name))
+        elif unreachable(name, job):
+            os.remove(os.path.join(folder, name))
             removed.append(name)
     if removed:
-        log.info("removed %d video file(s) no job can serve: %s", len(removed), ", ".join(removed[:10]))
+        log.info("removed %d %s no job can serve: %s", len(removed), kind, ", ".join(removed[:10]))
     if unknown:
         empty = "holds no jobs" if store.is_empty() else "does not know the jobs of"
         log.warning(
-            "the job store %s %s %d MP4(s) in %s (e.g. %s): if the store was replaced or lost, stop the "
+            "the job store %s %s %d %s in %s (e.g. %s): if the store was replaced or lost, stop the "
             "server and restore it from a backup; the files are left as they are",
-            store.path, empty, len(unknown), videos_dir, unknown[0],
+            store.path, empty, len(unknown), kind, folder, unknown[0],
         )  # fmt: skip
     return removed

@@ -3,7 +3,8 @@
     python -m torch.distributed.run --nproc-per-node 2 -m server.worker --data-dir ithaca-data --preset tiny
 
 Each data-parallel replica serves its own jobs. Its leader polls the job store, claims the oldest queued
-job and broadcasts the spec over the replica's gloo control group; idle ranks wait there (the leader sends
+job and broadcasts the spec over the replica's gloo control group (an image-to-video job's first frame read
+from its PNG and fitted to the request's size, as a uint8 array); idle ranks wait there (the leader sends
 a keep-alive while idle, so the wait never reaches the gloo timeout and never sits inside NCCL). Every
 rank runs the pipeline; the leader records progress after each step, turns the job's cancel flag into the
 callback's False, records each phase (encoding, denoising, decoding, writing) and the seconds of each one
@@ -30,13 +31,13 @@ import traceback
 import uuid
 
 import parallel
+from dit.image import fit, read
 from dit.video import write_mp4
 from server import limits as limits_mod
-from server import logs, metrics
+from server import logs, metrics, videos
 from server.config import ServeConfig, add_arguments, from_args
 from server.lifetime import die_with_parent
 from server.store import Job, JobStore
-from server.videos import PARTIAL_SUFFIX
 
 HEARTBEAT_S = 1.0
 KEEPALIVE_S = 5.0
@@ -52,7 +53,7 @@ class Worker:
         self.supervisor_pid = int(os.environ.get("ITHACA_SUPERVISOR_PID", "0"))
         self.state, self.job_id = "ready", None
         self.store = JobStore(config.db_path) if mesh.is_replica_leader else None
-        described = limits_mod.describe(pipe.limits)
+        described = limits_mod.describe(pipe.limits, config.image_limits)
         self.info = {
             "limits": described,
             "defaults": limits_mod.defaults(described),
@@ -108,15 +109,28 @@ class Worker:
         return self.stopping.is_set()
 
     def _validated(self, job: Job) -> dict | None:
-        """The job's request with the model's defaults filled in (recorded on the job), or None: it failed."""
+        """The job's request with the model's defaults filled in (recorded on the job, its image still
+        described), its image as pixels fitted to the request's size; or None: it failed."""
+        described = job.spec.get("image")
         try:
-            req = self.pipe.validate(self.module.GenerationRequest(**job.spec))
-        except (TypeError, ValueError) as e:
+            image = None if described is None else read(videos.input_path(self.config.videos_dir, job.id))
+            req = self.pipe.validate(self.module.GenerationRequest(**job.spec | {"image": image}))
+            if image is not None:  # fitted once here: the replica's ranks receive only the frame's pixels
+                image = fit(req.image, req.height, req.width)
+        except (TypeError, ValueError) as e:  # an unreadable input file is an ImageError, a ValueError
             self.store.finish(job.id, self.name, "failed", error=f"invalid request: {e}")
             return None
-        spec = dataclasses.asdict(req)
+        spec = dataclasses.asdict(dataclasses.replace(req, image=described))  # recorded without pixels
+        if described is None:
+            del spec["image"]  # a text-to-video request reads as it always did
         self.store.set_spec(job.id, spec)
-        return spec
+        return spec if image is None else spec | {"image": image}
+
+    def _drop_input(self, job_id: str) -> None:
+        """Remove a deleted job's input image once it is over (the API leaves it while the job runs)."""
+        job = self.store.get(job_id, include_deleted=True)
+        if job is not None and job.deleted and job.terminal:
+            videos.remove_input(self.config.videos_dir, job_id)
 
     # -- every rank -----------------------------------------------------------------------------------------
 
@@ -129,6 +143,8 @@ class Worker:
                 break
             if message is not None:
                 self._run_job(message["id"], message["spec"])
+                if self.store is not None and "image" in message["spec"]:
+                    self._drop_input(message["id"])
         self.state = "stopped"
         if self.store is not None:
             self._beat()
@@ -198,7 +214,7 @@ class Worker:
             )  # fmt: skip
             return
         os.makedirs(self.config.videos_dir, exist_ok=True)
-        tmp = path + PARTIAL_SUFFIX
+        tmp = os.path.join(self.config.videos_dir, job_id + videos.PARTIAL_SUFFIX)  # what `sweep` looks for
         write_mp4(frames, tmp, spec["fps"])
         os.replace(tmp, path)  # readers never see a half-written file
         evaluations = self.pipe.evaluations
@@ -297,6 +313,7 @@ def _start(config: ServeConfig, group_id: str) -> Worker:
             attn_backend=config.attn_backend,
             text_encoder_device=config.text_encoder_device,
             compile=config.compile,
+            offload_idle_expert=config.offload_idle_expert,
             sampler=config.sampler,
             flow_shift=config.flow_shift,
             timesteps=config.timesteps,

@@ -3,7 +3,8 @@
 No model work: `generate` sleeps `ITHACA_FAKE_STEP_S` seconds per step and `ITHACA_FAKE_DECODE_S` in its
 decode (defaults 0) and returns small random frames. Everything else is the real thing: the request/limits
 dataclasses and `validate` of `dit.pipeline` (tiny limits), the per-step callback and cancel broadcast of
-`dit.sampling`, the real mesh.
+`dit.sampling`, the real mesh. `ITHACA_FAKE_I2V=1` makes it an image-to-video model: every request needs an
+image (the real `validate` says so), and the video's first frame is that image fitted to its size.
 Selected with `--pipeline-module tests.fake_pipeline`.
 """
 
@@ -11,10 +12,12 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 import numpy as np
 
 from dit.cache import Evaluations
+from dit.image import fit
 from dit.pipeline import TINY_LIMITS, GenerationCancelled, GenerationRequest, Pipeline, PipelineConfig
 from dit.sampling import passes_per_step, should_continue
 
@@ -29,10 +32,12 @@ class _WordCounter:
 
 
 class FakePipeline:
-    validate = Pipeline.validate  # the real request checks, against self.limits and self.tokenizer
+    validate = Pipeline.validate  # the real request checks (self.limits, self.tokenizer, self.boundary)
 
     def __init__(self, mesh, config: PipelineConfig):
-        self.mesh, self.config, self.limits, self.tokenizer = mesh, config, TINY_LIMITS, _WordCounter()
+        self.mesh, self.config, self.tokenizer = mesh, config, _WordCounter()
+        self.limits = replace(TINY_LIMITS, image=os.environ.get("ITHACA_FAKE_I2V") == "1")
+        self.boundary = None  # one expert
         self.evaluations: Evaluations | None = None  # as the real pipeline's: every pass counted, none cached
         self.step_s = float(os.environ.get("ITHACA_FAKE_STEP_S", "0"))
         self.decode_s = float(os.environ.get("ITHACA_FAKE_DECODE_S", "0"))
@@ -51,9 +56,12 @@ class FakePipeline:
         time.sleep(self.decode_s)
         if not self.mesh.is_replica_leader:
             return None
-        return np.random.default_rng(req.seed).integers(
+        frames = np.random.default_rng(req.seed).integers(
             0, 255, (req.num_frames, req.height, req.width, 3), np.uint8
         )
+        if req.image is not None:
+            frames[0] = fit(req.image, req.height, req.width)  # as the real one fits it
+        return frames
 
 
 def load_pipeline(config: PipelineConfig, mesh) -> FakePipeline:

@@ -1,0 +1,151 @@
+"""The first-frame image of an image-to-video model: a client's bytes checked and decoded (`decode`,
+`from_data_url`), fitted to a request's size (`fit`), and kept as a PNG between the API and the workers
+(`encode_png`, `read`).
+
+`decode` takes untrusted input: the byte count is checked before Pillow sees the data and the pixel count
+from the header before any pixel is decoded, so a small file claiming a huge canvas (a decompression bomb)
+costs no memory. Every failure is an `ImageError` (a ValueError) with a one-line message.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps
+
+# Pillow's format name → the media type a client sends. MPO is Pillow's name for a JPEG carrying extra
+# pictures (many phone and camera photos): its first picture is a plain JPEG.
+FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "MPO": "image/jpeg", "WEBP": "image/webp"}
+MEDIA_TYPES = tuple(dict.fromkeys(FORMATS.values()))
+
+
+class ImageError(ValueError):
+    """Not a usable image (unreadable, or a broken file)."""
+
+
+class UnsupportedFormat(ImageError):
+    """An image, or a data URL's media type, other than PNG, JPEG or WebP."""
+
+
+class ImageTooLarge(ImageError):
+    """More bytes or pixels than the limits allow."""
+
+
+@dataclass(frozen=True)
+class ImageLimits:
+    # A phone photo is 2–8 MB as JPEG; 20 MiB leaves room for a large PNG while bounding what one request
+    # makes the API hold and hash.
+    max_bytes: int = 20 * 2**20
+    # 36 megapixels (6000×6000: a 24 MP camera or a 12 MP phone photo fits with room): a video frame is about
+    # one megapixel, so more only costs memory, and a decoded image stays at about 110 MB of RGB (145 MB as
+    # CMYK or RGBA on the way), the most one request can make the API spend. Pillow's own bomb limit (89.5 M,
+    # an error past twice that) is well above.
+    max_pixels: int = 36_000_000
+
+
+def decode(data: bytes, limits: ImageLimits) -> np.ndarray:
+    """PNG, JPEG or WebP bytes → uint8 RGB [H, W, 3], upright (EXIF orientation applied)."""
+    if len(data) > limits.max_bytes:
+        raise ImageTooLarge(f"the image is {len(data)} bytes; at most {limits.max_bytes} are accepted")
+    image = _open(data)
+    if image.format not in FORMATS:
+        raise UnsupportedFormat(f"the image is {image.format}; send PNG, JPEG or WebP")
+    width, height = image.size
+    if width * height > limits.max_pixels:
+        raise ImageTooLarge(
+            f"the image is {width}x{height} ({width * height} pixels); at most {limits.max_pixels} pixels "
+            "are accepted"
+        )
+    return _rgb(image)
+
+
+def read(path: str | Path) -> np.ndarray:
+    """A PNG that `encode_png` wrote → uint8 RGB [H, W, 3] (no limits: it passed `decode` on its way in)."""
+    try:
+        return _rgb(_open(Path(path).read_bytes()))
+    except OSError as e:
+        raise ImageError(f"cannot read {path}: {e.strerror}") from None
+    except ImageError as e:
+        raise ImageError(f"cannot read {path}: {e}") from None
+
+
+def encode_png(image: np.ndarray) -> bytes:
+    """uint8 RGB [H, W, 3] → PNG bytes, compressed fast: the file lives only until its job is deleted."""
+    out = io.BytesIO()
+    Image.fromarray(_checked(image)).save(out, format="PNG", compress_level=1)
+    return out.getvalue()
+
+
+def from_data_url(text: str) -> bytes:
+    """`data:image/png;base64,...` (or image/jpeg, image/webp) → the bytes it holds."""
+    if not isinstance(text, str) or text[:5].lower() != "data:" or "," not in text:
+        raise ImageError("the image must be a data URL: data:image/png;base64,... (or jpeg, webp)")
+    header, payload = text[5:].split(",", 1)
+    media_type, *params = header.lower().split(";")
+    if params[-1:] != ["base64"]:
+        raise ImageError("the image's data URL must be base64-encoded: data:image/png;base64,...")
+    if media_type not in MEDIA_TYPES:
+        raise UnsupportedFormat(f"the image's data URL is {media_type or 'untyped'}; send PNG, JPEG or WebP")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except binascii.Error:
+        raise ImageError("the image's data URL holds invalid base64") from None
+
+
+def fit(image, height: int, width: int) -> np.ndarray:
+    """A PIL image or uint8 RGB array → uint8 [height, width, 3]: scaled to cover height×width with its
+    aspect ratio kept, then centre-cropped. An image already of that size comes back unchanged.
+
+    Lanczos: the sharpest of Pillow's filters when shrinking (the usual case, photos are larger than video
+    frames; Pillow widens the kernel with the scale, so nothing aliases); bicubic would soften the frame the
+    video starts from. Scaling only the cropped box of the source gives the exact size with no rounding."""
+    for name, value in (("height", height), ("width", width)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not isinstance(image, np.ndarray | Image.Image):
+        kind = type(image).__name__
+        raise ValueError(f"image must be a PIL image or a uint8 numpy array [H, W, 3], got {kind}")
+    source = Image.fromarray(_checked(image) if isinstance(image, np.ndarray) else _rgb(image))
+    w, h = source.size
+    scale = max(width / w, height / h)  # cover: the crop box is the target's shape in source pixels
+    box_w, box_h = width / scale, height / scale
+    box = ((w - box_w) / 2, (h - box_h) / 2, (w + box_w) / 2, (h + box_h) / 2)
+    return np.array(source.resize((width, height), Image.Resampling.LANCZOS, box=box))
+
+
+def _checked(image: np.ndarray) -> np.ndarray:
+    if not isinstance(image, np.ndarray) or image.dtype != np.uint8:
+        kind = image.dtype if isinstance(image, np.ndarray) else type(image).__name__
+        raise ValueError(f"image must be a uint8 numpy array [H, W, 3], got {kind}")
+    if image.ndim != 3 or image.shape[2] != 3 or 0 in image.shape:
+        raise ValueError(f"image must be a uint8 numpy array [H, W, 3] (RGB), got shape {image.shape}")
+    return image
+
+
+def _open(data: bytes) -> Image.Image:
+    """The image's header only: no pixel is decoded yet."""
+    try:
+        return Image.open(io.BytesIO(data))
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:  # a warning under -W error
+        raise ImageTooLarge(f"the image is too large: {e}") from None
+    except Exception:  # Pillow's plugins raise many kinds on what is not an image
+        raise ImageError("the data is not an image (PNG, JPEG or WebP expected)") from None
+
+
+def _rgb(image: Image.Image) -> np.ndarray:
+    """Decode the pixels: upright, transparency flattened onto white (the colour under a transparent pixel is
+    arbitrary, often black), any mode (P, L, CMYK, ...) as RGB."""
+    try:
+        image = ImageOps.exif_transpose(image)
+        if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
+            rgba = image.convert("RGBA")
+            image = Image.new("RGBA", rgba.size, "white")
+            image.alpha_composite(rgba)
+        return np.array(image.convert("RGB"))
+    except Exception as e:  # truncated or corrupt data shows only now, when the pixels are decoded
+        raise ImageError(f"the image cannot be decoded: {e}") from None

@@ -1,0 +1,366 @@
+"""The first-frame image of an image-to-video model through the server: /generate (multipart file part or a
+data URL in JSON) and /v1/videos (`input_reference`), the checks at the door (413, 415, 422 naming the
+field), the PNG kept beside the job and removed with it, and the worker handing the pixels to every rank.
+In-process (the ASGI app, no worker group, an image-to-video model's limits published as a worker would)
+for the routes; one real server running the FAKE PIPELINE as an image-to-video model (ITHACA_FAKE_I2V=1) for
+the worker's side."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import io
+import os
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from dit.image import ImageLimits, read
+from dit.pipeline import TINY_LIMITS
+from dit.video import read_mp4
+from server import limits, videos
+from server.app import create_app
+from server.config import ServeConfig
+from server.store import JobStore
+from tests.server_process import FAKE, ServerProcess, wait_until
+
+IMAGE_LIMITS = ImageLimits(max_bytes=100_000, max_pixels=200_000)
+SETTINGS = {"max_image_bytes": 100_000, "max_image_pixels": 200_000}  # the default body limit, 64 KiB
+
+
+def _encoded(pixels: np.ndarray, fmt: str = "PNG") -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format=fmt)
+    return out.getvalue()
+
+
+def _data_url(data: bytes, media_type: str = "image/png") -> str:
+    return f"data:{media_type};base64,{base64.b64encode(data).decode()}"
+
+
+def _stripes() -> np.ndarray:
+    """160×40 (4:1): red | green | blue, green the middle half, so a 64×64 frame fitted from it is green."""
+    pixels = np.zeros((40, 160, 3), np.uint8)
+    pixels[:, :40], pixels[:, 40:120], pixels[:, 120:] = (255, 0, 0), (0, 255, 0), (0, 0, 255)
+    return pixels
+
+
+PNG = _encoded(_stripes())
+DESCRIBED = {"width": 160, "height": 40, "sha256": hashlib.sha256(PNG).hexdigest()}
+
+
+def _publish(store: JobStore, *, image: bool) -> None:
+    described = limits.describe(dataclasses.replace(TINY_LIMITS, image=image), IMAGE_LIMITS)
+    info = {"limits": described, "defaults": limits.defaults(described), "model": "tiny-random"}
+    store.heartbeat("test/g/replica0", instance="test", group_id="g", state="ready", info=info)
+
+
+def _client(tmp_path, *, image: bool | None):
+    """A client of an app whose published model takes an image (True), refuses one (False), or that no
+    worker has published limits for yet (None)."""
+    app = create_app(ServeConfig(workers=False, data_dir=str(tmp_path), preset="tiny-random", **SETTINGS))
+    if image is not None:
+        _publish(app.state.services.store, image=image)
+    return TestClient(app, raise_server_exceptions=False)
+
+
+@pytest.fixture
+def i2v(tmp_path):
+    with _client(tmp_path, image=True) as c:
+        yield c
+
+
+def _inputs(tmp_path) -> list[str]:
+    folder = tmp_path / "videos" / "inputs"
+    return sorted(os.listdir(folder)) if folder.is_dir() else []
+
+
+def _error(r) -> tuple[str, str]:
+    """(field, message) of an error in either shape."""
+    body = r.json()
+    if "error" in body:
+        return body["error"]["param"], body["error"]["message"]
+    return body["detail"][0]["loc"][-1], body["detail"][0]["msg"]
+
+
+# -- submitting an image -------------------------------------------------------------------------------------
+
+
+def test_multipart_and_data_url_submits_keep_a_png_and_describe_it(i2v, tmp_path):
+    form = i2v.post("/generate", data={"prompt": "fox", "num_frames": "9"}, files={"image": ("a.png", PNG)})
+    assert form.status_code == 202, form.text
+    assert form.json()["request"] == {
+        "prompt": "fox",
+        "negative_prompt": "",
+        "num_frames": 9,
+        "image": DESCRIBED,
+    }
+    as_json = i2v.post("/generate", json={"prompt": "fox", "image": _data_url(PNG)})
+    assert as_json.status_code == 202 and as_json.json()["request"]["image"] == DESCRIBED, as_json.text
+    assert "base64" not in i2v.get(f"/jobs/{as_json.json()['id']}").text  # a description, never pixels
+    jobs = [form.json()["id"], as_json.json()["id"]]
+    assert _inputs(tmp_path) == sorted(f"{j}.png" for j in jobs)
+    assert np.array_equal(read(videos.input_path(str(tmp_path / "videos"), jobs[0])), _stripes())
+
+
+def test_the_submit_routes_leave_room_for_an_image_in_the_body(i2v, tmp_path):
+    """An image near --max-image-bytes fits under the default 64 KiB body limit on the two submit routes,
+    as a file part and as a data URL; other routes keep the plain limit."""
+    noise = np.random.default_rng(3).integers(0, 256, (180, 180, 3), dtype=np.uint8)
+    big = _encoded(noise)
+    assert 65536 < len(big) <= SETTINGS["max_image_bytes"]
+    r = i2v.post("/generate", data={"prompt": "fox"}, files={"image": ("big.png", big)})
+    assert r.status_code == 202, r.text
+    r = i2v.post("/generate", json={"prompt": "fox", "image": _data_url(big)})
+    assert r.status_code == 202, r.text
+    r = i2v.post("/v1/videos", data={"prompt": "fox"}, files={"input_reference": ("big.png", big)})
+    assert r.status_code in (200, 202), r.text
+    r = i2v.post("/jobs/x/cancel", content=b"x" * 70000, headers={"content-type": "application/json"})
+    assert r.status_code == 413, r.text
+
+
+def test_jpeg_and_webp_are_taken_and_stored_as_png(i2v, tmp_path):
+    for fmt, media_type in (("JPEG", "image/jpeg"), ("WEBP", "image/webp")):
+        r = i2v.post(
+            "/generate", json={"prompt": "fox", "image": _data_url(_encoded(_stripes(), fmt), media_type)}
+        )
+        assert r.status_code == 202, r.text
+        stored = read(videos.input_path(str(tmp_path / "videos"), r.json()["id"]))
+        assert stored.shape == (40, 160, 3) and np.abs(stored.astype(int) - _stripes()).mean() < 10
+
+
+def test_the_idempotency_key_covers_the_image(i2v, tmp_path):
+    key = {"Idempotency-Key": "img-1"}
+    first = i2v.post("/generate", json={"prompt": "fox", "image": _data_url(PNG)}, headers=key)
+    again = i2v.post("/generate", data={"prompt": "fox"}, files={"image": ("a.png", PNG)}, headers=key)
+    assert again.status_code == 202 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.json()["id"] == first.json()["id"]
+    other = _encoded(np.full((8, 8, 3), 7, np.uint8))
+    conflict = i2v.post("/generate", json={"prompt": "fox", "image": _data_url(other)}, headers=key)
+    assert conflict.status_code == 409 and first.json()["id"] in conflict.json()["detail"]
+    assert _inputs(tmp_path) == [f"{first.json()['id']}.png"]  # the replay and the conflict left no file
+
+
+GIF = _data_url(_encoded(_stripes(), "GIF"), "image/png")  # what the bytes are decides, not the label
+NOISE = _encoded(np.random.default_rng(0).integers(0, 255, (200, 200, 3), np.uint8))  # > 100 000 bytes
+WIDE = _encoded(np.zeros((400, 600, 3), np.uint8))  # 240 000 pixels in a few hundred bytes
+
+
+@pytest.mark.parametrize(
+    "image,status,says",
+    [
+        ("data:image/png;base64,aGVsbG8=", 422, "not an image"),
+        ("https://example.com/a.png", 422, "must be a data URL"),
+        ("data:image/png;base64,@@@", 422, "invalid base64"),
+        ("data:image/gif;base64,R0lGODlh", 415, "send PNG, JPEG or WebP"),
+        (GIF, 415, "the image is GIF"),
+        (_data_url(NOISE), 413, "at most 100000 are accepted"),
+        (_data_url(WIDE), 413, "600x400 (240000 pixels); at most 200000"),
+    ],
+)
+def test_bad_images_are_refused_naming_the_field(i2v, tmp_path, image, status, says):
+    """The same check on both routes and both ways of sending, in each route's error shape."""
+    raw = base64.b64decode(image.split(",")[1]) if image.startswith("data:image/png;base64,") else None
+    requests = [("/generate", {"json": {"prompt": "fox", "image": image}}, "image")]
+    requests.append(("/v1/videos", {"json": {"prompt": "fox", "input_reference": image}}, "input_reference"))
+    if raw is not None and says != "invalid base64":
+        requests.append(("/generate", {"data": {"prompt": "fox"}, "files": {"image": ("a", raw)}}, "image"))
+        files = {"input_reference": ("a.png", raw)}
+        requests.append(("/v1/videos", {"data": {"prompt": "fox"}, "files": files}, "input_reference"))
+    for path, kwargs, field in requests:
+        r = i2v.post(path, **kwargs)
+        assert r.status_code == status and _error(r)[0] == field and says in _error(r)[1], (path, r.text)
+    assert _inputs(tmp_path) == [] and i2v.get("/jobs").json()["data"] == []
+
+
+def test_an_image_to_video_model_needs_an_image(i2v):
+    for path, field in (("/generate", "image"), ("/v1/videos", "input_reference")):
+        r = i2v.post(path, json={"prompt": "fox"})
+        assert r.status_code == 422 and _error(r) == (
+            field,
+            "the model generates from a first-frame image: send one (PNG, JPEG or WebP)",
+        ), r.text
+
+
+def test_a_text_to_video_model_refuses_an_image(tmp_path):
+    with _client(tmp_path, image=False) as t2v:
+        r = t2v.post("/generate", data={"prompt": "fox"}, files={"image": ("a.png", PNG)})
+        assert r.status_code == 422 and _error(r) == (
+            "image",
+            "the model is text-to-video: it takes no image",
+        )
+        r = t2v.post("/v1/videos", data={"prompt": "fox"}, files={"input_reference": ("a.png", PNG)})
+        assert r.status_code == 422 and _error(r)[0] == "input_reference"
+        assert (
+            t2v.post("/generate", files={"prompt": (None, "fox"), "num_frames": (None, "9")}).status_code
+            == 202
+        )
+        assert _inputs(tmp_path) == []
+
+
+def test_before_any_worker_published_an_image_is_taken_if_it_decodes_within_the_limits(tmp_path):
+    with _client(tmp_path, image=None) as bare:
+        assert bare.post("/generate", json={"prompt": "fox"}).status_code == 202
+        assert bare.post("/generate", json={"prompt": "fox", "image": _data_url(PNG)}).status_code == 202
+        assert bare.post("/generate", json={"prompt": "fox", "image": _data_url(WIDE)}).status_code == 413
+
+
+def test_multipart_fields_are_checked_as_json_ones(i2v):
+    files = {"image": ("a.png", PNG)}
+    r = i2v.post("/generate", data={"prompt": "fox", "num_frames": "many"}, files=files)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "num_frames"], r.text
+    r = i2v.post("/generate", data={"prompt": "fox", "height": "17"}, files=files)  # the published limits
+    assert r.status_code == 422 and _error(r)[0] == "height" and "16..256" in r.text
+    r = i2v.post("/generate", data={"prompt": "fox", "colour": "red"}, files=files)
+    assert r.status_code == 422 and r.json()["detail"][0]["type"] == "extra_forbidden"
+    r = i2v.post("/generate", files={"prompt": ("p.txt", b"fox"), "image": ("a.png", PNG)})
+    assert r.status_code == 422 and _error(r) == ("prompt", "'prompt' cannot be a file; only image can")
+    r = i2v.post("/generate", files={"prompt": (None, "fox"), "image": (None, _data_url(PNG))})  # a text part
+    assert r.status_code == 202 and r.json()["request"]["image"] == DESCRIBED
+
+
+def test_openai_input_reference(i2v, tmp_path):
+    r = i2v.post(
+        "/v1/videos", data={"prompt": "fox", "seconds": "1"}, files={"input_reference": ("a.png", PNG)}
+    )
+    assert r.status_code == 200 and r.json()["object"] == "video", r.text
+    assert i2v.get(f"/jobs/{r.json()['id']}").json()["request"]["image"] == DESCRIBED
+    as_json = i2v.post("/v1/videos", json={"prompt": "fox", "input_reference": _data_url(PNG)})
+    assert as_json.status_code == 200, as_json.text
+    assert _inputs(tmp_path) == sorted([f"{r.json()['id']}.png", f"{as_json.json()['id']}.png"])
+    r = i2v.post("/v1/videos", data={"prompt": "fox"}, files={"size": ("s", b"64x64")})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "size"
+
+
+def test_the_input_is_removed_with_its_job_and_kept_by_a_cancel(i2v, tmp_path):
+    kept, deleted = (
+        i2v.post("/generate", json={"prompt": "fox", "image": _data_url(PNG)}).json()["id"] for _ in "ab"
+    )
+    assert i2v.delete(f"/jobs/{kept}").json()["status"] == "cancelled"  # cancelled, still listed
+    assert i2v.delete(f"/v1/videos/{deleted}").status_code == 200  # deleted
+    assert _inputs(tmp_path) == [f"{kept}.png"]
+
+
+def test_sweep_removes_the_inputs_of_deleted_jobs_that_are_over(tmp_path):
+    store = JobStore(str(tmp_path / "jobs.db"))
+    folder = str(tmp_path / "videos")
+    done, gone, running = (store.create({"prompt": p})[0] for p in "abc")
+    for _ in range(3):
+        store.claim("w", "box")
+    store.finish(done.id, "w", "completed", video=f"{done.id}.mp4")
+    store.finish(gone.id, "w", "completed", video=f"{gone.id}.mp4")
+    for job in (gone, running):
+        store.cancel(job.id, delete=True)  # the running one may still be re-queued: its input stays
+    for job_id in (done.id, gone.id, running.id, "0" * 32):
+        videos.write_input(folder, job_id, b"png")
+    assert videos.sweep(store, folder) == [f"{gone.id}.png"]
+    assert _inputs(tmp_path) == sorted([f"{done.id}.png", f"{running.id}.png", "0" * 32 + ".png"])
+
+
+def test_openapi_shows_the_image_field_and_its_rule(i2v):
+    doc = i2v.get("/openapi.json").json()
+    body = doc["paths"]["/generate"]["post"]["requestBody"]["content"]
+    assert {"application/json", "multipart/form-data"} <= set(body)
+    image = doc["components"]["schemas"]["GenerateBody"]["properties"]["image"]["description"]
+    assert image.startswith("required: the model's first frame, image/png, image/jpeg, image/webp")
+    assert (
+        "input_reference"
+        in doc["paths"]["/v1/videos"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"][
+            "properties"
+        ]
+    )
+
+
+# -- a real server: the worker reads the image and every rank gets it ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("images")
+    srv = ServerProcess(
+        data_dir,
+        "--pipeline-module",
+        FAKE,
+        env={"ITHACA_FAKE_I2V": "1", "ITHACA_FAKE_DECODE_S": "0.5"},  # time to delete a job mid-decode
+    )
+    try:
+        srv.wait()
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_the_video_starts_from_the_fitted_image(server, tmp_path):
+    """The fake's first frame is the image it got: the stripes cropped to their green middle at 64×64. The
+    job completes, so the replica's other rank got it too (the fake refuses a request without one)."""
+    r = server.client.post("/generate", data={"prompt": "fox"}, files={"image": ("a.png", PNG)})
+    assert r.status_code == 202, r.text
+    job = server.wait_job(r.json()["id"])
+    assert job["status"] == "completed", job
+    assert job["request"]["image"] == DESCRIBED and job["request"]["height"] == 64  # the defaults filled in
+    (tmp_path / "v.mp4").write_bytes(server.client.get(f"/jobs/{job['id']}/video").content)
+    first = read_mp4(tmp_path / "v.mp4").frames[0].astype(int)
+    assert first.shape == (64, 64, 3) and first[..., 1].min() > 200 and first[..., [0, 2]].max() < 60
+
+
+def test_openai_input_reference_end_to_end(server):
+    files = {"input_reference": ("a.png", PNG)}
+    r = server.client.post("/v1/videos", data={"prompt": "fox", "seconds": "1"}, files=files)
+    assert r.status_code == 200, r.text
+    assert server.wait_job(r.json()["id"])["status"] == "completed"
+    assert server.client.delete(f"/v1/videos/{r.json()['id']}").status_code == 200
+    assert not os.path.exists(videos.input_path(os.path.join(server.data_dir, "videos"), r.json()["id"]))
+
+
+def test_a_missing_or_corrupt_input_fails_the_job_not_the_group(server):
+    store = JobStore(os.path.join(server.data_dir, "jobs.db"))
+    folder = os.path.join(server.data_dir, "videos")
+    restarts = server.client.get("/ready").json()["restarts"]
+    corrupt = "c" * 32
+    videos.write_input(folder, corrupt, b"not a png")
+    store.create({"prompt": "fox", "image": DESCRIBED}, job_id=corrupt)
+    missing, _ = store.create({"prompt": "fox", "image": DESCRIBED})
+    for job_id, says in ((corrupt, "the data is not an image"), (missing.id, "No such file")):
+        job = server.wait_job(job_id)
+        assert job["status"] == "failed", job
+        assert (
+            job["error"].startswith(f"invalid request: cannot read {folder}/inputs/{job_id}.png: ")
+            and says in job["error"]
+        )
+    ok = server.client.post("/generate", json={"prompt": "fox", "image": _data_url(PNG)}).json()
+    assert server.wait_job(ok["id"])["status"] == "completed"
+    assert server.client.get("/ready").json()["restarts"] == restarts
+
+
+def test_a_job_deleted_while_it_runs_loses_its_input_when_it_ends(server):
+    job_id = server.client.post("/generate", json={"prompt": "fox", "image": _data_url(PNG)}).json()["id"]
+    path = videos.input_path(os.path.join(server.data_dir, "videos"), job_id)
+    wait_until(lambda: server.client.get(f"/jobs/{job_id}").json()["phase"] == "decoding", 30, "decoding")
+    assert server.client.delete(f"/v1/videos/{job_id}").status_code == 200
+    assert os.path.exists(path)  # still running (a 0.5 s decode): the file stays until the job is over
+    wait_until(lambda: not os.path.exists(path), 30, "the worker removes the input of the deleted job")
+    store = JobStore(os.path.join(server.data_dir, "jobs.db"))
+    assert store.get(job_id, include_deleted=True).status == "cancelled"
+
+
+def test_a_real_image_to_video_model_serves_a_job(tmp_path):
+    """The real pipeline (`tiny-i2v-random`) on a 2-rank Ulysses group: the leader encodes the image, both
+    ranks denoise with its conditioning, and the published limits ask for an image."""
+    srv = ServerProcess(tmp_path, "--preset", "tiny-i2v-random", "--nproc", "2")
+    try:
+        srv.wait()
+        assert srv.client.get("/openapi.json").status_code == 200
+        r = srv.client.post("/generate", json={"prompt": "a red fox", "num_frames": 5})
+        assert r.status_code == 422 and _error(r)[0] == "image", r.text
+        fields = {"prompt": "a red fox", "num_frames": "5", "num_inference_steps": "2", "seed": "3"}
+        r = srv.client.post("/generate", data=fields, files={"image": ("a.png", PNG)})
+        assert r.status_code == 202, r.text
+        job = srv.wait_job(r.json()["id"])
+        assert job["status"] == "completed" and job["timings"]["evaluated"] == 4, job
+        (tmp_path / "v.mp4").write_bytes(srv.client.get(f"/jobs/{job['id']}/video").content)
+        assert read_mp4(tmp_path / "v.mp4").frames.shape[:3] == (5, 64, 64)
+    finally:
+        srv.stop()
