@@ -62,8 +62,10 @@ class Limits:
     default_fps: int = 16
     schedule: FixedSchedule | None = None  # a fixed (distilled) schedule: every run takes exactly its steps
     # the model is conditioned on a first-frame image (image-to-video): every request carries one, and a
-    # text-to-video model (False) refuses one
+    # text-to-video model (False) refuses one unless `image_optional`
     image: bool = False
+    # the model takes a first-frame image but needs none (Wan2.2 TI2V-5B: text, or text and image, to video)
+    image_optional: bool = False
     # two experts (Wan2.2 A14B, dit.experts): a request may give the low-noise expert's `guidance_scale_2`
     two_experts: bool = False
 
@@ -96,7 +98,7 @@ TRAINED_TINY_LIMITS = replace(TINY_LIMITS, default_frames=17, default_steps=12, 
 @dataclass(frozen=True)
 class PipelineFamily:
     class_name: str  # the transformer's config.json `_class_name`
-    compression: tuple[int, int]  # the VAE's (time, space) compression
+    compression: tuple[int, int]  # the VAE's (time, space) compression, unless `vae_compression` says
     default_shift: float  # flow shift when neither the user nor the folder's scheduler/ gives one
     default_sampler: str
     # transformer → model(latents, timestep, **text) with `.config.in_channels` (latent channels sampled)
@@ -121,6 +123,19 @@ class PipelineFamily:
     # (vae, image uint8 [H, W, 3] at the video's size, frames) → the image-to-video model's conditioning
     # volume, its keyword argument `condition` (the model's `takes_image`)
     image_condition: Callable[..., torch.Tensor] | None = None
+    # (folder or None, latent channels) → the model's VAE compression where it varies within the family
+    # (Wan2.2 TI2V-5B's VAE: space ×16); None: `compression`
+    vae_compression: Callable[[Path | None, int], tuple[int, int]] | None = None
+    # (folder or None, preset name) → whether the model samples as diffusers' `expand_timesteps` pipelines
+    # (Wan2.2 TI2V-5B, dit.i2v.FirstFrame): per-token timesteps, an optional image as the first latent frame
+    expand_timesteps: Callable[[Path | None, str], bool] = lambda folder, model: False
+    # (vae, image uint8 [H, W, 3] at the video's size) → the latents `[1, C, 1, h, w]` such a model takes as
+    # its first latent frame
+    first_frame: Callable[..., torch.Tensor] | None = None
+
+    def compression_of(self, folder: Path | None, channels: int) -> tuple[int, int]:
+        """The (time, space) compression of the VAE the family loads for `folder` (or a preset's channels)."""
+        return self.compression if self.vae_compression is None else self.vae_compression(folder, channels)
 
 
 _PIPELINE_FAMILIES: dict[str, PipelineFamily] = {}
@@ -218,8 +233,9 @@ def _wan_limits(folder: Path | None, preset: str) -> Limits:
     return TINY_LIMITS if folder is None and preset.startswith("tiny-") else Limits()  # tiny-*-random
 
 
-# Wan2.1 and Wan2.2: UMT5 (or the tiny encoder), AutoencoderKLWan (×4 time, ×8 space), UniPC flow sampling
-# unless the folder's scheduler is flow-match Euler; image-to-video models take an image (dit.i2v).
+# Wan2.1 and Wan2.2: UMT5 (or the tiny encoder), AutoencoderKLWan (×4 time, ×8 space; Wan2.2 TI2V-5B's ×16),
+# UniPC flow sampling unless the folder's scheduler is flow-match Euler; image-to-video models take an image
+# (dit.i2v).
 WAN = PipelineFamily(
     class_name="WanTransformer3DModel",
     compression=wan_vae.WAN_COMPRESSION,
@@ -236,6 +252,9 @@ WAN = PipelineFamily(
     samplers=SAMPLERS,
     image_encoder=i2v.load_image_encoder,
     image_condition=i2v.latent_condition,
+    vae_compression=wan_vae.compression,
+    expand_timesteps=i2v.expand_timesteps,
+    first_frame=i2v.frame_latents,
 )
 register_pipeline_family(WAN)
 register_pipeline_family(replace(WAN, class_name="WanModel"))  # an original Wan checkpoint folder

@@ -5,12 +5,17 @@ then black frames. Wan2.1's I2V transformer also attends to the image's CLIP fea
 (`encoder_hidden_states_image`: the penultimate hidden states of the folder's `image_encoder/`, preprocessed
 by its `image_processor/`); Wan2.2 A14B I2V has no image encoder.
 
-The replica leader builds both from the request's image (`conditions`) and they travel to the other ranks with
-the text conditioning, as keyword arguments of `WanI2V`, which concatenates the volume to the latents.
+The replica leader builds both from the request's image (`Pipeline.image_condition`) and they travel to the
+other ranks with the text conditioning, as keyword arguments of `WanI2V`, which concatenates the volume to the
+latents.
+
+Wan2.2 TI2V-5B samples as diffusers' `expand_timesteps` pipelines (`FirstFrame`): 48 latent channels in and
+out, a timestep per token, and an optional image whose latents stand in for the first latent frame.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +27,7 @@ from dit import vae as wan_vae
 from dit.parallelize import parallelize, register_parallelizer
 
 MASK_CHANNELS = 4  # the VAE's time compression: one mask channel per frame of a latent frame
+EXPAND_TIMESTEPS_PRESETS = ("tiny-ti2v-random", "wan2.2-ti2v-5b")  # the presets sampled as `FirstFrame`
 
 
 def is_i2v(transformer) -> bool:
@@ -102,11 +108,16 @@ def tiny_image_encoder(hidden: int, seed: int = 0):
         return CLIPVisionModel(config).eval()
 
 
+def _pixels(image: np.ndarray) -> torch.Tensor:
+    """uint8 `[H, W, 3]` → a one-frame video `[1, 3, 1, H, W]` in [-1, 1]."""
+    return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None, :, None].float() / 127.5 - 1
+
+
 def latent_condition(vae, image: np.ndarray, num_frames: int) -> torch.Tensor:
     """The conditioning volume `[1, 4 + C, f, h, w]` of an image already at the video's size (uint8
     [H, W, 3]): the mask of the given frame and the latents of the image followed by black frames."""
     t, _ = wan_vae.WAN_COMPRESSION
-    first = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None, :, None].float() / 127.5 - 1
+    first = _pixels(image)
     video = torch.cat([first, first.new_zeros(1, 3, num_frames - 1, *first.shape[-2:])], dim=2)
     latents = wan_vae.encode(vae, video)
     f, h, w = latents.shape[-3:]
@@ -114,3 +125,44 @@ def latent_condition(vae, image: np.ndarray, num_frames: int) -> torch.Tensor:
     mask[:, :, :t] = 1  # the first frame given, repeated over the first latent frame's t frames
     mask = mask.view(1, f, t, h, w).transpose(1, 2)
     return torch.cat([mask, latents], dim=1)
+
+
+def expand_timesteps(folder: Path | None, model: str) -> bool:
+    """Whether the model samples as `FirstFrame`: a folder's `model_index.json` says `expand_timesteps`."""
+    if folder is None:
+        return model in EXPAND_TIMESTEPS_PRESETS
+    index = folder / "model_index.json"
+    return index.is_file() and json.loads(index.read_text()).get("expand_timesteps") is True
+
+
+def frame_latents(vae, image: np.ndarray) -> torch.Tensor:
+    """The latents `[1, C, 1, h, w]` of an image at the video's size (uint8 [H, W, 3]) as a one-frame video,
+    float32: `FirstFrame`'s `first_frame`."""
+    return wan_vae.encode(vae, _pixels(image))
+
+
+def with_first_frame(latents: torch.Tensor, first_frame: torch.Tensor) -> torch.Tensor:
+    """`latents` with their first latent frame replaced by `first_frame`, in their dtype."""
+    return torch.cat([first_frame.to(latents), latents[:, :, 1:]], dim=2)
+
+
+class FirstFrame(nn.Module):
+    """A transformer sampled as diffusers' `expand_timesteps` pipelines (Wan2.2 TI2V-5B). Its timestep is per
+    token (all the step's); given `first_frame` (an image's latents, `frame_latents`), those stand in for the
+    first latent frame of every step's input and its tokens see timestep 0 (clean), while the sampler keeps
+    stepping its own latents; the pipeline puts the frame into the final latents too. Every rank of a
+    replica holds the same latents and frame, so every rank replaces alike."""
+
+    def __init__(self, transformer: nn.Module):
+        super().__init__()
+        self.transformer, self.config = transformer, transformer.config
+
+    def forward(self, latents, timestep, first_frame=None, **text):
+        f, h, w = latents.shape[-3:]
+        _, ph, pw = self.config.patch_size
+        frames = torch.ones(f, device=latents.device)  # float32, as diffusers' mask
+        if first_frame is not None:
+            latents = with_first_frame(latents, first_frame)
+            frames[0] = 0
+        per_token = frames.repeat_interleave((h // ph) * (w // pw))  # tokens run frame by frame
+        return self.transformer(latents, timestep[:, None] * per_token, **text)

@@ -26,6 +26,7 @@ from dit.cache import CacheConfig, Evaluations, StepCache, real_tokens
 from dit.compile import compile_blocks
 from dit.experts import HostOffload, boundary_ratio, second_source
 from dit.families import TINY_LIMITS, Limits, PipelineFamily, pick_scheduler, pipeline_family
+from dit.i2v import FirstFrame, with_first_frame
 from dit.image import fit
 from dit.presets import resolve
 from dit.sampling import NUM_TRAIN_TIMESTEPS, Callback, GenerationCancelled, SecondExpert, denoise
@@ -95,8 +96,9 @@ class GenerationRequest:
     seed: int = 0
     fps: int | None = None
     cache: str | None = None  # off | fbcache[:THRESHOLD] (dit.cache); None: the pipeline's
-    # the first frame of an image-to-video model: RGB, a PIL image or uint8 [H, W, 3] of any size (resized to
-    # cover the request's size, aspect kept, and centre-cropped: dit.image.fit)
+    # the first frame of an image-to-video model (optional for Wan2.2 TI2V-5B): RGB, a PIL image or uint8
+    # [H, W, 3] of any size (resized to cover the request's size, aspect kept, and centre-cropped:
+    # dit.image.fit)
     image: Any = None
 
 
@@ -131,8 +133,14 @@ class Pipeline:
         sampling: tuple[str, float, SchedulerMixin],
         second: tuple[Any, float] | None = None,
         image_encoder=None,
+        *,
+        compression: tuple[int, int],
+        expand_timesteps: bool = False,
     ):
         self.config, self.mesh, self.family, self.model = config, mesh, family, model
+        # the VAE's (time, space) compression; `expand_timesteps`: the model is a `dit.i2v.FirstFrame` (Wan2.2
+        # TI2V-5B), whose image is the first latent frame
+        self.compression, self.expand_timesteps = compression, expand_timesteps
         self.image_encoder = image_encoder  # an image-to-video model's, on the replica leader; else None
         # a two-expert model's low-noise expert and its boundary ratio (dit.experts), else None, None
         self.model_2, self.boundary = second if second is not None else (None, None)
@@ -186,7 +194,7 @@ class Pipeline:
         req = replace(req, cache=str(CacheConfig.parse(req.cache or self.config.cache)))
         if lim.image and req.image is None:
             raise ValueError("image: this image-to-video model needs a first-frame image")
-        if not lim.image and req.image is not None:
+        if not (lim.image or lim.image_optional) and req.image is not None:
             raise ValueError("image: this text-to-video model takes no image")
         if not isinstance(req.prompt, str) or not req.prompt.strip():
             raise ValueError("prompt must be a non-empty string")
@@ -204,7 +212,7 @@ class Pipeline:
         return next(self.model.parameters()).device
 
     def latent_shape(self, req: GenerationRequest) -> tuple[int, ...]:
-        t, s = self.family.compression
+        t, s = self.compression
         channels = self.model.config.in_channels
         return (1, channels, (req.num_frames - 1) // t + 1, req.height // s, req.width // s)
 
@@ -245,6 +253,8 @@ class Pipeline:
             evaluations=counted,
         )
         self.evaluations = cache.stats if cache is not None else counted
+        if "first_frame" in cond:  # as diffusers' expand_timesteps: the given frame, not the one sampled
+            latents = with_first_frame(latents, cond["first_frame"])
         return latents
 
     def second_expert(self, req: GenerationRequest) -> SecondExpert | None:
@@ -297,9 +307,12 @@ class Pipeline:
 
     def image_condition(self, req: GenerationRequest, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """An image-to-video model's image keyword arguments (replica leader only): the conditioning volume
-        from the VAE, and the image encoder's features when the model takes them. The image is first fit to
-        the video's size (dit.image.fit: cover, then centre crop)."""
+        from the VAE, and the image encoder's features when the model takes them; an `expand_timesteps`
+        model's first latent frame (float32: it also goes into the final latents as it is). The image is first
+        fit to the video's size (dit.image.fit: cover, then centre crop)."""
         image = fit(req.image, req.height, req.width)
+        if self.expand_timesteps:
+            return {"first_frame": self.family.first_frame(self.vae, image)}
         parts = {"condition": self.family.image_condition(self.vae, image, req.num_frames).to(dtype)}
         if self.image_encoder is not None:
             parts["encoder_hidden_states_image"] = self.image_encoder.encode(image).to(dtype)
@@ -357,6 +370,7 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     *sampling, schedule = pick_scheduler(family, folder, config.sampler, config.flow_shift, config.timesteps)
 
     boundary = boundary_ratio(model_name, folder)
+    expand = family.expand_timesteps(folder, model_name)
     if boundary is not None and config.loras:
         raise ValueError(
             "LoRAs on a two-expert model (Wan2.2 A14B) are not supported: each expert takes its own file"
@@ -367,6 +381,7 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
         model = dit.parallelize(
             family.wrap(model.eval()), mesh, comm=config.comm, backend=config.attn_backend
         )
+        model = FirstFrame(model) if expand else model
         return compile_blocks(model) if config.compile else model
 
     model = transformer(model_name)
@@ -383,15 +398,21 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     decodes = leader or config.parallel_decode
     vae = family.vae(folder, model.config.in_channels, device) if decodes else None
 
-    t, s = family.compression
+    compression = family.compression_of(folder, model.config.in_channels)
+    base = family.limits(folder, model_name)
+    t, s = compression
+    size_multiple = s * max(model.config.patch_size[1:])
     limits = replace(
-        family.limits(folder, model_name),
+        base,
         frame_step=t,
-        size_multiple=s * max(model.config.patch_size[1:]),
+        min_size=-(-base.min_size // size_multiple) * size_multiple,  # the smallest multiple allowed
+        size_multiple=size_multiple,
         max_prompt_tokens=tokenizer.max_tokens,
         image=getattr(model, "takes_image", False),
+        image_optional=expand,
         two_experts=second is not None,
     ).with_schedule(schedule)
     return Pipeline(
-        config, mesh, family, model, tokenizer, text_encoder, vae, limits, sampling, second, image_encoder
-    )
+        config, mesh, family, model, tokenizer, text_encoder, vae, limits, sampling, second, image_encoder,
+        compression=compression, expand_timesteps=expand,
+    )  # fmt: skip

@@ -42,7 +42,13 @@ class ModelShape:
     vae_temporal: int  # frames per latent frame
     resolutions: tuple[Resolution, ...]
     experts: int = 1  # Wan2.2 A14B: two transformers of the preset's shape (dit.experts)
+    vae_config: tuple = ()  # (key, value) pairs over the VAE class's default config (Wan2.2's VAE)
 
+
+# Wan2.2-TI2V-5B-Diffusers/vae/config.json: ×16 in space (×8 by its layers, ×2 by its patch), 48 channels
+WAN22_VAE = (("base_dim", 160), ("decoder_base_dim", 256), ("z_dim", 48), ("dim_mult", [1, 2, 4, 4]),
+             ("is_residual", True), ("in_channels", 12), ("out_channels", 12), ("patch_size", 2),
+             ("scale_factor_spatial", 16))  # fmt: skip
 
 MODELS = (
     ModelShape(
@@ -66,6 +72,25 @@ MODELS = (
         4,
         (Resolution("480p", 480, 832), Resolution("720p", 720, 1280)),
         experts=2,
+    ),  # fmt: skip
+    ModelShape(
+        "Wan2.1 I2V 14B",
+        "wan2.1-i2v-14b-480p",
+        "umt5-xxl+clip-vit-h",
+        "AutoencoderKLWan",
+        8,
+        4,
+        (Resolution("480p", 480, 832), Resolution("720p", 720, 1280)),
+    ),  # fmt: skip
+    ModelShape(
+        "Wan2.2 TI2V-5B",
+        "wan2.2-ti2v-5b",
+        "umt5-xxl",
+        "AutoencoderKLWan",
+        16,
+        4,
+        (Resolution("720p", 704, 1280, 121),),
+        vae_config=WAN22_VAE,
     ),  # fmt: skip
     ModelShape(
         "HunyuanVideo-1.5",
@@ -99,10 +124,16 @@ def text_encoder_params(name: str) -> int:
     import transformers as tf
 
     with torch.device("meta"):
-        if name == "umt5-xxl":  # Wan2.1: the UMT5-XXL encoder only
+        if name.startswith("umt5-xxl"):  # Wan: the UMT5-XXL encoder only
             cfg = tf.UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24,
                                 num_heads=64, feed_forward_proj="gated-gelu")  # fmt: skip
-            return count_params(tf.UMT5EncoderModel(cfg))
+            umt5 = count_params(tf.UMT5EncoderModel(cfg))
+            if name == "umt5-xxl":
+                return umt5
+            if name == "umt5-xxl+clip-vit-h":  # Wan2.1 I2V: and the CLIP ViT-H/14 image encoder
+                clip = tf.CLIPVisionConfig(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32,
+                                           num_attention_heads=16, image_size=224, patch_size=14)  # fmt: skip
+                return umt5 + count_params(tf.CLIPVisionModel(clip))
         if (
             name == "qwen2.5-vl-7b+byt5"
         ):  # HunyuanVideo-1.5: Qwen2.5-VL-7B language model + ByT5-small glyph encoder
@@ -116,11 +147,11 @@ def text_encoder_params(name: str) -> int:
     raise KeyError(name)
 
 
-def vae_params(class_name: str) -> int:
+def vae_params(class_name: str, config: tuple = ()) -> int:
     import diffusers
 
     with torch.device("meta"):
-        return count_params(getattr(diffusers, class_name)())
+        return count_params(getattr(diffusers, class_name)(**dict(config)))
 
 
 def tokens(model: ModelShape, res: Resolution, patch: tuple[int, int, int]) -> int:
@@ -147,7 +178,7 @@ def table(ranks_list=(1, 2, 4, 8)) -> list[dict]:
     rows = []
     for model in MODELS:
         dit_params, cfg = transformer_shape(model.preset)
-        text_params, vae = text_encoder_params(model.text_encoder), vae_params(model.vae)
+        text_params, vae = text_encoder_params(model.text_encoder), vae_params(model.vae, model.vae_config)
         heads = cfg.get("num_attention_heads")
         head_dim = cfg.get("attention_head_dim")
         dim = heads * head_dim
@@ -182,9 +213,9 @@ def table(ranks_list=(1, 2, 4, 8)) -> list[dict]:
 
 def markdown(rows: list[dict]) -> str:
     out = [
-        "| model | res | tokens | ranks | DiT params | text encoder params | VAE params (fp32) "
+        "| model | res | tokens | ranks | DiT params | text (+ image) encoder params | VAE params (fp32) "
         "| activations/rank (GiB) "
-        "| leader: DiT + text encoder + VAE (GiB) | other ranks: DiT + VAE (GiB) "
+        "| leader: DiT + encoders + VAE (GiB) | other ranks: DiT + VAE (GiB) "
         "| Ulysses degree fits heads |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]

@@ -6,6 +6,7 @@ the run time and bf16 decoding visibly bands the output.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,13 +15,19 @@ from diffusers import AutoencoderKLWan
 
 from dit import vae_parallel
 
-# Wan2.1's VAE compresses time ×4 (frames = 4k+1) and space ×8: the family's constants (the latent shape is
-# known before any VAE loads), and `load_vae` checks the VAE agrees.
+# Wan2.1's VAE compresses time ×4 (frames = 4k+1) and space ×8: the family's default, and diffusers' when a
+# VAE config gives no scale factors.
 WAN_COMPRESSION = (4, 8)
+# Wan2.2's VAE (TI2V-5B): residual blocks on 2×2-patchified pixels (12 channels in and out) and 48 latent
+# channels; space ×16 (×8 by the decoder, ×2 by the patches). The published config's layout keys.
+WAN22_Z_DIM = 48
+WAN22_LAYOUT = dict(is_residual=True, patch_size=2, in_channels=12, out_channels=12, scale_factor_spatial=16)
 
 
 def tiny_vae(z_dim: int, *, seed: int = 0) -> AutoencoderKLWan:
-    """Same compression as Wan's VAE (time ×4, space ×8), a few channels, random weights from a fixed seed."""
+    """Wan's VAE layout and compression with a few channels, random weights from a fixed seed: Wan2.2's for
+    its 48 latent channels, Wan2.1's (time ×4, space ×8) otherwise."""
+    layout = WAN22_LAYOUT if z_dim == WAN22_Z_DIM else {}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         vae = AutoencoderKLWan(
@@ -31,22 +38,36 @@ def tiny_vae(z_dim: int, *, seed: int = 0) -> AutoencoderKLWan:
             temperal_downsample=[False, True, True],
             latents_mean=[0.0] * z_dim,
             latents_std=[1.0] * z_dim,
+            **layout,
         )
     return vae.eval()
 
 
+def compression(folder: str | Path | None, z_dim: int) -> tuple[int, int]:
+    """The (time, space) compression of the VAE `load_vae` gives, known before it loads (it sizes the
+    latents on every rank): the scale factors of the folder's `vae/config.json`, else the tiny VAE's."""
+    if folder is not None and (Path(folder) / "vae").is_dir():
+        config = json.loads((Path(folder) / "vae" / "config.json").read_text())
+    else:
+        config = WAN22_LAYOUT if z_dim == WAN22_Z_DIM else {}
+    time, space = WAN_COMPRESSION
+    return config.get("scale_factor_temporal", time), config.get("scale_factor_spatial", space)
+
+
 def load_vae(folder: str | Path | None, *, z_dim: int, device: torch.device | str) -> AutoencoderKLWan:
-    """`folder/vae` when present, otherwise the tiny VAE with the DiT's latent channels."""
+    """`folder/vae` when present, otherwise the tiny VAE with the DiT's latent channels; ValueError unless its
+    layers compress as its config's scale factors say (`compression`)."""
     if folder is not None and (Path(folder) / "vae").is_dir():
         vae = AutoencoderKLWan.from_pretrained(Path(folder) / "vae", torch_dtype=torch.float32)
     else:
         vae = tiny_vae(z_dim)
-    found = (vae.config.scale_factor_temporal, vae.config.scale_factor_spatial)
-    return check_vae(vae, vae.config.z_dim, z_dim, found, WAN_COMPRESSION).to(device)
+    cfg = vae.config
+    found = (2 ** sum(cfg.temperal_downsample), 2 ** (len(cfg.dim_mult) - 1) * (cfg.patch_size or 1))
+    return check_vae(vae, cfg.z_dim, z_dim, found, compression(folder, z_dim)).to(device)
 
 
 def check_vae(vae, channels: int, expected_channels: int, compression, expected_compression):
-    """The VAE in eval mode; ValueError if it does not fit the DiT (channels) or the family (compression)."""
+    """The VAE in eval mode; ValueError if it does not fit the DiT (channels) or the latents (compression)."""
     if channels != expected_channels:
         raise ValueError(f"the VAE has {channels} latent channels but the DiT expects {expected_channels}")
     if tuple(compression) != tuple(expected_compression):

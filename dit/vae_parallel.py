@@ -11,7 +11,9 @@ doubles the rows) a band is a whole number of rows. Inside `banded(vae, bands)`:
   all frames), all-gather the band, run unchanged and keep this rank's rows. They run at the lowest
   resolution, so the whole frame is small there;
 - every other decoder layer is row-local (RMS norms over channels, SiLU, nearest upsampling, pixel shuffles,
-  1×1 convolutions); a layer class not listed here is refused rather than decoded wrong.
+  1×1 convolutions; Wan2.2's residual up blocks, whose shortcut `DupUp3D` spreads each row's channels over 2
+  output rows, and its VAE's final unpatchify, which does the same outside any layer); a layer class not
+  listed here is refused rather than decoded wrong.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ ENCODER_PARTS = ("encoder", "quant_conv")  # not run by decode
 GATHERED = (wan.WanAttentionBlock, hy.HunyuanVideo15AttnBlock)
 ROW_LOCAL = (
     wan.WanDecoder3d, wan.WanMidBlock, wan.WanUpBlock, wan.WanResidualBlock, wan.WanResample, wan.WanRMS_norm,
+    wan.WanResidualUpBlock, wan.DupUp3D,
     hy.HunyuanVideo15Decoder3D, hy.HunyuanVideo15MidBlock, hy.HunyuanVideo15UpBlock3D,
     hy.HunyuanVideo15ResnetBlock, hy.HunyuanVideo15Upsample, hy.HunyuanVideo15RMS_norm,
     nn.SiLU, nn.Dropout, nn.Identity, nn.ModuleList, nn.Sequential,

@@ -8,8 +8,9 @@ published them (first start, model still loading) the API only checks types and 
 runs `pipe.validate` on every claimed job anyway, which turns anything the API could not check into a
 failed job with the pipeline's own message. The prompts' limit is in tokens (`{"max_tokens"}`): the API
 counts them with the model's tokenizer (`Services.check_prompts`). `image` says whether the model takes a
-first-frame image (`required`: image-to-video, which then needs one; a text-to-video model refuses one) and
-the server's image limits (`max_bytes`, `max_pixels`, `formats`).
+first-frame image (`required`: image-to-video, which then needs one; `optional`: text and image to video,
+Wan2.2 TI2V-5B, with or without one; neither: a text-to-video model, which refuses one) and the server's image
+limits (`max_bytes`, `max_pixels`, `formats`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def describe(limits, images: ImageLimits | None = None) -> dict:
         out["prompt"] = out["negative_prompt"] = {"max_tokens": raw["max_prompt_tokens"]}
     out["image"] = {
         "required": raw["image"],
+        "optional": raw["image_optional"],
         **dataclasses.asdict(images or ImageLimits()),
         "formats": list(MEDIA_TYPES),
     }
@@ -74,12 +76,17 @@ def fixed_steps(spec: dict) -> str:
 
 def image_rule(spec: dict) -> str:
     """What a published `image` entry asks of a request, in words."""
-    if not spec["required"]:
+    if not _accepts_image(spec):
         return "not accepted: the model is text-to-video"
+    need = "required" if spec["required"] else "optional (without one the model generates from the text)"
     return (
-        f"required: the model's first frame, {', '.join(spec['formats'])} of at most {spec['max_bytes']} "
+        f"{need}: the model's first frame, {', '.join(spec['formats'])} of at most {spec['max_bytes']} "
         f"bytes and {spec['max_pixels']} pixels, as a data URL or in multipart/form-data a file part"
     )
+
+
+def _accepts_image(spec: dict) -> bool:
+    return spec["required"] or spec.get("optional", False)  # limits published before `optional` lack it
 
 
 def check(request: dict, limits: dict) -> list[tuple[str, str]]:
@@ -102,11 +109,9 @@ def check(request: dict, limits: dict) -> list[tuple[str, str]]:
             errors.append((name, f"{name}={value} is not valid: {allowed}"))
     if request.get("guidance_scale_2") is not None and limits and "guidance_scale_2" not in limits:
         errors.append(("guidance_scale_2", "the model has one expert: guidance_scale_2 is for Wan2.2 A14B"))
-    image = limits.get("image")
-    if image is not None and image["required"] != (request.get("image") is not None):
-        errors.append(
-            ("image", "the model generates from a first-frame image: send one (PNG, JPEG or WebP)")
-            if image["required"]
-            else ("image", "the model is text-to-video: it takes no image")
-        )
+    image, given = limits.get("image"), request.get("image") is not None
+    if image is not None and image["required"] and not given:
+        errors.append(("image", "the model generates from a first-frame image: send one (PNG, JPEG or WebP)"))
+    elif image is not None and given and not _accepts_image(image):
+        errors.append(("image", "the model is text-to-video: it takes no image"))
     return errors

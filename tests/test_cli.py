@@ -94,7 +94,7 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
         '{"_class_name": "FluxTransformer2DModel"}'
     )
     cases = [  # settings → what the one line says
-        (dict(preset="tiny2"), "--preset 'tiny2' is not one of hunyuanvideo-1.5-480p-t2v, tiny, tiny-joint"),
+        (dict(preset="tiny2"), "--preset 'tiny2' is not one of hunyuanvideo-1.5-480p-t2v, tiny, tiny-i2v"),
         (dict(model_path=str(tmp_path / "missing")), "missing: no such folder"),
         (dict(model_path=str(tmp_path / "empty")), "empty: not a model folder (a diffusers pipeline folder"),
         (dict(model_path=str(tmp_path / "other")), "no pipeline for model class 'FluxTransformer2DModel'"),
