@@ -55,7 +55,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "--preset",
         default="tiny",
         help="tiny (the trained default: coloured shapes moving on black, see the README) | random weights: "
-        "tiny-random | tiny-joint (HunyuanVideo-1.5) | wan2.1-1.3b | wan2.1-14b | hunyuanvideo-1.5-480p-t2v",
+        "tiny-random | tiny-joint (HunyuanVideo-1.5) | tiny-i2v-random, tiny-joint-i2v (image-to-video) | "
+        "tiny-moe-random (two experts) | tiny-ti2v-random | wan2.1-1.3b | wan2.1-14b | wan2.1-i2v-14b-480p | "
+        "wan2.2-t2v-a14b | wan2.2-ti2v-5b | hunyuanvideo-1.5-480p-t2v",
     )
     # Allowed values are checked by dit.preflight, against the lists the pipeline and parallel/ use.
     p.add_argument(

@@ -101,8 +101,10 @@ class PipelineFamily:
     compression: tuple[int, int]  # the VAE's (time, space) compression, unless `vae_compression` says
     default_shift: float  # flow shift when neither the user nor the folder's scheduler/ gives one
     default_sampler: str
-    # transformer → model(latents, timestep, **text) with `.config.in_channels` (latent channels sampled)
-    wrap: Callable[[nn.Module], nn.Module]
+    # (transformer, folder or None, preset name) → model(latents, timestep, **text) with `.config.in_channels`
+    # (latent channels sampled); the folder or preset tells a task the transformer's config does not
+    # (HunyuanVideo-1.5 image-to-video)
+    wrap: Callable[[nn.Module, Path | None, str], nn.Module]
     # folder or None → the prompt tokenizer: `count_tokens(text)`, `max_tokens`; small, loaded on every rank
     tokenizer: Callable[[Path | None], Any]
     # (folder or None, wrapped model, tokenizer, dtype, device) → text encoder: `condition(text)` (the model's
@@ -241,7 +243,7 @@ WAN = PipelineFamily(
     compression=wan_vae.WAN_COMPRESSION,
     default_shift=3.0,  # Wan's 480p value
     default_sampler="unipc",
-    wrap=i2v.wrap,
+    wrap=lambda transformer, folder, model: i2v.wrap(transformer),
     tokenizer=load_tokenizer,
     text_encoder=lambda folder, model, tokenizer, dtype, device: load_text_encoder(
         folder, tokenizer, dim=model.config.text_dim, dtype=dtype, device=device

@@ -69,16 +69,22 @@ register_parallelizer(WanI2V, _parallelize)
 
 
 class ImageEncoder:
-    """CLIP vision features of an image, as diffusers' `WanImageToVideoPipeline.encode_image`."""
+    """A vision tower's features of an image: the hidden states of `layer` (Wan's CLIP: -2, the penultimate,
+    as diffusers' `WanImageToVideoPipeline.encode_image`), or the last ones for None (HunyuanVideo-1.5's
+    SigLIP); `preprocess`: the processor's options."""
 
-    def __init__(self, processor, model: nn.Module):
-        self.processor, self.model = processor, model
+    def __init__(self, processor, model: nn.Module, layer: int | None = None, **preprocess):
+        self.processor, self.model, self.layer, self.preprocess = processor, model, layer, preprocess
 
     @torch.no_grad()
     def encode(self, image: np.ndarray) -> torch.Tensor:
         device = next(self.model.parameters()).device
-        pixels = self.processor(images=image, return_tensors="pt").pixel_values.to(device, self.model.dtype)
-        return self.model(pixel_values=pixels, output_hidden_states=True).hidden_states[-2]
+        inputs = self.processor(images=image, return_tensors="pt", **self.preprocess)
+        hidden = self.layer is not None
+        out = self.model(
+            pixel_values=inputs.pixel_values.to(device, self.model.dtype), output_hidden_states=hidden
+        )
+        return out.hidden_states[self.layer] if hidden else out.last_hidden_state
 
 
 def load_image_encoder(folder: Path | None, model: nn.Module, dtype, device) -> ImageEncoder | None:
@@ -94,7 +100,7 @@ def load_image_encoder(folder: Path | None, model: nn.Module, dtype, device) -> 
         processor = CLIPImageProcessor.from_pretrained(folder / "image_processor")
     else:
         encoder, processor = tiny_image_encoder(image_dim), CLIPImageProcessor(crop_size=32, size=32)
-    return ImageEncoder(processor, encoder.to(device, dtype).eval())
+    return ImageEncoder(processor, encoder.to(device, dtype).eval(), layer=-2)
 
 
 def tiny_image_encoder(hidden: int, seed: int = 0):
@@ -108,7 +114,7 @@ def tiny_image_encoder(hidden: int, seed: int = 0):
         return CLIPVisionModel(config).eval()
 
 
-def _pixels(image: np.ndarray) -> torch.Tensor:
+def pixels(image: np.ndarray) -> torch.Tensor:
     """uint8 `[H, W, 3]` → a one-frame video `[1, 3, 1, H, W]` in [-1, 1]."""
     return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None, :, None].float() / 127.5 - 1
 
@@ -117,7 +123,7 @@ def latent_condition(vae, image: np.ndarray, num_frames: int) -> torch.Tensor:
     """The conditioning volume `[1, 4 + C, f, h, w]` of an image already at the video's size (uint8
     [H, W, 3]): the mask of the given frame and the latents of the image followed by black frames."""
     t, _ = wan_vae.WAN_COMPRESSION
-    first = _pixels(image)
+    first = pixels(image)
     video = torch.cat([first, first.new_zeros(1, 3, num_frames - 1, *first.shape[-2:])], dim=2)
     latents = wan_vae.encode(vae, video)
     f, h, w = latents.shape[-3:]
@@ -138,7 +144,7 @@ def expand_timesteps(folder: Path | None, model: str) -> bool:
 def frame_latents(vae, image: np.ndarray) -> torch.Tensor:
     """The latents `[1, C, 1, h, w]` of an image at the video's size (uint8 [H, W, 3]) as a one-frame video,
     float32: `FirstFrame`'s `first_frame`."""
-    return wan_vae.encode(vae, _pixels(image))
+    return wan_vae.encode(vae, pixels(image))
 
 
 def with_first_frame(latents: torch.Tensor, first_frame: torch.Tensor) -> torch.Tensor:

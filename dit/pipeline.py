@@ -379,7 +379,7 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     def transformer(source, seed=0):
         model = dit.load_transformer(source, dtype=dtype, device=device, loras=config.loras, seed=seed)
         model = dit.parallelize(
-            family.wrap(model.eval()), mesh, comm=config.comm, backend=config.attn_backend
+            family.wrap(model.eval(), folder, model_name), mesh, comm=config.comm, backend=config.attn_backend
         )
         model = FirstFrame(model) if expand else model
         return compile_blocks(model) if config.compile else model

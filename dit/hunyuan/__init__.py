@@ -5,7 +5,7 @@
 from dit.hunyuan.config import DIFFUSERS_CLASS_NAME, PRESETS, HunyuanVideo15Config
 from dit.hunyuan.model import HunyuanVideo15Transformer
 from dit.hunyuan.parallelize import parallelize_hunyuan
-from dit.hunyuan.t2v import HunyuanT2V
+from dit.hunyuan.t2v import HunyuanI2V, HunyuanT2V
 from dit.hunyuan.weights import resolve
 from dit.loading import Family, register_family
 from dit.parallelize import register_parallelizer
@@ -19,9 +19,15 @@ register_family(
         resolver=lambda config: resolve,
     )
 )
-for _model_class in (HunyuanVideo15Transformer, HunyuanT2V):
+for _model_class in (HunyuanVideo15Transformer, HunyuanT2V):  # HunyuanI2V is a HunyuanT2V
     register_parallelizer(_model_class, parallelize_hunyuan)
 for _name, _config in PRESETS.items():
     register_preset(_name, {"_class_name": DIFFUSERS_CLASS_NAME, **_config.to_dict()})
 
-__all__ = ["HunyuanT2V", "HunyuanVideo15Config", "HunyuanVideo15Transformer", "parallelize_hunyuan"]
+__all__ = [
+    "HunyuanI2V",
+    "HunyuanT2V",
+    "HunyuanVideo15Config",
+    "HunyuanVideo15Transformer",
+    "parallelize_hunyuan",
+]

@@ -62,21 +62,26 @@ class HunyuanVideo15Config:
         return {**dataclasses.asdict(self), "rope_axes_dim": list(self.rope_axes_dim)}
 
 
+_TINY_JOINT = HunyuanVideo15Config(
+    in_channels=9,
+    out_channels=4,
+    num_attention_heads=4,
+    attention_head_dim=16,
+    num_layers=2,
+    num_refiner_layers=1,
+    text_embed_dim=32,
+    text_embed_2_dim=16,
+    image_embed_dim=24,
+    rope_axes_dim=(4, 6, 6),
+    task_type="t2v",
+)
+
 PRESETS: dict[str, HunyuanVideo15Config] = {
     # Tiny random model for CPU tests and the `tiny-joint` pipeline preset.
-    "tiny-joint": HunyuanVideo15Config(
-        in_channels=9,
-        out_channels=4,
-        num_attention_heads=4,
-        attention_head_dim=16,
-        num_layers=2,
-        num_refiner_layers=1,
-        text_embed_dim=32,
-        text_embed_2_dim=16,
-        image_embed_dim=24,
-        rope_axes_dim=(4, 6, 6),
-        task_type="t2v",
-    ),
+    "tiny-joint": _TINY_JOINT,
+    # The same transformer as image-to-video (`dit.hunyuan.i2v.PRESETS`: a tiny SigLIP tower of its
+    # `image_embed_dim` encodes the first frame).
+    "tiny-joint-i2v": dataclasses.replace(_TINY_JOINT, task_type="i2v"),
     # hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v (8.3B parameters).
     "hunyuanvideo-1.5-480p-t2v": HunyuanVideo15Config(task_type="t2v"),
 }

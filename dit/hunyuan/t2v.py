@@ -1,10 +1,12 @@
-"""HunyuanVideo-1.5 text-to-video for the shared pipeline (`dit.pipeline`): the model adapter and the
-pipeline family (text encoders, VAE, flow-match Euler schedule, limits) registered for its `_class_name`.
+"""HunyuanVideo-1.5 text-to-video and image-to-video for the shared pipeline (`dit.pipeline`): the model
+adapters and the pipeline family (text encoders, VAE, image encoder, flow-match Euler schedule, limits)
+registered for its `_class_name`.
 
 HunyuanVideo-1.5's input is `[noisy latent, conditioning latent, mask]` along channels (2C+1); for
 text-to-video the last two are zero, and there are no image tokens (the reference passes all-zero image
-embeddings, which it treats as padding). The text arrives with its real masks: Qwen2.5-VL's states with
-`encoder_attention_mask` and ByT5's glyph states with `encoder_attention_mask_2`.
+embeddings, which it treats as padding); image-to-video fills them from the first frame (`dit.hunyuan.i2v`).
+The text arrives with its real masks: Qwen2.5-VL's states with `encoder_attention_mask` and ByT5's glyph
+states with `encoder_attention_mask_2`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from torch import nn
 
 from dit.families import TINY_LIMITS, Limits, PipelineFamily, folder_config, register_pipeline_family
-from dit.hunyuan import vae
+from dit.hunyuan import i2v, vae
 from dit.hunyuan.config import DIFFUSERS_CLASS_NAME
 from dit.hunyuan.model import HunyuanVideo15Transformer
 from dit.hunyuan.text import load_text_encoders, load_tokenizer
@@ -49,21 +51,37 @@ class HunyuanT2V(nn.Module):
         encoder_attention_mask: torch.Tensor | None = None,
         encoder_hidden_states_2: torch.Tensor | None = None,
         encoder_attention_mask_2: torch.Tensor | None = None,
+        condition: torch.Tensor | None = None,
+        encoder_hidden_states_image: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        b, c, f, h, w = latents.shape
-        condition = latents.new_zeros(b, c + 1, f, h, w)  # no image: zero conditioning latent and mask
+        """`condition` (the conditioning latent and mask) and `encoder_hidden_states_image` (SigLIP features)
+        are image-to-video's (`HunyuanI2V`); without them: zero conditioning latent and mask, no image."""
+        if condition is None:
+            b, c, f, h, w = latents.shape
+            condition = latents.new_zeros(b, c + 1, f, h, w)
         return self.transformer(
-            torch.cat([latents, condition], dim=1),
+            torch.cat([latents, condition.to(latents.dtype)], dim=1),
             timestep,
             encoder_hidden_states,
             encoder_attention_mask,
             encoder_hidden_states_2=encoder_hidden_states_2,
             encoder_attention_mask_2=encoder_attention_mask_2,
+            image_embeds=encoder_hidden_states_image,
         )
 
 
+class HunyuanI2V(HunyuanT2V):
+    """The image-to-video model: every request carries a first frame (`Limits.image`)."""
+
+    takes_image = True
+
+
+def wrap(transformer: HunyuanVideo15Transformer, folder: Path | None, model: str) -> HunyuanT2V:
+    return (HunyuanI2V if i2v.is_i2v(folder, model) else HunyuanT2V)(transformer)
+
+
 def _limits(folder: Path | None, preset: str) -> Limits:
-    if folder is None and preset == "tiny-joint":
+    if folder is None and preset in ("tiny-joint", *i2v.PRESETS):
         return TINY_LIMITS
     from diffusers.pipelines.hunyuan_video1_5.image_processor import HunyuanVideo15ImageProcessor
 
@@ -93,7 +111,7 @@ FAMILY = PipelineFamily(
     compression=vae.COMPRESSION,
     default_shift=5.0,  # the 480p text-to-video scheduler's shift
     default_sampler="euler",
-    wrap=HunyuanT2V,
+    wrap=wrap,
     tokenizer=load_tokenizer,
     text_encoder=load_text_encoders,
     vae=vae.load_vae,
@@ -101,5 +119,7 @@ FAMILY = PipelineFamily(
     limits=_limits,
     samplers=("euler",),  # its published flow-match Euler
     sigmas=_sigmas,
+    image_encoder=i2v.load_image_encoder,
+    image_condition=i2v.latent_condition,
 )
 register_pipeline_family(FAMILY)

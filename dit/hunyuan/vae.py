@@ -1,6 +1,6 @@
 """HunyuanVideo-1.5's VAE (diffusers `AutoencoderKLHunyuanVideo15`: ×4 time, ×16 space, 32 channels) from a
-pipeline folder's `vae/`, or a tiny random one of the same compression for `tiny-joint`. Decodes in float32
-(as `dit.vae` does for Wan)."""
+pipeline folder's `vae/`, or a tiny random one of the same compression for `tiny-joint`. Encodes (an
+image-to-video model's first frame) and decodes in float32 (as `dit.vae` does for Wan)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,14 @@ def load_vae(folder: Path | None, channels: int, device) -> AutoencoderKLHunyuan
     cfg = vae.config
     found = (cfg.temporal_compression_ratio, cfg.spatial_compression_ratio)
     return check_vae(vae, cfg.latent_channels, channels, found, COMPRESSION).to(device)
+
+
+@torch.no_grad()
+def encode(vae: AutoencoderKLHunyuanVideo15, video: torch.Tensor) -> torch.Tensor:
+    """Pixels `[1, 3, F, H, W]` in [-1, 1] → the DiT's latents, float32: the distribution's mode ×
+    scaling_factor, as the reference's `_get_image_latents`."""
+    z = vae.encode(video.to(next(vae.parameters()).device, torch.float32)).latent_dist.mode()
+    return z * vae.config.scaling_factor
 
 
 @torch.no_grad()
