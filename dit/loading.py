@@ -18,7 +18,14 @@ from torch import nn
 
 from dit import lora
 from dit.presets import PRESETS, SHIPPED, resolve
-from dit.weights import Resolver, checkpoint_files, load_safetensors, materialize, random_init
+from dit.weights import (
+    Resolver,
+    checkpoint_files,
+    checkpoint_keys,
+    load_safetensors,
+    materialize,
+    random_init,
+)
 
 FAMILY_PACKAGES = ("dit.wan", "dit.hunyuan")
 
@@ -32,6 +39,9 @@ class Family:
     keep_fp32: tuple[str, ...] = ()  # parameter-name fragments kept float32 in lower-precision loads
     # config → resolver of the weight names LoRA files use (see dit.lora); None: `resolver`'s
     lora_resolver: Callable[[Any], Resolver] | None = None
+    # (config.json dict, the checkpoint's key names) → the dict completed with what only the weights tell
+    # (Wan2.2 I2V's original config reads as Wan2.1 I2V's but has no image embedder); None: as it is
+    complete_config: Callable[[dict, set[str]], dict] | None = None
 
 
 _FAMILIES: dict[str, Family] = {}
@@ -117,7 +127,9 @@ def _source(path_or_preset: str | Path) -> tuple[Path | None, dict]:
     if isinstance(path_or_preset, str) and path_or_preset in presets():
         return None, PRESETS[path_or_preset]
     folder = _checkpoint_dir(Path(path_or_preset))
-    return folder, json.loads((folder / "config.json").read_text())
+    config_json = json.loads((folder / "config.json").read_text())
+    complete = family_for(config_json.get("_class_name")).complete_config
+    return folder, config_json if complete is None else complete(config_json, checkpoint_keys(folder))
 
 
 def build_random(

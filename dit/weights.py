@@ -20,6 +20,15 @@ Target = tuple[str, int, int]
 Resolver = Callable[[str], "Target | None"]
 
 
+def checkpoint_keys(folder: str | Path) -> set[str]:
+    """The tensor names of a checkpoint folder, read from the files' headers (no tensor is loaded)."""
+    keys: set[str] = set()
+    for path in checkpoint_files(folder):
+        with safe_open(path, framework="pt") as f:
+            keys.update(f.keys())
+    return keys
+
+
 def checkpoint_files(folder: str | Path) -> list[Path]:
     """The safetensors files of a checkpoint folder: the sharded index's files, else the single file."""
     folder = Path(folder)

@@ -126,6 +126,24 @@ def test_original_wan_keys_round_trip(tmp_path, flf2v):
     )
 
 
+def test_wan22_i2v_original_layout_has_no_image_embedder(tmp_path):
+    """Wan2.2 I2V A14B's original config reads as Wan2.1 I2V's (model_type i2v, in_dim 36) but its weights
+    have no image embedder: the checkpoint's key names decide, and it loads as a model without image K/V."""
+    ours = build_random({"_class_name": "WanTransformer3DModel", **TINY, "image_dim": None,
+                         "added_kv_proj_dim": None})  # fmt: skip
+    config = ours.config.to_original() | {"model_type": "i2v"}  # as the published high/low_noise_model
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    original = export_state_dict(ours, "original")
+    save_file(
+        {k: v.contiguous() for k, v in original.items()}, tmp_path / "diffusion_pytorch_model.safetensors"
+    )
+    again = load_transformer(tmp_path)
+    assert again.config == ours.config and again.config.image_dim is None
+    x, t, text, _ = inputs(TINY)
+    with torch.no_grad():
+        assert torch.equal(again(x, t, text), ours(x, t, text))
+
+
 def test_original_config_states_only_wan_image_widths():
     with pytest.raises(ValueError, match="cannot express"):
         WanConfig.from_diffusers(PRESETS["tiny-i2v-random"]).to_original()

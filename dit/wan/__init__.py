@@ -37,6 +37,16 @@ register_family(
         lora_resolver,
     )
 )
+
+
+def complete_original(config_json: dict, keys: set[str]) -> dict:
+    """An original config whose checkpoint has no image embedder (Wan2.2 I2V A14B: `model_type` i2v, like
+    Wan2.1 I2V's, but no CLIP image tokens) gains `image_encoder: false`."""
+    if config_json.get("model_type") in ("i2v", "flf2v") and not any("img_emb." in k for k in keys):
+        return config_json | {"image_encoder": False}
+    return config_json
+
+
 register_family(
     Family(
         "WanModel",
@@ -45,5 +55,6 @@ register_family(
         lambda c: resolver(c, "original"),
         FP32_PARAMS,
         lora_resolver,
+        complete_original,
     )
 )

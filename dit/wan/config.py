@@ -84,7 +84,8 @@ class WanConfig:
         if model_type not in ("t2v", "ti2v", "i2v", "flf2v"):
             raise ValueError(f"unsupported Wan model_type {model_type!r} (t2v, ti2v, i2v or flf2v)")
         dim, heads = cfg.get("dim", 2048), cfg.get("num_heads", 16)
-        image = model_type in ("i2v", "flf2v")
+        # Wan2.2 I2V A14B says i2v too but has no CLIP image tokens (`complete_original` reads its weights)
+        image = model_type in ("i2v", "flf2v") and cfg.get("image_encoder", True)
         return cls(
             num_layers=cfg.get("num_layers", 32),
             num_heads=heads,
