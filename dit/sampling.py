@@ -184,13 +184,18 @@ def denoise(
     cache: StepCache | None = None,
     second: SecondExpert | None = None,
     evaluations: Evaluations | None = None,
+    on_x0: Callable[[int, torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
     """Run `steps` denoising steps from `latents` (float32) and return the final latents (float32, the same on
     every rank). The model sees its own dtype; the scheduler works in float32. A renoise scheduler draws its
     fresh noise from `generator`: a CPU generator seeded alike on every rank keeps the ranks identical. A
     `cache` (dit.cache) lets the model skip its later blocks at steps where its first block's output barely
     moved; it counts the evaluations run and skipped, else `evaluations` counts the passes run. `second`: a
-    two-expert model's low-noise expert, taking over at its boundary."""
+    two-expert model's low-noise expert, taking over at its boundary. `on_x0(step, x0)`, when given, hears
+    the current estimate of the clean latents after each step (1-based; the caller passes it on the ranks that
+    want it: it runs no collective): every sampler here predicts a flow-matching velocity v, so
+    x0 = x_t − σ_t · v, as diffusers' stochastic flow-match Euler computes it. It reads, never changes, the
+    latents."""
     dtype = next(model.parameters()).dtype
     if sigmas is None:
         scheduler.set_timesteps(steps, device=latents.device)
@@ -219,7 +224,11 @@ def denoise(
             noise = guided_noise(expert, latents.to(dtype), timestep, cond, uncond, g, mesh, cache)
             if cache is None and evaluations is not None:
                 evaluations.evaluated += passes_per_step(mesh, g)
+            if on_x0 is not None:  # σ of this step: the schedule begins at index 0, one index a step
+                x0 = latents - scheduler.sigmas[i].to(latents.device, torch.float32) * noise.float()
             latents = scheduler.step(noise, t, latents, return_dict=False, **noise_source)[0]
+            if on_x0 is not None:
+                on_x0(i + 1, x0)
             if not should_continue(callback, i + 1, steps, mesh):
                 raise GenerationCancelled(i + 1, steps)
     return latents
