@@ -1,4 +1,5 @@
-"""The native jobs API: /generate, /jobs, /jobs/{id}, /jobs/{id}/events (SSE), /jobs/{id}/video.
+"""The native jobs API: /generate, /jobs, /jobs/{id}, /jobs/{id}/events (SSE), /jobs/{id}/video,
+/jobs/{id}/preview.
 
 /generate takes JSON (the first-frame image of an image-to-video model as a data URL in `image`), or
 multipart/form-data with the same fields and `image` as a file part. The two are two routes on one path:
@@ -13,7 +14,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.responses import FileResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.concurrency import run_in_threadpool
@@ -33,6 +34,7 @@ router = APIRouter()
 SSE_POLL_S = 0.1
 _BIG = 1_000_000
 VIDEO = {200: {"content": {"video/mp4": {"schema": {"type": "string", "format": "binary"}}}}}
+PREVIEW = {200: {"content": {"image/webp": {"schema": {"type": "string", "format": "binary"}}}}}
 MULTIPART = "multipart/form-data"
 _GENERATE_TYPES = ("application/json", MULTIPART)
 # The multipart body in the OpenAPI document (the JSON one FastAPI writes from GenerateBody)
@@ -166,7 +168,13 @@ def job_view(services: Services, job: Job) -> dict:
         "cancel_requested": job.cancel_requested,
         "error": job.error,
         "video_url": f"/jobs/{job.id}/video" if job.status == "completed" else None,
+        "preview_step": job.preview_step,
+        "preview_url": _preview_url(job.id) if job.preview_step is not None else None,
     }
+
+
+def _preview_url(job_id: str) -> str:
+    return f"/jobs/{job_id}/preview"
 
 
 class _FormRoute(APIRoute):
@@ -264,6 +272,19 @@ def get_video(request: Request, job_id: str):
     return video_file(request, job_id)
 
 
+def preview_file(request: Request, job_id: str) -> Response:
+    """The latest live preview of a job (404 before the first); both APIs serve it this way. Read whole (a
+    few KB): the worker replaces the file as it runs, so it is never streamed after a stat gone stale."""
+    services = svc(request)
+    webp = services.preview(services.job(job_id))
+    return Response(webp, media_type="image/webp", headers={"Cache-Control": "no-store"})
+
+
+@router.get("/jobs/{job_id}/preview", response_class=Response, responses=PREVIEW | responses(401, 404, 503))
+def get_preview(request: Request, job_id: str):
+    return preview_file(request, job_id)
+
+
 def _current_view(services: Services, job_id: str) -> dict | None:
     job = services.store.get(job_id)
     return None if job is None else job_view(services, job)  # None: deleted meanwhile (/v1/videos)
@@ -276,12 +297,13 @@ def _current_view(services: Services, job_id: str) -> dict | None:
     | responses(401, 404, 503),
 )
 def job_events(request: Request, job_id: str):
-    """Server-Sent Events: a `progress` event whenever the job changes, then one final `done` event."""
+    """Server-Sent Events: a `progress` event whenever the job changes, a `preview` event ({"step", "url"})
+    whenever a newer live preview is in place, then one final `done` event."""
     services = svc(request)
     services.job(job_id)  # 404 before the stream starts
 
     async def stream():
-        last = None
+        last = last_preview = None
         while True:
             try:
                 view = await run_in_threadpool(_current_view, services, job_id)
@@ -291,6 +313,10 @@ def job_events(request: Request, job_id: str):
             if view is None:
                 return
             terminal = view["status"] in ("completed", "failed", "cancelled")
+            if view["preview_step"] is not None and view["preview_step"] != last_preview:
+                last_preview = view["preview_step"]
+                preview = {"step": last_preview, "url": view["preview_url"]}
+                yield f"event: preview\ndata: {render(preview).decode()}\n\n"
             key = (view["status"], view["step"], view["queue_position"])
             if key != last:
                 last = key

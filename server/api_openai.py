@@ -4,7 +4,8 @@
 "WxH" is used as given when the loaded model allows it, otherwise its aspect ratio is fitted to the
 model's default pixel count (rounded to the allowed multiples); `seconds` becomes the nearest valid frame
 count at the model's fps. The reply reports the size and seconds actually generated. A cancelled job shows
-as `failed` with code "cancelled". `input_reference`, the first frame of an image-to-video model, is a file
+as `failed` with code "cancelled". `/content?variant=thumbnail` is the job's latest live preview (WebP).
+`input_reference`, the first frame of an image-to-video model, is a file
 part (what the SDK sends) or a data URL, checked as /generate checks `image`.
 """
 
@@ -19,7 +20,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
-from server.api_jobs import VIDEO, form_fields, media_type, svc, video_file
+from server.api_jobs import PREVIEW, VIDEO, form_fields, media_type, preview_file, svc, video_file
 from server.jsonsafe import shown
 from server.openai_errors import responses
 from server.services import MAX_PROMPT_CHARS, Services, text_field, unprocessable
@@ -210,7 +211,11 @@ def delete_video(request: Request, video_id: str):
 @router.get(
     "/{video_id}/content",
     response_class=FileResponse,
-    responses=VIDEO | responses(401, 404, 422, 503, openai=True),
+    responses={200: {"content": VIDEO[200]["content"] | PREVIEW[200]["content"]}}
+    | responses(401, 404, 422, 503, openai=True),
 )
-def video_content(request: Request, video_id: str, variant: Literal["video"] = "video"):
+def video_content(request: Request, video_id: str, variant: Literal["video", "thumbnail"] = "video"):
+    """`variant=thumbnail`: the latest live preview as a WebP, while the job runs and after it ends."""
+    if variant == "thumbnail":
+        return preview_file(request, video_id)
     return video_file(request, video_id)

@@ -205,7 +205,16 @@ class Services:
             os.remove(path)
         if delete and job.terminal:  # a running job may still be re-queued: its worker removes it at the end
             videos.remove_input(self.config.videos_dir, job.id)
+        if delete:  # one a running job's worker writes after this goes when the job ends (the worker)
+            videos.remove_preview(self.config.videos_dir, job.id)
         return job
+
+    def preview(self, job: Job) -> bytes:
+        """The job's latest live preview, a WebP (404 before its first, or when the file is gone)."""
+        webp = None if job.preview_step is None else videos.read_preview(self.config.videos_dir, job.id)
+        if webp is None:
+            raise HTTPException(404, f"job {job.id} has no preview yet (status {job.status})")
+        return webp
 
     def _video_file(self, job: Job) -> str | None:
         """Where the job's MP4 is, inside the results folder and never anywhere else; None: it has none."""

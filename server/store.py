@@ -82,6 +82,7 @@ _ADDED_COLUMNS = {
     "phase": "TEXT NOT NULL DEFAULT 'queued'",
     "request_hash": "TEXT",
     **dict.fromkeys(PHASE_TIMINGS, "REAL"),
+    "preview_step": "INTEGER",  # the step of the latest live preview (videos.preview_path); null: none yet
 }
 
 
@@ -106,6 +107,7 @@ class Job:
     timings: dict = field(default_factory=dict)
     error: str | None = None
     phase: str = "queued"
+    preview_step: int | None = None
 
     @property
     def terminal(self) -> bool:
@@ -136,6 +138,7 @@ def _job(row: sqlite3.Row | None) -> Job | None:
         timings={c: row[c] for c in PHASE_TIMINGS} | json.loads(row["timings"] or "{}"),
         error=row["error"],
         phase=row["phase"],
+        preview_step=row["preview_step"],
     )
 
 
@@ -321,6 +324,17 @@ class JobStore:
             ).fetchone()
         return row is None or bool(row[0])
 
+    def set_preview(self, job_id: str, worker: str, step: int) -> bool:
+        """Record that the preview of a running job after `step` is in place; False when the job is no
+        longer this worker's."""
+        with self._write() as db:
+            row = db.execute(
+                "UPDATE jobs SET preview_step = ? "
+                "WHERE id = ? AND worker = ? AND status = 'in_progress' RETURNING id",
+                (step, job_id, worker),
+            ).fetchone()
+        return row is not None
+
     def set_phase(self, job_id: str, worker: str, phase: str, timings: dict | None = None) -> bool:
         """Record that a running job entered `phase`, and the seconds of the phases it has finished
         (`timings`, PHASE_TIMINGS keys); True (stop) as `progress` answers."""
@@ -397,7 +411,7 @@ class JobStore:
             if job.attempts < max_attempts:
                 row = db.execute(
                     "UPDATE jobs SET status = 'queued', worker = NULL, started_at = NULL, step = 0, "
-                    f"progress = 0, phase = 'queued', {_CLEAR_TIMINGS} "
+                    f"progress = 0, phase = 'queued', preview_step = NULL, {_CLEAR_TIMINGS} "
                     "WHERE id = ? AND status = 'in_progress' RETURNING *",
                     (job.id,),
                 ).fetchone()

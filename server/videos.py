@@ -7,6 +7,11 @@ did not complete (a worker that died between writing the file and recording the 
 jobs no longer running, and the input image of a deleted job that is over. Files the store knows nothing of
 are left alone and reported: they mean the store was replaced or lost, and deleting them would make a lost
 store worse.
+
+In its `previews/` folder the latest live preview of each job, `<job id>.webp` (a small WebP the worker's
+leader replaces every few steps, written then renamed), kept after the job ends as a thumbnail of its
+result. It goes with the job on delete; `sweep` removes those of deleted jobs, and those of jobs the store
+does not know unless the store holds no jobs at all (a lost store: they are left with the videos).
 """
 
 from __future__ import annotations
@@ -38,6 +43,33 @@ def remove_input(videos_dir: str, job_id: str) -> None:
         os.remove(input_path(videos_dir, job_id))
 
 
+def preview_path(videos_dir: str, job_id: str) -> str:
+    return os.path.join(videos_dir, "previews", f"{job_id}.webp")
+
+
+def write_preview(videos_dir: str, job_id: str, webp: bytes) -> None:
+    path = preview_path(videos_dir, job_id)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path.removesuffix(".webp") + ".partial.webp"  # one a crash leaves is an unknown job's to `sweep`
+    with open(tmp, "wb") as f:
+        f.write(webp)
+    os.replace(tmp, path)  # a reader gets the previous preview or this one, never half of one
+
+
+def read_preview(videos_dir: str, job_id: str) -> bytes | None:
+    """The job's latest preview; None when there is none."""
+    try:
+        with open(preview_path(videos_dir, job_id), "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def remove_preview(videos_dir: str, job_id: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(preview_path(videos_dir, job_id))
+
+
 def _unreachable_video(name: str, job: Job) -> bool:
     if name.endswith(PARTIAL_SUFFIX):
         return job.status != "in_progress"
@@ -48,15 +80,30 @@ def _unreachable_input(name: str, job: Job) -> bool:
     return job.deleted and job.terminal  # a running job may be re-queued and read it again
 
 
+def _unreachable_preview(name: str, job: Job) -> bool:
+    return job.deleted
+
+
 def sweep(store: JobStore, videos_dir: str) -> list[str]:
-    """Remove unreachable MP4s and input images; returns the names removed. Logs a warning for files of
-    unknown jobs."""
-    return _sweep(store, videos_dir, ".mp4", "MP4(s)", _unreachable_video) + _sweep(
-        store, os.path.join(videos_dir, "inputs"), ".png", "input image(s)", _unreachable_input
+    """Remove unreachable MP4s, input images and previews; returns the names removed. Logs a warning for
+    MP4s and input images of unknown jobs."""
+    return (
+        _sweep(store, videos_dir, ".mp4", "MP4(s)", _unreachable_video)
+        + _sweep(store, os.path.join(videos_dir, "inputs"), ".png", "input image(s)", _unreachable_input)
+        + _sweep(
+            store,
+            os.path.join(videos_dir, "previews"),
+            ".webp",
+            "preview(s)",
+            _unreachable_preview,
+            drop_unknown=not store.is_empty(),
+        )  # fmt: skip
     )
 
 
-def _sweep(store: JobStore, folder: str, suffix: str, kind: str, unreachable) -> list[str]:
+def _sweep(
+    store: JobStore, folder: str, suffix: str, kind: str, unreachable, drop_unknown=False
+) -> list[str]:
     try:
         names = sorted(n for n in os.listdir(folder) if n.endswith(suffix))
     except FileNotFoundError:
@@ -65,9 +112,9 @@ def _sweep(store: JobStore, folder: str, suffix: str, kind: str, unreachable) ->
     for name in names:
         job_id = name.removesuffix(PARTIAL_SUFFIX if name.endswith(PARTIAL_SUFFIX) else suffix)
         job = store.get(job_id, include_deleted=True)
-        if job is None:
+        if job is None and not drop_unknown:
             unknown.append(name)
-        elif unreachable(name, job):
+        elif job is None or unreachable(name, job):
             os.remove(os.path.join(folder, name))
             removed.append(name)
     if removed:

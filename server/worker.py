@@ -9,12 +9,15 @@ a keep-alive while idle, so the wait never reaches the gloo timeout and never si
 rank runs the pipeline; the leader records progress after each step, turns the job's cancel flag into the
 callback's False, records each phase (encoding, denoising, decoding, writing) and the seconds of each one
 it finished, writes the MP4 and the terminal state; a cancel that arrives after the last step ends the job
-cancelled with no video. Before every claim the leader checks that its server is alive and has not asked it
-to drain (store flag or SIGTERM): otherwise it sends "stop" and the group exits, leaving queued jobs for the
-next group. Every rank dies with torchrun (parent-death signal). Any failure other than a cancel leaves the
-group's state unknown: the leader fails the job and every rank exits non-zero, so torchrun ends the group
-and the supervisor starts a fresh one; the first rank to fail records its error in the store for the
-supervisor's log.
+cancelled with no video. The leader also passes the pipeline an `on_preview`: each preview image it gets is
+handed to a thread (`PreviewWriter`) that encodes it as WebP, puts it in place (`videos.write_preview`) and
+records its step, so a step never waits on it; a newer image replaces one not yet written, and a preview
+that fails is logged and left out. Before every claim the leader checks that its server is alive and has
+not asked it to drain (store flag or SIGTERM): otherwise it sends "stop" and the group exits, leaving queued
+jobs for the next group. Every rank dies with torchrun (parent-death signal). Any failure other than a
+cancel leaves the group's state unknown: the leader fails the job and every rank exits non-zero, so torchrun
+ends the group and the supervisor starts a fresh one; the first rank to fail records its error in the store
+for the supervisor's log.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import io
+import logging
 import os
 import signal
 import sys
@@ -29,6 +34,9 @@ import threading
 import time
 import traceback
 import uuid
+
+import numpy as np
+from PIL import Image
 
 import parallel
 from dit.image import fit, read
@@ -42,6 +50,9 @@ from server.store import Job, JobStore
 HEARTBEAT_S = 1.0
 KEEPALIVE_S = 5.0
 STOP_CHECK_S = 0.25
+PREVIEW_QUALITY = 70  # WebP: a 256-px preview of pure noise (the worst case) is about 40 KB
+PREVIEW_FLUSH_S = 5.0  # at most this long, at the end of a job, for its last preview to be written
+log = logging.getLogger("ithaca.worker")
 
 
 class Worker:
@@ -53,6 +64,9 @@ class Worker:
         self.supervisor_pid = int(os.environ.get("ITHACA_SUPERVISOR_PID", "0"))
         self.state, self.job_id = "ready", None
         self.store = JobStore(config.db_path) if mesh.is_replica_leader else None
+        self.previews = (
+            None if self.store is None else PreviewWriter(self.store, config.videos_dir, self.name)
+        )
         described = limits_mod.describe(pipe.limits, config.image_limits)
         self.info = {
             "limits": described,
@@ -126,11 +140,14 @@ class Worker:
         self.store.set_spec(job.id, spec)
         return spec if image is None else spec | {"image": image}
 
-    def _drop_input(self, job_id: str) -> None:
-        """Remove a deleted job's input image once it is over (the API leaves it while the job runs)."""
+    def _drop_files(self, job_id: str, image: bool) -> None:
+        """Remove a deleted job's input image once it is over (the API leaves it while the job runs), and
+        any preview written after the API removed it."""
         job = self.store.get(job_id, include_deleted=True)
         if job is not None and job.deleted and job.terminal:
-            videos.remove_input(self.config.videos_dir, job_id)
+            if image:
+                videos.remove_input(self.config.videos_dir, job_id)
+            videos.remove_preview(self.config.videos_dir, job_id)
 
     # -- every rank -----------------------------------------------------------------------------------------
 
@@ -143,8 +160,8 @@ class Worker:
                 break
             if message is not None:
                 self._run_job(message["id"], message["spec"])
-                if self.store is not None and "image" in message["spec"]:
-                    self._drop_input(message["id"])
+                if self.store is not None:
+                    self._drop_files(message["id"], "image" in message["spec"])
         self.state = "stopped"
         if self.store is not None:
             self._beat()
@@ -169,13 +186,20 @@ class Worker:
             if leader:
                 self.store.set_phase(job_id, self.name, phase, phases.timings)
 
+        def on_preview(step: int, image: np.ndarray) -> None:
+            self.previews.submit(job_id, step, image)
+
         start = time.perf_counter()
         try:
             frames = self.pipe.generate(
-                self.module.GenerationRequest(**spec), callback if leader else None, on_phase
+                self.module.GenerationRequest(**spec),
+                callback if leader else None,
+                on_phase,
+                on_preview=on_preview if leader else None,
             )
         except self.module.GenerationCancelled:
             if leader:
+                self.previews.flush(PREVIEW_FLUSH_S)
                 self.store.finish(
                     job_id,
                     self.name,
@@ -187,6 +211,7 @@ class Worker:
             return
         except Exception as e:
             if leader:
+                self.previews.flush(PREVIEW_FLUSH_S)
                 self.store.finish(
                     job_id,
                     self.name,
@@ -198,6 +223,7 @@ class Worker:
                 )
             raise
         if leader:
+            self.previews.flush(PREVIEW_FLUSH_S)  # the last step's preview is the finished job's thumbnail
             self._complete(job_id, spec, frames, start, step_times, phases)
         self.job_id, self.state = None, "ready"
 
@@ -231,6 +257,58 @@ class Worker:
                     step_times, job.finished_at - job.started_at, phases.seconds, evaluations
                 )
             )
+
+
+class PreviewWriter:
+    """The leader's preview thread: `submit` hands it the latest image of a job and returns at once (a newer
+    one replaces one still waiting); it encodes, writes and records each. `flush` waits for the rest."""
+
+    def __init__(self, store: JobStore, videos_dir: str, worker: str):
+        self.videos_dir, self.worker = videos_dir, worker
+        self.store = store  # its connections are per thread: this one's writes do not share the leader's
+        self._cond = threading.Condition()
+        self._pending: tuple[str, int, np.ndarray] | None = None
+        self._busy = False
+        self._thread: threading.Thread | None = None
+
+    def submit(self, job_id: str, step: int, image: np.ndarray) -> None:
+        try:
+            image = np.array(image, dtype=np.uint8, copy=True)  # the caller may reuse its buffer
+        except Exception as e:  # never the job's failure
+            log.warning("preview of job %s at step %d left out: %s: %s", job_id, step, type(e).__name__, e)
+            return
+        with self._cond:
+            self._pending = (job_id, step, image)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="previews", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until no preview is pending or being written; False when `timeout` ran out first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._pending is None and not self._busy, timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending is not None)
+                (job_id, step, image), self._pending, self._busy = self._pending, None, True
+            try:
+                self.write(job_id, step, image)
+            except Exception as e:  # a preview is a nicety: the job goes on without it
+                log.warning("preview of job %s at step %d not written: %s: %s", job_id, step,
+                            type(e).__name__, e)  # fmt: skip
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def write(self, job_id: str, step: int, image: np.ndarray) -> None:
+        buffer = io.BytesIO()
+        Image.fromarray(image).convert("RGB").save(buffer, "WEBP", quality=PREVIEW_QUALITY)
+        videos.write_preview(self.videos_dir, job_id, buffer.getvalue())
+        self.store.set_preview(job_id, self.worker, step)
 
 
 def _alive(pid: int) -> bool:

@@ -1,7 +1,8 @@
 """A fake instant pipeline with the `dit.pipeline` surface, for the server's load tests and bench/server.py.
 
 No model work: `generate` sleeps `ITHACA_FAKE_STEP_S` seconds per step and `ITHACA_FAKE_DECODE_S` in its
-decode (defaults 0) and returns small random frames. Everything else is the real thing: the request/limits
+decode (defaults 0) and returns small random frames; on the replica leader it calls `on_preview` after every
+step with a 32×48 gradient that brightens with the step. Everything else is the real thing: the request/limits
 dataclasses and `validate` of `dit.pipeline` (tiny limits), the per-step callback and cancel broadcast of
 `dit.sampling`, the real mesh. `ITHACA_FAKE_I2V=1` makes it an image-to-video model: every request needs an
 image (the real `validate` says so), and the video's first frame is that image fitted to its size.
@@ -42,14 +43,17 @@ class FakePipeline:
         self.step_s = float(os.environ.get("ITHACA_FAKE_STEP_S", "0"))
         self.decode_s = float(os.environ.get("ITHACA_FAKE_DECODE_S", "0"))
 
-    def generate(self, req: GenerationRequest, callback=None, on_phase=lambda phase: None):
+    def generate(self, req: GenerationRequest, callback=None, on_phase=None, on_preview=None):
         req = self.validate(req)
+        on_phase = on_phase or (lambda phase: None)
         on_phase("encoding")
         on_phase("denoising")
         for step in range(1, req.num_inference_steps + 1):
             time.sleep(self.step_s)
             if not should_continue(callback, step, req.num_inference_steps, self.mesh):
                 raise GenerationCancelled(step, req.num_inference_steps)
+            if on_preview is not None and self.mesh.is_replica_leader:
+                on_preview(step, _preview(step, req.num_inference_steps))
         passes = passes_per_step(self.mesh, req.guidance_scale)
         self.evaluations = Evaluations(evaluated=passes * req.num_inference_steps)
         on_phase("decoding")  # as the real pipeline: every rank decodes a band, the leader gets the frames
@@ -62,6 +66,12 @@ class FakePipeline:
         if req.image is not None:
             frames[0] = fit(req.image, req.height, req.width)  # as the real one fits it
         return frames
+
+
+def _preview(step: int, total: int) -> np.ndarray:
+    """A 32×48 RGB gradient, brighter at each step (the last one reaches full brightness)."""
+    ramp = np.linspace(0.25, 1.0, 48)[None, :, None] * np.linspace(0.5, 1.0, 32)[:, None, None]
+    return np.broadcast_to(ramp * 255 * step / total, (32, 48, 3)).astype(np.uint8)
 
 
 def load_pipeline(config: PipelineConfig, mesh) -> FakePipeline:

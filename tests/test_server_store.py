@@ -276,3 +276,26 @@ def test_sweep_removes_videos_no_route_can_reach_and_keeps_unknown_ones(tmp_path
     with caplog.at_level(logging.WARNING, logger="ithaca.videos"):
         assert videos.sweep(empty, str(videos_dir)) == []
     assert "holds no jobs" in caplog.text and "restore it from a backup" in caplog.text
+
+
+def test_the_preview_step_migrates_and_a_requeue_clears_it(tmp_path):
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)  # a store from before live previews: every other column, no preview_step
+    JobStore(str(path)).close()
+    db.execute("ALTER TABLE jobs DROP COLUMN preview_step")
+    db.execute("INSERT INTO jobs (id, status, spec, created_at) VALUES ('a', 'queued', '{}', 0)")
+    db.commit()
+    db.close()
+    store = JobStore(str(path))
+    assert "preview_step" in {r[1] for r in store._db.execute("PRAGMA table_info(jobs)")}
+    assert store.get("a").preview_step is None
+    job = store.claim("w", "box")
+    assert store.set_preview(job.id, "w", 2) and store.get(job.id).preview_step == 2
+    assert not store.set_preview(job.id, "other", 3)  # no longer this worker's: left as it was
+    store.requeue_or_fail(store.get(job.id), max_attempts=2, reason="interrupted")
+    assert store.get(job.id).preview_step is None  # a re-queued job starts without one
+    store.claim("w", "box")
+    store.set_preview(job.id, "w", 1)
+    done = store.finish(job.id, "w", "completed", video="a.mp4")
+    assert done.preview_step == 1  # kept after the job: the thumbnail of its result
+    assert not store.set_preview(job.id, "w", 5) and store.get(job.id).preview_step == 1
