@@ -190,7 +190,7 @@ def _malformed(job_id: str):
     yield "POST", "/v1/videos", {"json": {"size": "64x64"}}
     yield "POST", "/v1/videos", {"data": {"prompt": "x"}, "files": {"input_reference": ("a.png", b"\x89PNG")}}
     yield "GET", "/v1/videos/abc/content", {}
-    yield "GET", f"/v1/videos/{job_id}/content", {"params": {"variant": "thumbnail"}}
+    yield "GET", f"/v1/videos/{job_id}/content", {"params": {"variant": "spritesheet"}}
 
 
 def test_malformed_requests_get_4xx_never_5xx(server):

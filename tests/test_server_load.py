@@ -61,5 +61,7 @@ def test_50_submissions_and_1000_polls_from_20_threads(server):
     assert {j["worker"].rsplit("/", 1)[1] for j in jobs} == {"replica0", "replica1"}
     listed = server.client.get("/jobs", params={"limit": 100}).json()["data"]
     assert {j["id"] for j in listed} == set(submitted)
-    videos = os.listdir(os.path.join(server.data_dir, "videos"))
+    folder = os.path.join(server.data_dir, "videos")
+    videos = [n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n))]  # previews/ beside
     assert sorted(videos) == sorted(f"{i}.mp4" for i in submitted)
+    assert sorted(os.listdir(os.path.join(folder, "previews"))) == sorted(f"{i}.webp" for i in submitted)
