@@ -32,15 +32,11 @@ def input_path(videos_dir: str, job_id: str) -> str:
 
 def write_input(videos_dir: str, job_id: str, png: bytes) -> None:
     path = input_path(videos_dir, job_id)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".partial", "wb") as f:
-        f.write(png)
-    os.replace(path + ".partial", path)  # the worker never reads a half-written file
+    _write_atomic(path, path + ".partial", png)  # the worker never reads a half-written file
 
 
 def remove_input(videos_dir: str, job_id: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(input_path(videos_dir, job_id))
+    _remove(input_path(videos_dir, job_id))
 
 
 def preview_path(videos_dir: str, job_id: str) -> str:
@@ -49,11 +45,9 @@ def preview_path(videos_dir: str, job_id: str) -> str:
 
 def write_preview(videos_dir: str, job_id: str, webp: bytes) -> None:
     path = preview_path(videos_dir, job_id)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path.removesuffix(".webp") + ".partial.webp"  # one a crash leaves is an unknown job's to `sweep`
-    with open(tmp, "wb") as f:
-        f.write(webp)
-    os.replace(tmp, path)  # a reader gets the previous preview or this one, never half of one
+    # a reader gets the previous preview or this one, never half of one; a temporary file a crash leaves is
+    # an unknown job's to `sweep`
+    _write_atomic(path, path.removesuffix(".webp") + ".partial.webp", webp)
 
 
 def read_preview(videos_dir: str, job_id: str) -> bytes | None:
@@ -66,8 +60,20 @@ def read_preview(videos_dir: str, job_id: str) -> bytes | None:
 
 
 def remove_preview(videos_dir: str, job_id: str) -> None:
+    _remove(preview_path(videos_dir, job_id))
+
+
+def _write_atomic(path: str, tmp: str, data: bytes) -> None:
+    """`data` into `path` through `tmp` and a rename, so no reader ever sees part of it."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _remove(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
-        os.remove(preview_path(videos_dir, job_id))
+        os.remove(path)
 
 
 def _unreachable_video(name: str, job: Job) -> bool:
