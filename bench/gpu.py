@@ -66,7 +66,7 @@ SECTIONS = (
         30,
     ),
     Section("wan-1.3b", "Wan2.1-1.3B forward, ours vs diffusers", gpu_speed.wan_1_3b, 70),
-    Section("wan-14b", "Wan2.1-14B forward, ours vs diffusers", gpu_speed.wan_14b, 170),
+    Section("wan-14b", "Wan2.1-14B forward, ours vs diffusers", gpu_speed.wan_14b, 120),
     Section("modelled", "MODELLED 8-GPU step time", gpu_modelled.modelled, 1),
     Section("job", "Wan2.1-1.3B job by phase", gpu_speed.job_phases, 40),
     Section("vae", "VAE decode, 81 frames 480p", gpu_speed.vae_decode, 40),

@@ -250,7 +250,7 @@ def text_encode(kit: Kit, report: Report) -> None:
     )
     with torch.device("meta"):
         encoder = tf.UMT5EncoderModel(tf.UMT5Config(**shape, feed_forward_proj="gated-gelu")).to(kit.dtype)
-    encoder = random_init(encoder.to_empty(device=kit.device)).eval()
+    encoder = random_init(encoder.to_empty(device=kit.device), on_device=True).eval()
     ids = torch.randint(1, shape["vocab_size"], (1, 512), device=kit.device)
     mask = (torch.arange(512, device=kit.device) < 120)[None].long()  # Wan pads every prompt to 512 tokens
     with torch.inference_mode():

@@ -46,7 +46,7 @@ def models(config: HunyuanVideo15Config, dtype: torch.dtype, device: torch.devic
             ours = HunyuanVideo15Transformer(config)
     finally:
         torch.set_default_dtype(default)
-    random_init(ref.to_empty(device=device), seed)
+    random_init(ref.to_empty(device=device), seed, on_device=True)  # shared by both: GPU-drawn is fast
     load_state(materialize(ours, dtype=dtype, device=device), ref.state_dict(), resolve)
     return ref.eval().requires_grad_(False), ours.eval().requires_grad_(False)
 
