@@ -8,7 +8,7 @@ import threading
 
 from fastapi import FastAPI
 
-from server import api_jobs, api_openai, api_ops, openai_errors, videos
+from server import api_jobs, api_openai, api_ops, api_web, openai_errors, videos
 from server.config import ServeConfig
 from server.jsonsafe import SafeJSONResponse
 from server.middleware import GuardMiddleware
@@ -46,7 +46,7 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
         default_response_class=SafeJSONResponse,
     )
     app.state.services = services = Services(config, store, supervisor)
-    for module in (api_ops, api_jobs, api_openai):
+    for module in (api_ops, api_jobs, api_openai, api_web):
         app.include_router(module.router)
     openai_errors.install(app)
 
@@ -63,5 +63,6 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
         max_body_bytes=config.max_body_bytes,
         upload_bytes=upload,
         upload_paths=("/generate", "/v1/videos"),
+        public_paths=("/health", *api_web.PAGE_FILES),  # the page loads without a key; its API calls need one
     )
     return app

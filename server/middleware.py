@@ -12,7 +12,8 @@ async def _send_json(scope, send, status: int, detail: str, headers: dict | None
 
 
 class GuardMiddleware:
-    """Every route but /health needs `Authorization: Bearer <key>` when a key is set; larger bodies get 413.
+    """Every route but `public_paths` (/health, the web page's files) needs `Authorization: Bearer <key>`
+    when a key is set; larger bodies get 413.
     A POST to one of `upload_paths` (the submit routes, which may carry an image) may be `upload_bytes`
     larger.
 
@@ -21,9 +22,16 @@ class GuardMiddleware:
     """
 
     def __init__(
-        self, app, *, api_key: str | None, max_body_bytes: int, upload_bytes: int = 0, upload_paths=()
+        self,
+        app,
+        *,
+        api_key: str | None,
+        max_body_bytes: int,
+        upload_bytes: int = 0,
+        upload_paths=(),
+        public_paths=("/health",),
     ):
-        self.app, self.max_body_bytes = app, max_body_bytes
+        self.app, self.max_body_bytes, self.public_paths = app, max_body_bytes, frozenset(public_paths)
         self.upload_bytes, self.upload_paths = upload_bytes, frozenset(upload_paths)
         self.expected = f"Bearer {api_key}".encode() if api_key else None
 
@@ -35,7 +43,7 @@ class GuardMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
-        if self.expected is not None and scope["path"] != "/health":
+        if self.expected is not None and scope["path"] not in self.public_paths:
             if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
                 return await _send_json(
                     scope,

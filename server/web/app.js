@@ -1,0 +1,384 @@
+"use strict";
+// The Ithaca page: a form bounded by the model's published limits (GET /limits) and a paged job list, each
+// running job followed through its event stream. Every API call carries the key as any client's does;
+// fetch() is used throughout because EventSource, <img src> and <video src> cannot send that header.
+
+const KEY_STORE = "ithaca-api-key";
+const PAGE_SIZE = 10;
+const TERMINAL = new Set(["completed", "failed", "cancelled"]);
+const NUMBERS = ["num_frames", "width", "height", "num_inference_steps", "guidance_scale", "seed"];
+const STATUS_WORDS = {
+  queued: "Queued",
+  in_progress: "Running",
+  completed: "Completed",
+  failed: "Failed",
+  cancelled: "Cancelled",
+};
+const $ = (id) => document.getElementById(id);
+
+class AuthError extends Error {}
+
+let cursors = [null]; // the `after` cursor of each job page reached so far (page 0: the newest)
+let page = 0;
+const cards = new Map(); // job id → card (see makeCard)
+
+function apiKey() {
+  return sessionStorage.getItem(KEY_STORE);
+}
+
+async function api(path, options = {}) {
+  const headers = new Headers(options.headers || {});
+  const key = apiKey();
+  if (key) headers.set("Authorization", `Bearer ${key}`);
+  const response = await fetch(path, { ...options, headers });
+  if (response.status === 401) {
+    askKey(key ? "The server refused that key; enter it again." : "");
+    throw new AuthError("API key needed");
+  }
+  return response;
+}
+
+// An error reply in words: FastAPI's detail is a string or a list of {loc, msg}.
+async function errorText(response) {
+  let detail;
+  try {
+    detail = (await response.json()).detail;
+  } catch {
+    return `HTTP ${response.status}`;
+  }
+  if (Array.isArray(detail)) {
+    return detail.map((d) => (d.loc ? `${d.loc[d.loc.length - 1]}: ` : "") + d.msg).join("; ");
+  }
+  return String(detail ?? `HTTP ${response.status}`);
+}
+
+function askKey(message) {
+  const form = $("key-form");
+  $("key-error").textContent = message;
+  if (form.hidden) {
+    $("model").textContent = "This server needs an API key.";
+    form.hidden = false;
+    $("api-key").focus();
+  }
+}
+
+$("key-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  sessionStorage.setItem(KEY_STORE, $("api-key").value);
+  $("api-key").value = "";
+  $("key-form").hidden = true;
+  start();
+});
+
+// -- the form ------------------------------------------------------------------------------------------------
+
+async function loadLimits() {
+  let response;
+  try {
+    response = await api("/limits");
+  } catch (error) {
+    if (error instanceof AuthError) return;
+    $("model").textContent = `Cannot reach the server (${error.message}); retrying…`;
+    setTimeout(loadLimits, 2000);
+    return;
+  }
+  if (!response.ok) {
+    // 503: no worker has published the limits yet (the model is still loading)
+    const waiting = response.status === 503 ? "Waiting for the model to load" : await errorText(response);
+    $("model").textContent = `${waiting}; retrying…`;
+    setTimeout(loadLimits, 1000 * Number(response.headers.get("Retry-After") || 2));
+    return;
+  }
+  applyLimits(await response.json());
+}
+
+function applyLimits({ model, limits }) {
+  $("model").textContent = `Model: ${model}`;
+  for (const name of NUMBERS) {
+    const spec = limits[name];
+    if (!spec) continue; // seed, and any field this model does not publish: only the input's own bounds
+    const input = $(name);
+    input.min = spec.min;
+    input.max = spec.max;
+    // HTML counts `step` from `min`, as the published multiple is counted
+    input.step = spec.multiple_of || (name === "guidance_scale" ? "any" : 1);
+    if (spec.default !== undefined) input.value = spec.default;
+    const every = spec.multiple_of ? ` in steps of ${spec.multiple_of}` : "";
+    $(`${name}-hint`).textContent = spec.min === spec.max ? `fixed: ${spec.min}` : `${spec.min}–${spec.max}${every}`;
+  }
+  const image = limits.image;
+  const takesImage = Boolean(image && (image.required || image.optional));
+  $("image-field").hidden = !takesImage;
+  if (takesImage) {
+    const input = $("image");
+    input.required = image.required;
+    input.accept = image.formats.join(",");
+    const mb = (image.max_bytes / 2 ** 20).toFixed(0);
+    $("image-hint").textContent = `${image.required ? "required" : "optional"}: PNG, JPEG or WebP, at most ${mb} MiB`;
+  }
+  $("generate").disabled = false;
+}
+
+$("generate-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const fields = { prompt: $("prompt").value };
+  if ($("negative_prompt").value) fields.negative_prompt = $("negative_prompt").value;
+  for (const name of NUMBERS) {
+    if ($(name).value !== "") fields[name] = Number($(name).value);
+  }
+  const file = $("image-field").hidden ? null : $("image").files[0];
+  let body;
+  const headers = {};
+  if (file) {
+    body = new FormData();
+    for (const [name, value] of Object.entries(fields)) body.append(name, String(value));
+    body.append("image", file);
+  } else {
+    body = JSON.stringify(fields);
+    headers["Content-Type"] = "application/json";
+  }
+  const button = $("generate");
+  const status = $("form-status");
+  button.disabled = true;
+  status.textContent = "Submitting…";
+  try {
+    const response = await api("/generate", { method: "POST", body, headers });
+    if (response.status === 202) {
+      const job = await response.json();
+      status.textContent = `Queued job ${job.id.slice(0, 8)}.`;
+      await showPage(0);
+    } else {
+      status.textContent = `Not queued: ${await errorText(response)}`;
+    }
+  } catch (error) {
+    status.textContent = error instanceof AuthError ? "Enter the API key, then press Generate again." : `Cannot reach the server: ${error.message}`;
+  } finally {
+    button.disabled = false;
+  }
+});
+
+// -- the job list --------------------------------------------------------------------------------------------
+
+async function showPage(index) {
+  let response;
+  try {
+    response = await api(`/jobs?limit=${PAGE_SIZE}` + (cursors[index] ? `&after=${cursors[index]}` : ""));
+  } catch (error) {
+    if (!(error instanceof AuthError)) $("jobs-status").textContent = `Cannot list the jobs: ${error.message}`;
+    return;
+  }
+  if (!response.ok) {
+    $("jobs-status").textContent = `Cannot list the jobs: ${await errorText(response)}`;
+    return;
+  }
+  const { data, has_more, last_id } = await response.json();
+  page = index;
+  cursors = cursors.slice(0, index + 1);
+  if (has_more) cursors.push(last_id);
+  const shown = new Set(data.map((job) => job.id));
+  for (const [id, card] of cards) {
+    if (!shown.has(id)) dropCard(card);
+  }
+  // cards already shown keep their stream, preview and video
+  $("jobs").replaceChildren(...data.map((job) => (cards.get(job.id) || makeCard(job)).el));
+  for (const job of data) update(cards.get(job.id), job);
+  $("jobs-status").textContent = data.length ? "" : "No jobs yet.";
+  $("page-number").textContent = `Page ${index + 1}`;
+  $("newer").disabled = index === 0;
+  $("older").disabled = !has_more;
+}
+
+$("newer").addEventListener("click", () => showPage(page - 1));
+$("older").addEventListener("click", () => showPage(page + 1));
+
+function element(tag, attributes = {}, text = "") {
+  const el = document.createElement(tag);
+  for (const [name, value] of Object.entries(attributes)) el.setAttribute(name, value);
+  el.textContent = text;
+  return el;
+}
+
+function makeCard(job) {
+  const title = `job-${job.id}-title`;
+  const card = {
+    id: job.id,
+    el: element("li", { class: "job", "aria-labelledby": title }),
+    status: job.status,
+    previewStep: null,
+    videoShown: false,
+    stream: null, // AbortController of the event stream being read
+    urls: [], // blob: URLs to revoke when the card goes
+    dropped: false,
+  };
+  const prompt = job.request.prompt;
+  const when = new Date(job.created_at * 1000).toLocaleString();
+  card.el.append(
+    element("h3", { id: title }, prompt),
+    element("p", { class: "meta" }, `${job.id.slice(0, 8)} · ${when}`),
+  );
+  card.state = element("p", { class: "state" });
+  card.bar = element("div", {
+    role: "progressbar",
+    "aria-label": `Progress of “${prompt}”`,
+    "aria-valuemin": "0",
+    "aria-valuemax": "100",
+    "aria-valuenow": "0",
+  });
+  card.fill = element("div", { class: "fill" });
+  card.bar.append(card.fill);
+  card.preview = element("img", { class: "preview", alt: "" });
+  card.preview.hidden = true;
+  card.error = element("p", { class: "error", role: "alert" });
+  card.error.hidden = true;
+  card.cancel = element("button", { type: "button", "aria-describedby": title }, "Cancel");
+  card.cancel.addEventListener("click", () => cancel(card));
+  card.video = element("video", { controls: "", preload: "metadata", "aria-label": `Video of “${prompt}”` });
+  card.download = element("a", { download: `${job.id}.mp4`, "aria-describedby": title }, "Download MP4");
+  card.video.hidden = card.download.hidden = true;
+  const media = element("div", { class: "media" });
+  media.append(card.preview, card.video);
+  card.el.append(card.state, card.bar, card.error, media, card.cancel, card.download);
+  cards.set(job.id, card);
+  return card;
+}
+
+function dropCard(card) {
+  card.dropped = true;
+  if (card.stream) card.stream.abort();
+  card.urls.forEach((url) => URL.revokeObjectURL(url));
+  cards.delete(card.id);
+}
+
+function update(card, job) {
+  card.status = job.status;
+  let state = STATUS_WORDS[job.status] || job.status;
+  if (job.status === "queued" && job.queue_position != null) state += ` (position ${job.queue_position})`;
+  if (job.status === "in_progress") state += ` · ${job.phase}` + (job.total_steps ? ` · step ${job.step} of ${job.total_steps}` : "");
+  if (job.resumed_from_step != null) state += ` · resumed after step ${job.resumed_from_step}`;
+  if (job.cancel_requested && !TERMINAL.has(job.status)) state += " · cancelling…";
+  if (job.status === "completed" && job.timings && job.timings.total_s != null) {
+    state += ` in ${job.timings.total_s.toFixed(1)} s`;
+  }
+  card.state.textContent = state;
+  card.bar.setAttribute("aria-valuenow", String(job.progress));
+  card.bar.setAttribute("aria-valuetext", `${job.progress} %`);
+  card.fill.style.width = `${job.progress}%`;
+  card.cancel.hidden = TERMINAL.has(job.status) || job.cancel_requested;
+  if (job.status === "failed") showError(card, `Failed: ${job.error || "no reason given"}`);
+  if (job.status === "cancelled") showError(card, "Cancelled: no video was made.");
+  if (job.preview_step != null) showPreview(card, job.preview_step, job.preview_url);
+  if (job.status === "completed") showVideo(card, job);
+  if (!TERMINAL.has(job.status) && !card.stream && !card.dropped) follow(card);
+}
+
+function showError(card, text) {
+  card.error.textContent = text;
+  card.error.hidden = false;
+}
+
+async function blobUrl(card, path) {
+  const response = await api(path);
+  if (!response.ok) throw new Error(await errorText(response));
+  const url = URL.createObjectURL(await response.blob());
+  card.urls.push(url);
+  return url;
+}
+
+async function showPreview(card, step, path) {
+  if (card.previewStep !== null && step <= card.previewStep) return;
+  card.previewStep = step;
+  try {
+    const url = await blobUrl(card, path);
+    if (card.previewStep !== step) return; // a newer one came meanwhile
+    const old = card.preview.getAttribute("src");
+    card.preview.src = url;
+    card.preview.alt = `Preview of “${card.el.querySelector("h3").textContent}” at step ${step}`;
+    if (card.videoShown) card.video.poster = url; // the last preview stands for the video until it plays
+    else card.preview.hidden = false;
+    if (old) {
+      URL.revokeObjectURL(old);
+      card.urls = card.urls.filter((kept) => kept !== old);
+    }
+  } catch (error) {
+    if (!(error instanceof AuthError)) card.previewStep = null; // a later event tries again
+  }
+}
+
+// Without a key the video streams from its URL; with one it is fetched with the header into a blob: URL.
+async function showVideo(card, job) {
+  if (card.videoShown) return;
+  card.videoShown = true;
+  try {
+    const url = apiKey() ? await blobUrl(card, job.video_url) : job.video_url;
+    if (card.preview.src) card.video.poster = card.preview.src;
+    card.video.src = url;
+    card.download.href = url;
+    card.video.hidden = card.download.hidden = false;
+    card.preview.hidden = true;
+  } catch (error) {
+    card.videoShown = false;
+    if (!(error instanceof AuthError)) showError(card, `Cannot load the video: ${error.message}`);
+  }
+}
+
+async function cancel(card) {
+  card.cancel.disabled = true;
+  try {
+    const response = await api(`/jobs/${card.id}`, { method: "DELETE" });
+    if (response.ok) update(card, await response.json());
+    else showError(card, `Not cancelled: ${await errorText(response)}`);
+  } catch (error) {
+    if (!(error instanceof AuthError)) showError(card, `Not cancelled: ${error.message}`);
+  } finally {
+    card.cancel.disabled = false;
+  }
+}
+
+// Server-Sent Events read with fetch (EventSource cannot send the key): `progress` and `done` carry the job,
+// `preview` the step and URL of a newer preview. A dropped stream is opened again while the job runs.
+async function follow(card) {
+  const controller = new AbortController();
+  card.stream = controller;
+  try {
+    const response = await api(`/jobs/${card.id}/events`, { signal: controller.signal });
+    if (!response.ok) throw new Error(await errorText(response));
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += value.replace(/\r\n?/g, "\n");
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        handleEvent(card, buffer.slice(0, end));
+        buffer = buffer.slice(end + 2);
+      }
+    }
+  } catch (error) {
+    if (error.name === "AbortError" || error instanceof AuthError) return;
+    card.state.textContent = `Lost the job's updates (${error.message}); retrying…`;
+  } finally {
+    if (card.stream === controller) card.stream = null;
+  }
+  if (!card.dropped && !TERMINAL.has(card.status)) setTimeout(() => card.stream || follow(card), 1000);
+}
+
+function handleEvent(card, block) {
+  let name = "message";
+  const data = [];
+  for (const line of block.split("\n")) {
+    if (line.startsWith("event:")) name = line.slice(6).trim();
+    else if (line.startsWith("data:")) data.push(line.slice(5).trimStart());
+  }
+  if (!data.length) return;
+  const payload = JSON.parse(data.join("\n"));
+  if (name === "preview") showPreview(card, payload.step, payload.url);
+  else if (name === "progress" || name === "done") update(card, payload);
+}
+
+function start() {
+  loadLimits();
+  showPage(0);
+}
+
+start();

@@ -1,0 +1,207 @@
+"""The web page (`GET /`) in a real browser: Playwright driving Debian's Chromium (/usr/bin/chromium, never
+a downloaded one) against real `ithaca serve` processes running the TRAINED TINY MODEL: one worker group (1
+rank) under a server with an API key, and a second API process without a key attached to the same store.
+Without a key: submit from the page, the progress bar moves, a preview shows, the finished MP4 plays from its
+URL. With one: the page asks for the key, the same flow works through blob: URLs, and a running job is
+cancelled. Screenshots go to pytest's tmp_path."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from server.app import create_app
+from server.config import ServeConfig
+from tests.server_process import ServerProcess
+
+playwright = pytest.importorskip("playwright.sync_api")
+CHROMIUM = "/usr/bin/chromium"
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian's chromium is not installed")
+KEY = "web-page-key"
+WAIT_MS = 30_000  # every browser wait (a tiny job takes a few seconds on 2 busy cores)
+
+# Records every aria-valuenow a progress bar takes and every preview that rendered, from before the submit.
+RECORDER = """() => {
+    window.seen = {progress: [], previews: []};
+    new MutationObserver((changes) => {
+        for (const c of changes) window.seen.progress.push(Number(c.target.getAttribute("aria-valuenow")));
+    }).observe(document.getElementById("jobs"), {subtree: true, attributeFilter: ["aria-valuenow"]});
+    document.addEventListener("load", (e) => {  // load does not bubble: caught on its way down
+        if (e.target.matches?.("img.preview")) window.seen.previews.push(e.target.naturalWidth);
+    }, true);
+}"""
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """(open, keyed): one tiny-model worker group under a server with an API key, and a second API process
+    without a key attached to the same store (--no-workers), so both ways the page works cost one group."""
+    data = tmp_path_factory.mktemp("web")
+    keyed = ServerProcess(data, "--nproc", "1", api_key=KEY)
+    opened = ServerProcess(data, "--no-workers", "--instance", "web-open")
+    try:
+        keyed.wait()
+        opened.wait()
+        yield opened, keyed
+    finally:
+        opened.stop()
+        keyed.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 960, "height": 720})
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    yield page
+    context.close()
+
+
+def _submit(page, prompt: str, **fields) -> None:
+    page.get_by_label("Prompt", exact=True).fill(prompt)
+    for label, value in fields.items():
+        page.get_by_label(label, exact=True).fill(str(value))
+    page.get_by_role("button", name="Generate").click()
+    page.locator("li.job", has_text=prompt).wait_for()
+
+
+def _watch_to_the_video(page, prompt: str, shot) -> dict:
+    """Waits for the job's MP4 to play in its <video>; returns what the page went through."""
+    card = page.locator("li.job", has_text=prompt).first
+    video = card.locator("video")
+    video.wait_for(state="visible")
+    duration = video.evaluate(
+        "v => v.duration > 0 ? v.duration : new Promise((ok, fail) => {"
+        " v.addEventListener('loadedmetadata', () => ok(v.duration)); v.addEventListener('error', () =>"
+        " fail(new Error('cannot play: ' + (v.error && v.error.message))))})"
+    )
+    assert duration > 0
+    played = video.evaluate(
+        "v => { v.muted = true; return v.play().then(() => new Promise((ok) => {"
+        " const check = () => v.currentTime > 0 && ok(v.currentTime);"
+        " v.addEventListener('timeupdate', check); v.addEventListener('ended', check); })) }"
+    )
+    assert played > 0
+    video.evaluate(  # a frame from the middle, for the screenshot
+        "v => { v.pause(); v.currentTime = v.duration / 2;"
+        " return new Promise((ok) => v.addEventListener('seeked', ok, {once: true})) }"
+    )
+    bar = card.get_by_role("progressbar")
+    assert bar.get_attribute("aria-valuenow") == "100"
+    assert card.get_by_role("link", name="Download MP4").get_attribute("href")
+    assert not card.get_by_role("button", name="Cancel").is_visible()
+    page.screenshot(path=shot, full_page=True)
+    return page.evaluate("window.seen") | {"duration": duration}
+
+
+def test_generate_on_the_tiny_model(servers, page, tmp_path):
+    opened, _ = servers
+    page.goto(opened.url)
+    page.wait_for_function("() => !document.getElementById('generate').disabled")
+    limits = opened.client.get("/limits").json()
+    assert limits["model"] == "tiny" and limits["defaults"]["num_frames"] == 17
+    steps = page.get_by_label("Steps", exact=True)
+    spec = limits["limits"]["num_inference_steps"]
+    assert (steps.get_attribute("min"), steps.get_attribute("max")) == (str(spec["min"]), str(spec["max"]))
+    frames = page.get_by_label("Frames", exact=True)
+    assert frames.input_value() == "17" and frames.get_attribute("step") == "4"
+    assert page.get_by_label("First frame image").is_hidden()  # a text-to-video model
+    page.evaluate(RECORDER)
+    # enough steps (the tiny model's are ~0.1 s) that the bar is seen between 0 and 100
+    _submit(page, "a red circle moving right", Steps=24, Seed=3)
+    shot = tmp_path / "tiny.png"
+    seen = _watch_to_the_video(page, "a red circle moving right", shot)
+    if os.environ.get("ITHACA_WEB_SCREENSHOT"):  # how docs/web-page.png is made: 64 colours keep it small
+        Image.open(shot).convert("RGB").quantize(64).save(os.environ["ITHACA_WEB_SCREENSHOT"], optimize=True)
+    assert any(0 < v < 100 for v in seen["progress"]) and seen["progress"][-1] == 100, seen
+    assert seen["previews"] and all(w > 0 for w in seen["previews"]), seen
+    timings = opened.client.get("/jobs", params={"limit": 1}).json()["data"][0]["timings"]
+    print(f"progress {seen['progress']}, previews {seen['previews']}, {seen['duration']:.2f} s of video")
+    print(f"job timings {timings}")
+
+
+def test_errors_in_words_and_a_phone_sized_window(servers, browser, tmp_path):
+    opened, _ = servers
+    context = browser.new_context(viewport={"width": 375, "height": 740}, is_mobile=True)
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    try:
+        page.goto(opened.url)
+        page.wait_for_function("() => !document.getElementById('generate').disabled")
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+        # keyboard only: type the prompt, Tab to Generate, Enter; a prompt of blanks comes back in words
+        page.get_by_label("Prompt", exact=True).focus()
+        page.keyboard.type("   ")
+        for _ in range(12):
+            page.keyboard.press("Tab")
+            if page.evaluate("document.activeElement.id") == "generate":
+                break
+        page.keyboard.press("Enter")
+        page.get_by_text("Not queued: prompt: ").wait_for()
+        assert "must not be empty or blank" in page.locator("#form-status").inner_text()
+        page.screenshot(path=tmp_path / "phone.png", full_page=True)
+    finally:
+        context.close()
+
+
+def test_the_page_asks_for_the_key_and_cancels(servers, page, tmp_path):
+    _, keyed = servers
+    assert httpx.get(f"{keyed.url}/limits").status_code == 401  # the API stays closed without the key
+    page.goto(keyed.url)
+    key = page.get_by_label("API key")
+    key.wait_for()
+    assert page.get_by_role("button", name="Generate").is_disabled()
+    key.fill("wrong")
+    key.press("Enter")
+    page.get_by_text("The server refused that key").wait_for()
+    key.fill(KEY)
+    page.get_by_role("button", name="Use key").click()
+    page.wait_for_function("() => !document.getElementById('generate').disabled")
+    assert page.evaluate("sessionStorage.getItem('ithaca-api-key')") == KEY
+
+    page.evaluate(RECORDER)
+    _submit(page, "a blue square moving up", Steps=16)
+    seen = _watch_to_the_video(page, "a blue square moving up", tmp_path / "keyed.png")
+    assert any(0 < v < 100 for v in seen["progress"]) and seen["previews"], seen
+    assert page.locator("li.job video").first.evaluate("v => v.src.startsWith('blob:')")
+
+    _submit(page, "a fox to cancel", Frames=33, Width=128, Height=128, Steps=50)
+    card = page.locator("li.job", has_text="a fox to cancel")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('li.job')].some(li => li.textContent.includes('a fox to cancel')"
+        " && Number(li.querySelector('[role=progressbar]').getAttribute('aria-valuenow')) > 0)"
+    )
+    card.get_by_role("button", name="Cancel").click()
+    card.get_by_text("Cancelled: no video was made.").wait_for()
+    assert card.get_by_role("progressbar").get_attribute("aria-valuenow") != "100"
+    assert card.locator("video").is_hidden()
+    jobs = keyed.client.get("/jobs", params={"limit": 1}).json()["data"]
+    assert jobs[0]["request"]["prompt"] == "a fox to cancel" and jobs[0]["status"] == "cancelled"
+    page.screenshot(path=tmp_path / "cancelled.png")
+
+
+def test_the_page_is_public_and_limits_wait_for_a_worker(tmp_path):
+    app = create_app(ServeConfig(workers=False, data_dir=str(tmp_path), api_key=KEY))
+    with TestClient(app) as client:
+        page = client.get("/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert "default-src 'self'" in page.headers["content-security-policy"]
+        assert client.head("/").status_code == 200
+        for path, kind in (("/web/app.js", "text/javascript"), ("/web/style.css", "text/css")):
+            assert client.get(path).headers["content-type"].startswith(kind)
+        assert client.get("/web/missing.js").status_code == 401  # only the page's files are public
+        assert client.get("/limits").status_code == 401
+        r = client.get("/limits", headers={"Authorization": f"Bearer {KEY}"})
+        assert r.status_code == 503 and r.headers["retry-after"] == "2"  # no worker has published yet
