@@ -23,6 +23,7 @@ from diffusers import SchedulerMixin
 import dit
 import parallel
 from dit.cache import CacheConfig, Evaluations, StepCache, real_tokens
+from dit.checkpoint import Checkpointing, DenoiseState
 from dit.compile import compile_blocks
 from dit.experts import HostOffload, boundary_ratio, second_source
 from dit.families import TINY_LIMITS, Limits, PipelineFamily, pick_scheduler, pipeline_family
@@ -242,11 +243,15 @@ class Pipeline:
         callback: Callback | None = None,
         on_phase: PhaseCallback | None = None,
         on_preview: PreviewCallback | None = None,
+        resume: DenoiseState | None = None,
+        checkpoints: Checkpointing | None = None,
     ) -> torch.Tensor:
         """Final latents (float32, the same on every rank). Raises GenerationCancelled on every rank.
         `on_phase(name)` hears "encoding" and "denoising" as each begins. `on_preview(step, image)` hears, on
         the replica leader only, a uint8 RGB `[H, W, 3]` preview of the video's middle frame (at most
-        dit.preview.MAX_SIDE on its long side) every `config.preview_every` steps and after the last."""
+        dit.preview.MAX_SIDE on its long side) every `config.preview_every` steps and after the last.
+        `resume` (every rank) goes on from a checkpoint of this request; `checkpoints` (the leader only)
+        hears the state every few steps (dit.checkpoint)."""
         req = self.validate(req)
         _enter(on_phase, "encoding")
         cond, uncond = self.conditioning(req)
@@ -272,6 +277,8 @@ class Pipeline:
             second=self.second_expert(req),
             evaluations=counted,
             on_x0=self.preview_hook(req.num_inference_steps, cond, on_preview),
+            resume=resume,
+            checkpoints=checkpoints,
         )
         self.evaluations = cache.stats if cache is not None else counted
         if "first_frame" in cond:  # as diffusers' expand_timesteps: the given frame, not the one sampled
@@ -367,11 +374,13 @@ class Pipeline:
         callback: Callback | None = None,
         on_phase: PhaseCallback | None = None,
         on_preview: PreviewCallback | None = None,
+        resume: DenoiseState | None = None,
+        checkpoints: Checkpointing | None = None,
     ) -> np.ndarray | None:
         """Frames on the replica leader, None on the other ranks. `on_phase(name)` hears "encoding",
-        "denoising" and "decoding" as each begins, so a server can show where a job is; `on_preview` as in
-        `denoise`."""
-        latents = self.denoise(req, callback, on_phase, on_preview)
+        "denoising" and "decoding" as each begins, so a server can show where a job is; `on_preview`,
+        `resume` and `checkpoints` as in `denoise`."""
+        latents = self.denoise(req, callback, on_phase, on_preview, resume, checkpoints)
         _enter(on_phase, "decoding")
         return self.decode(latents)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from itertools import pairwise
 
 import torch
@@ -13,6 +14,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler, SchedulerMixin, UniPCMult
 
 import parallel
 from dit.cache import Evaluations, StepCache, attached, real_tokens
+from dit.checkpoint import Checkpointing, DenoiseState, capture, restore
 
 # The schedulers Ithaca samples with, by their `--sampler` name; a pipeline folder's `scheduler/` must be one
 # of these classes.
@@ -185,6 +187,8 @@ def denoise(
     second: SecondExpert | None = None,
     evaluations: Evaluations | None = None,
     on_x0: Callable[[int, torch.Tensor], None] | None = None,
+    resume: DenoiseState | None = None,
+    checkpoints: Checkpointing | None = None,
 ) -> torch.Tensor:
     """Run `steps` denoising steps from `latents` (float32) and return the final latents (float32, the same on
     every rank). The model sees its own dtype; the scheduler works in float32. A renoise scheduler draws its
@@ -195,7 +199,9 @@ def denoise(
     the current estimate of the clean latents after each step (1-based; the caller passes it on the ranks that
     want it: it runs no collective): every sampler here predicts a flow-matching velocity v, so
     x0 = x_t − σ_t · v, as diffusers' stochastic flow-match Euler computes it. It reads, never changes, the
-    latents."""
+    latents. `resume` (dit.checkpoint, on every rank) goes on from a checkpoint's step: its latents, scheduler
+    and generator state replace `latents` and the generator's; `checkpoints` (the replica leader's) hears
+    the state every `checkpoints.every` steps."""
     dtype = next(model.parameters()).dtype
     if sigmas is None:
         scheduler.set_timesteps(steps, device=latents.device)
@@ -206,9 +212,15 @@ def denoise(
     # repeats a timestep (UniPC's integer ones start 999, 999), and a lookup by value takes the second match.
     if hasattr(scheduler, "set_begin_index"):
         scheduler.set_begin_index(0)
+    counts = cache.stats if cache is not None else evaluations
+    start = 0 if resume is None else resume.step
+    if resume is not None:
+        latents = restore(resume, scheduler, generator, counts, latents.device)
     running = None
     with attached(model, cache), attached(second.model if second else None, cache):
         for i, t in enumerate(scheduler.timesteps):
+            if i < start:
+                continue
             expert, g = (
                 (model, guidance)
                 if second is None or t >= second.boundary
@@ -229,6 +241,8 @@ def denoise(
             latents = scheduler.step(noise, t, latents, return_dict=False, **noise_source)[0]
             if on_x0 is not None:
                 on_x0(i + 1, x0)
+            if checkpoints is not None and checkpoints.due(i + 1, steps):
+                checkpoints.take(partial(capture, i + 1, latents, scheduler, generator, counts))
             if not should_continue(callback, i + 1, steps, mesh):
                 raise GenerationCancelled(i + 1, steps)
     return latents

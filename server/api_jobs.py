@@ -164,6 +164,7 @@ def job_view(services: Services, job: Job) -> dict:
         "finished_at": job.finished_at,
         "timings": job.timings,
         "attempts": job.attempts,
+        "resumed_from_step": job.resumed_from_step,
         "worker": job.worker,
         "cancel_requested": job.cancel_requested,
         "error": job.error,

@@ -26,6 +26,12 @@ def _loras(text: str) -> tuple[tuple[str, float], ...]:
     return parse_specs(text)
 
 
+def _checkpoint_every(text: str) -> str:
+    if text not in ("auto", "off") and not (text.isdigit() and int(text) > 0):
+        raise ValueError(f"must be auto, off or a number of steps, not {text!r}")
+    return text
+
+
 def _cache(text: str) -> str:
     from dit.cache import CacheConfig
 
@@ -102,7 +108,16 @@ class ServeConfig:
     workers: bool = _opt(
         True, "start and supervise the worker group (--no-workers: attach to one started apart)"
     )
-    max_attempts: int = _opt(2, "runs a job interrupted by a restart may get before it is failed")
+    max_attempts: int = _opt(
+        2, "runs a job interrupted by a crash or a restart may get before it is failed (each resumes)"
+    )
+    checkpoint_every: str = _opt(
+        "auto",
+        "save a running job's denoising state every N steps, so an interrupted job resumes from it; auto: "
+        "as often as keeps the saving under 1 % of the job's time (measured per save); off",
+        worker=True,
+        parse=_checkpoint_every,
+    )
     restart_budget: int = _opt(3, "consecutive worker-group failures before the server exits")
     orphan_timeout: float = _opt(
         60.0, "seconds without a worker heartbeat before its running job is re-queued (any server's)"
@@ -121,6 +136,12 @@ class ServeConfig:
     @property
     def loras(self) -> tuple[tuple[str, float], ...]:
         return _loras(self.lora) if self.lora else ()
+
+    @property
+    def checkpoint_steps(self) -> int | None:
+        """Steps between checkpoints: None off, 0 auto (dit.checkpoint.Checkpointing)."""
+        every = self.checkpoint_every
+        return None if every == "off" else 0 if every == "auto" else int(every)
 
     @property
     def image_limits(self) -> ImageLimits:

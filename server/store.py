@@ -83,6 +83,7 @@ _ADDED_COLUMNS = {
     "request_hash": "TEXT",
     **dict.fromkeys(PHASE_TIMINGS, "REAL"),
     "preview_step": "INTEGER",  # the step of the latest live preview (videos.preview_path); null: none yet
+    "resumed_from_step": "INTEGER",  # the checkpoint's step this run went on from; null: from the start
 }
 
 
@@ -108,6 +109,7 @@ class Job:
     error: str | None = None
     phase: str = "queued"
     preview_step: int | None = None
+    resumed_from_step: int | None = None
 
     @property
     def terminal(self) -> bool:
@@ -139,6 +141,7 @@ def _job(row: sqlite3.Row | None) -> Job | None:
         error=row["error"],
         phase=row["phase"],
         preview_step=row["preview_step"],
+        resumed_from_step=row["resumed_from_step"],
     )
 
 
@@ -302,7 +305,8 @@ class JobStore:
         with self._write() as db:
             row = db.execute(
                 "UPDATE jobs SET status = 'in_progress', started_at = ?, worker = ?, instance = ?, "
-                "attempts = attempts + 1, step = 0, progress = 0, phase = 'encoding' "
+                "attempts = attempts + 1, step = 0, progress = 0, phase = 'encoding', "
+                "resumed_from_step = NULL "
                 "WHERE seq = (SELECT seq FROM jobs WHERE status = 'queued' ORDER BY seq LIMIT 1) "
                 "AND status = 'queued' RETURNING *",
                 (time.time(), worker, instance),
@@ -323,6 +327,15 @@ class JobStore:
                 (step, total_steps, DENOISED * step // max(total_steps, 1), job_id, worker),
             ).fetchone()
         return row is None or bool(row[0])
+
+    def set_resumed(self, job_id: str, worker: str, step: int, total_steps: int) -> None:
+        """Record that this run of a claimed job goes on from a checkpoint after `step` steps."""
+        with self._write() as db:
+            db.execute(
+                "UPDATE jobs SET resumed_from_step = ?1, step = ?1, total_steps = ?2, progress = ?3 "
+                "WHERE id = ?4 AND worker = ?5 AND status = 'in_progress'",
+                (step, total_steps, DENOISED * step // max(total_steps, 1), job_id, worker),
+            )
 
     def set_preview(self, job_id: str, worker: str, step: int) -> bool:
         """Record that the preview of a running job after `step` is in place; False when the job is no
@@ -405,13 +418,15 @@ class JobStore:
         ).fetchall()
         return [_job(r) for r in rows]
 
-    def requeue_or_fail(self, job: Job, *, max_attempts: int, reason: str) -> None:
-        """Give an interrupted job another run, or fail it once it has used up its attempts."""
+    def requeue_or_fail(self, job: Job, *, max_attempts: int, reason: str) -> Job | None:
+        """Give an interrupted job another run, or fail it once it has used up its attempts; returns it as it
+        now is (None: it was no longer running)."""
         with self._write() as db:
             if job.attempts < max_attempts:
                 row = db.execute(
                     "UPDATE jobs SET status = 'queued', worker = NULL, started_at = NULL, step = 0, "
-                    f"progress = 0, phase = 'queued', preview_step = NULL, {_CLEAR_TIMINGS} "
+                    "progress = 0, phase = 'queued', preview_step = NULL, resumed_from_step = NULL, "
+                    f"{_CLEAR_TIMINGS} "
                     "WHERE id = ? AND status = 'in_progress' RETURNING *",
                     (job.id,),
                 ).fetchone()
@@ -421,7 +436,7 @@ class JobStore:
                     "WHERE id = ? AND status = 'in_progress' RETURNING *",
                     (time.time(), f"{reason} (after {job.attempts} attempts)", job.id),
                 ).fetchone()
-        _log_change(_job(row), reason)
+        return _log_change(_job(row), reason)
 
     # -- workers, counters, flags ----------------------------------------------------------------------------
 

@@ -5,8 +5,9 @@
   reset finds every rank by that id, as torchrun puts each rank in a session of its own).
 - torchrun dies with the API process (parent-death signal, bound to the supervisor thread, which therefore
   lives as long as the group) and every rank with torchrun, so no group outlives its server.
-- A group that exits (a rank killed, a crash, a reset) fails the jobs it was running with the exit code in
-  the error, is forgotten in the store, and is started again. Restarts are counted; `restart_budget` groups
+- A group that exits (a rank killed, a crash, a reset) has the jobs it was running re-queued (they resume
+  from their checkpoints) or, past `max_attempts`, failed with its exit code and first error; it is
+  forgotten in the store and started again. Restarts are counted; `restart_budget` groups
   in a row that die before they were ever ready mean the failure is fatal: `on_fatal` ends the server so the
   container's restart policy applies, and `fatal` quotes the first error a rank of the last group recorded.
 - A job past `job_timeout` is failed and the group is killed and restarted (a hung collective cannot be
@@ -31,6 +32,7 @@ import threading
 import time
 import uuid
 
+from server import videos
 from server.config import ServeConfig
 from server.lifetime import die_with_parent
 from server.store import JobStore, StoreBusy
@@ -80,11 +82,7 @@ class Supervisor:
         for group in {w["group_id"] for w in self.store.workers(instance=self.config.instance)}:
             self.store.request_drain(group)  # a killed server's group must not claim beside ours
         for job in self.store.in_progress(instance=self.config.instance):
-            self.store.requeue_or_fail(
-                job,
-                max_attempts=self.config.max_attempts,
-                reason="interrupted when the server stopped while it ran",
-            )
+            self._requeue(job, "interrupted when the server stopped while it ran")
         self._thread.start()
 
     def ready(self) -> bool:
@@ -147,17 +145,12 @@ class Supervisor:
                 self._proc.wait()  # `stop` ends the group; torchrun would die with this thread
                 return
             code = self._proc.wait()
+            error = self.store.group_error(self.group_id)
             for job in self.store.in_progress(worker_prefix=self._worker_prefix()):
-                self.store.finish(
-                    job.id,
-                    None,
-                    "failed",
-                    error=f"the worker group exited (code {code}) while running "
-                    "this job; the group was restarted",
-                )
+                self._requeue(job, f"the worker group exited (code {code}) while running it"
+                              + (f": {error}" if error else ""))  # fmt: skip
             self.restarts += 1
             failures_in_a_row += 0 if was_ready else 1
-            error = self.store.group_error(self.group_id)
             self.store.forget_group(self.group_id)
             log.error(
                 "worker group %s exited with code %s (restart %d)%s",
@@ -185,11 +178,13 @@ class Supervisor:
             log.warning(
                 "job %s: its worker %s sent no heartbeat for %g s; re-queueing", job.id, job.worker, stale
             )
-            self.store.requeue_or_fail(
-                job,
-                max_attempts=self.config.max_attempts,
-                reason=f"its worker {job.worker} stopped answering (no heartbeat for {stale:g} s)",
-            )
+            self._requeue(job, f"its worker {job.worker} stopped answering (no heartbeat for {stale:g} s)")
+
+    def _requeue(self, job, reason: str) -> None:
+        """Re-queue an interrupted job, or fail it past its attempts: then its checkpoint goes too."""
+        after = self.store.requeue_or_fail(job, max_attempts=self.config.max_attempts, reason=reason)
+        if after is not None and after.terminal:
+            videos.remove_checkpoint(self.config.videos_dir, job.id)
 
     def _enforce_time_limit(self) -> None:
         now = time.time()
@@ -202,6 +197,7 @@ class Supervisor:
                     error=f"exceeded the time limit of {self.config.job_timeout:g} s; "
                     "the worker group was reset",
                 )
+                videos.remove_checkpoint(self.config.videos_dir, job.id)
                 log.error("job %s exceeded the time limit; resetting the worker group", job.id)
                 self._kill_group()
 
@@ -224,8 +220,6 @@ class Supervisor:
                     proc.wait()
         if self.group_id is not None:
             for job in self.store.in_progress(worker_prefix=self._worker_prefix()):
-                self.store.requeue_or_fail(
-                    job, max_attempts=self.config.max_attempts, reason="interrupted by a server shutdown"
-                )
+                self._requeue(job, "interrupted by a server shutdown")
         if self._thread.is_alive():
             self._thread.join(timeout=5)

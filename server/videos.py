@@ -12,6 +12,10 @@ In its `previews/` folder the latest live preview of each job, `<job id>.webp` (
 leader replaces every few steps, written then renamed), kept after the job ends as a thumbnail of its
 result. It goes with the job on delete; `sweep` removes those of deleted jobs, and those of jobs the store
 does not know unless the store holds no jobs at all (a lost store: they are left with the videos).
+
+In its `checkpoints/` folder the latest denoising checkpoint of each running job, `<job id>.pt`
+(dit.checkpoint: written then renamed by the worker's leader every few steps), read when an interrupted job
+runs again and removed when the job ends; `sweep` removes those of jobs that are over or unknown.
 """
 
 from __future__ import annotations
@@ -63,6 +67,14 @@ def remove_preview(videos_dir: str, job_id: str) -> None:
     _remove(preview_path(videos_dir, job_id))
 
 
+def checkpoint_path(videos_dir: str, job_id: str) -> str:
+    return os.path.join(videos_dir, "checkpoints", f"{job_id}.pt")
+
+
+def remove_checkpoint(videos_dir: str, job_id: str) -> None:
+    _remove(checkpoint_path(videos_dir, job_id))
+
+
 def _write_atomic(path: str, tmp: str, data: bytes) -> None:
     """`data` into `path` through `tmp` and a rename, so no reader ever sees part of it."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -90,20 +102,28 @@ def _unreachable_preview(name: str, job: Job) -> bool:
     return job.deleted
 
 
+def _unreachable_checkpoint(name: str, job: Job) -> bool:
+    return job.terminal  # a queued one is a re-queued job's, to resume from
+
+
 def sweep(store: JobStore, videos_dir: str) -> list[str]:
-    """Remove unreachable MP4s, input images and previews; returns the names removed. Logs a warning for
-    MP4s and input images of unknown jobs."""
+    """Remove unreachable MP4s, input images, previews and checkpoints; returns the names removed. Logs a
+    warning for MP4s and input images of unknown jobs."""
+    known = not store.is_empty()
     return (
         _sweep(store, videos_dir, ".mp4", "MP4(s)", _unreachable_video)
         + _sweep(store, os.path.join(videos_dir, "inputs"), ".png", "input image(s)", _unreachable_input)
         + _sweep(
+            store, os.path.join(videos_dir, "previews"), ".webp", "preview(s)", _unreachable_preview, known
+        )
+        + _sweep(
             store,
-            os.path.join(videos_dir, "previews"),
-            ".webp",
-            "preview(s)",
-            _unreachable_preview,
-            drop_unknown=not store.is_empty(),
-        )  # fmt: skip
+            os.path.join(videos_dir, "checkpoints"),
+            ".pt",
+            "checkpoint(s)",
+            _unreachable_checkpoint,
+            known,
+        )
     )
 
 

@@ -15,9 +15,15 @@ records its step, so a step never waits on it; a newer image replaces one not ye
 that fails is logged and left out. Before every claim the leader checks that its server is alive and has
 not asked it to drain (store flag or SIGTERM): otherwise it sends "stop" and the group exits, leaving queued
 jobs for the next group. Every rank dies with torchrun (parent-death signal). Any failure other than a
-cancel leaves the group's state unknown: the leader fails the job and every rank exits non-zero, so torchrun
-ends the group and the supervisor starts a fresh one; the first rank to fail records its error in the store
-for the supervisor's log.
+cancel leaves the group's state unknown: every rank exits non-zero, so torchrun ends the group, and the
+supervisor re-queues the job (up to --max-attempts) and starts a fresh group; the first rank to fail records
+its error in the store for the supervisor's log and the job's final error.
+
+Every `--checkpoint-every` steps the leader hands the sampler's state to another thread
+(`server.writers.CheckpointWriter`), which saves it beside the job; when it claims a job that has a
+checkpoint made for the same model, settings, layout and request, the replica goes on from it (the job
+records `resumed_from_step`), and one made for anything else is ignored with a log line. The checkpoint goes
+when the job ends.
 """
 
 from __future__ import annotations
@@ -25,7 +31,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import io
 import logging
 import os
 import signal
@@ -36,9 +41,9 @@ import traceback
 import uuid
 
 import numpy as np
-from PIL import Image
 
 import parallel
+from dit.checkpoint import Checkpointing, DenoiseState, load_file
 from dit.image import fit, read
 from dit.video import write_mp4
 from server import limits as limits_mod
@@ -46,12 +51,15 @@ from server import logs, metrics, videos
 from server.config import ServeConfig, add_arguments, from_args
 from server.lifetime import die_with_parent
 from server.store import Job, JobStore
+from server.writers import CheckpointWriter, PreviewWriter
 
 HEARTBEAT_S = 1.0
 KEEPALIVE_S = 5.0
 STOP_CHECK_S = 0.25
-PREVIEW_QUALITY = 70  # WebP: a 256-px preview of pure noise (the worst case) is about 40 KB
-PREVIEW_FLUSH_S = 5.0  # at most this long, at the end of a job, for its last preview to be written
+FLUSH_S = 5.0  # at most this long, at the end of a job, for its last preview or checkpoint to be written
+# The settings that change a job's numbers: a checkpoint made under others is not resumed.
+NUMERIC_SETTINGS = ("device", "dtype", "comm", "attn_backend", "text_encoder_device", "compile", "sampler",
+                    "flow_shift", "timesteps", "loras", "cache")  # fmt: skip
 log = logging.getLogger("ithaca.worker")
 
 
@@ -64,9 +72,9 @@ class Worker:
         self.supervisor_pid = int(os.environ.get("ITHACA_SUPERVISOR_PID", "0"))
         self.state, self.job_id = "ready", None
         self.store = JobStore(config.db_path) if mesh.is_replica_leader else None
-        self.previews = (
-            None if self.store is None else PreviewWriter(self.store, config.videos_dir, self.name)
-        )
+        leader = self.store is not None
+        self.previews = PreviewWriter(self.store, config.videos_dir, self.name) if leader else None
+        self.checkpoints = CheckpointWriter(config.videos_dir) if leader else None
         described = limits_mod.describe(pipe.limits, config.image_limits)
         self.info = {
             "limits": described,
@@ -107,7 +115,8 @@ class Worker:
                 job = self.store.claim(self.name, self.config.instance)
                 spec = job and self._validated(job)
                 if spec:
-                    return {"id": job.id, "spec": spec}
+                    key = self._checkpoint_key(job, spec)
+                    return {"id": job.id, "spec": spec, "key": key, "resume": self._resume(job, spec, key)}
             elif now - last_check > STOP_CHECK_S:  # idle: stop soon, without a second read every poll
                 last_check = now
                 if self._should_stop():
@@ -140,6 +149,28 @@ class Worker:
         self.store.set_spec(job.id, spec)
         return spec if image is None else spec | {"image": image}
 
+    def _checkpoint_key(self, job: Job, spec: dict) -> dict:
+        """What a checkpoint must have been made for: the model and the settings that change its numbers,
+        the replica's layout and the validated request (its image as described: the job's own file)."""
+        config, mesh = self.config, self.mesh
+        request = spec | {"image": job.spec["image"]} if "image" in spec else spec
+        return {
+            "model": config.model,
+            "settings": {name: getattr(config, name) for name in NUMERIC_SETTINGS},
+            "layout": {"ulysses": mesh.ulysses_size, "ring": mesh.ring_size, "cfg": mesh.cfg_size},
+            "request": request,
+        }
+
+    def _resume(self, job: Job, spec: dict, key: dict) -> DenoiseState | None:
+        """The job's checkpoint, when it has one made under `key`; it is recorded on the job."""
+        state, why = load_file(videos.checkpoint_path(self.config.videos_dir, job.id), key)
+        if why is not None:
+            log.warning("job %s: its checkpoint is ignored, starting from the first step: %s", job.id, why)
+        elif state is not None:
+            log.info("job %s resumes after step %d (attempt %d)", job.id, state.step, job.attempts)
+            self.store.set_resumed(job.id, self.name, state.step, spec["num_inference_steps"])
+        return state
+
     def _drop_files(self, job_id: str, image: bool) -> None:
         """Remove a deleted job's input image once it is over (the API leaves it while the job runs), and
         any preview written after the API removed it."""
@@ -159,14 +190,14 @@ class Worker:
             if message == "stop":
                 break
             if message is not None:
-                self._run_job(message["id"], message["spec"])
+                self._run_job(message["id"], message["spec"], message["key"], message["resume"])
                 if self.store is not None:
                     self._drop_files(message["id"], "image" in message["spec"])
         self.state = "stopped"
         if self.store is not None:
             self._beat()
 
-    def _run_job(self, job_id: str, spec: dict) -> None:
+    def _run_job(self, job_id: str, spec: dict, key: dict, resume: DenoiseState | None) -> None:
         leader = self.store is not None
         self.job_id, self.state = job_id, "busy"
         step_times: list[float] = []
@@ -189,6 +220,14 @@ class Worker:
         def on_preview(step: int, image: np.ndarray) -> None:
             self.previews.submit(job_id, step, image)
 
+        every, checkpoints = self.config.checkpoint_steps, None
+        if leader and every is not None:
+            checkpoints = Checkpointing(
+                every,
+                lambda state: self.checkpoints.submit(job_id, state.step, (state, key)),
+                write_cost=lambda: self.checkpoints.write_s,  # the last one, this job's or an earlier one's
+            )
+
         start = time.perf_counter()
         try:
             frames = self.pipe.generate(
@@ -196,10 +235,12 @@ class Worker:
                 callback if leader else None,
                 on_phase,
                 on_preview=on_preview if leader else None,
+                resume=resume,
+                checkpoints=checkpoints,
             )
         except self.module.GenerationCancelled:
             if leader:
-                self.previews.flush(PREVIEW_FLUSH_S)
+                self._flush(job_id)
                 self.store.finish(
                     job_id,
                     self.name,
@@ -209,23 +250,21 @@ class Worker:
                 )
             self.job_id, self.state = None, "ready"
             return
-        except Exception as e:
-            if leader:
-                self.previews.flush(PREVIEW_FLUSH_S)
-                self.store.finish(
-                    job_id,
-                    self.name,
-                    "failed",
-                    error=f"generation failed, the worker group was restarted: {type(e).__name__}: {e}"[
-                        :2000
-                    ],
-                    timings=_timings(start, step_times, phases),
-                )
+        except Exception:
+            if leader:  # the job stays in progress: the supervisor re-queues it once the group is gone
+                self.previews.flush(FLUSH_S)
+                self.checkpoints.flush(FLUSH_S)  # the last one, to resume from
             raise
         if leader:
-            self.previews.flush(PREVIEW_FLUSH_S)  # the last step's preview is the finished job's thumbnail
+            self._flush(job_id)  # the last step's preview is the finished job's thumbnail
             self._complete(job_id, spec, frames, start, step_times, phases)
         self.job_id, self.state = None, "ready"
+
+    def _flush(self, job_id: str) -> None:
+        """The job is over: its last preview in place, its checkpoint gone (once no write of it is left)."""
+        self.previews.flush(FLUSH_S)
+        self.checkpoints.flush(FLUSH_S)
+        videos.remove_checkpoint(self.config.videos_dir, job_id)
 
     def _complete(self, job_id, spec, frames, start, step_times, phases) -> None:
         """Write the MP4 unless the job was cancelled after its last step, then complete it. The file is
@@ -257,58 +296,6 @@ class Worker:
                     step_times, job.finished_at - job.started_at, phases.seconds, evaluations
                 )
             )
-
-
-class PreviewWriter:
-    """The leader's preview thread: `submit` hands it the latest image of a job and returns at once (a newer
-    one replaces one still waiting); it encodes, writes and records each. `flush` waits for the rest."""
-
-    def __init__(self, store: JobStore, videos_dir: str, worker: str):
-        self.videos_dir, self.worker = videos_dir, worker
-        self.store = store  # its connections are per thread: this one's writes do not share the leader's
-        self._cond = threading.Condition()
-        self._pending: tuple[str, int, np.ndarray] | None = None
-        self._busy = False
-        self._thread: threading.Thread | None = None
-
-    def submit(self, job_id: str, step: int, image: np.ndarray) -> None:
-        try:
-            image = np.array(image, dtype=np.uint8, copy=True)  # the caller may reuse its buffer
-        except Exception as e:  # never the job's failure
-            log.warning("preview of job %s at step %d left out: %s: %s", job_id, step, type(e).__name__, e)
-            return
-        with self._cond:
-            self._pending = (job_id, step, image)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="previews", daemon=True)
-                self._thread.start()
-            self._cond.notify_all()
-
-    def flush(self, timeout: float) -> bool:
-        """Wait until no preview is pending or being written; False when `timeout` ran out first."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._pending is None and not self._busy, timeout)
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._pending is not None)
-                (job_id, step, image), self._pending, self._busy = self._pending, None, True
-            try:
-                self.write(job_id, step, image)
-            except Exception as e:  # a preview is a nicety: the job goes on without it
-                log.warning("preview of job %s at step %d not written: %s: %s", job_id, step,
-                            type(e).__name__, e)  # fmt: skip
-            finally:
-                with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()
-
-    def write(self, job_id: str, step: int, image: np.ndarray) -> None:
-        buffer = io.BytesIO()
-        Image.fromarray(image).convert("RGB").save(buffer, "WEBP", quality=PREVIEW_QUALITY)
-        videos.write_preview(self.videos_dir, job_id, buffer.getvalue())
-        self.store.set_preview(job_id, self.worker, step)
 
 
 def _alive(pid: int) -> bool:

@@ -2,10 +2,12 @@
 
 No model work: `generate` sleeps `ITHACA_FAKE_STEP_S` seconds per step and `ITHACA_FAKE_DECODE_S` in its
 decode (defaults 0) and returns small random frames; on the replica leader it calls `on_preview` after every
-step with a 32×48 gradient that brightens with the step. Everything else is the real thing: the request/limits
-dataclasses and `validate` of `dit.pipeline` (tiny limits), the per-step callback and cancel broadcast of
-`dit.sampling`, the real mesh. `ITHACA_FAKE_I2V=1` makes it an image-to-video model: every request needs an
-image (the real `validate` says so), and the video's first frame is that image fitted to its size.
+step with a 32×48 gradient that brightens with the step; it resumes from a checkpoint's step and hands
+`checkpoints` a state (its step, zero latents, no scheduler) when one is due. Everything else is the real
+thing: the request/limits dataclasses and `validate` of `dit.pipeline` (tiny limits), the per-step callback
+and cancel broadcast of `dit.sampling`, the real mesh. `ITHACA_FAKE_I2V=1` makes it an image-to-video model:
+every request needs an image (the real `validate` says so), and the video's first frame is that image fitted
+to its size.
 Selected with `--pipeline-module tests.fake_pipeline`.
 """
 
@@ -14,10 +16,14 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import replace
+from functools import partial
+from types import SimpleNamespace
 
 import numpy as np
+import torch
 
 from dit.cache import Evaluations
+from dit.checkpoint import capture
 from dit.image import fit
 from dit.pipeline import TINY_LIMITS, GenerationCancelled, GenerationRequest, Pipeline, PipelineConfig
 from dit.sampling import passes_per_step, should_continue
@@ -43,13 +49,23 @@ class FakePipeline:
         self.step_s = float(os.environ.get("ITHACA_FAKE_STEP_S", "0"))
         self.decode_s = float(os.environ.get("ITHACA_FAKE_DECODE_S", "0"))
 
-    def generate(self, req: GenerationRequest, callback=None, on_phase=None, on_preview=None):
+    def generate(
+        self,
+        req: GenerationRequest,
+        callback=None,
+        on_phase=None,
+        on_preview=None,
+        resume=None,
+        checkpoints=None,
+    ):
         req = self.validate(req)
         on_phase = on_phase or (lambda phase: None)
         on_phase("encoding")
         on_phase("denoising")
-        for step in range(1, req.num_inference_steps + 1):
+        for step in range(1 + (resume.step if resume else 0), req.num_inference_steps + 1):
             time.sleep(self.step_s)
+            if checkpoints is not None and checkpoints.due(step, req.num_inference_steps):
+                checkpoints.take(partial(capture, step, torch.zeros(1), SimpleNamespace(), None, None))
             if not should_continue(callback, step, req.num_inference_steps, self.mesh):
                 raise GenerationCancelled(step, req.num_inference_steps)
             if on_preview is not None and self.mesh.is_replica_leader:

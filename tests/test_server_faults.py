@@ -1,5 +1,6 @@
-"""Faults with real processes (real `tiny` pipeline, 2 CPU ranks): a rank killed with SIGKILL mid-job, the
-API killed with jobs queued and one running, a job past its time limit, a graceful SIGTERM with a job in
+"""Faults with real processes (real `tiny` pipeline, 2 CPU ranks): a rank killed with SIGKILL mid-job (the
+job resumes from its checkpoint in the restarted group and ends with the frames of an uninterrupted run),
+the API killed with jobs queued and one running, a job past its time limit, a graceful SIGTERM with a job in
 flight. The tests run in order and share one data folder (one job store) across server restarts.
 """
 
@@ -11,10 +12,14 @@ import time
 
 import pytest
 
+from dit.video import read_mp4
+from server import videos
 from server.store import JobStore
 from tests.server_process import ServerProcess, group_pids
 
 LONG = {"num_frames": 33, "height": 256, "width": 256, "num_inference_steps": 50}
+RESUMED = {"prompt": "a green triangle moving up", "num_frames": 17, "height": 128, "width": 128,
+           "num_inference_steps": 12, "seed": 7}  # fmt: skip
 INSTANCE = ["--instance", "fault-box"]
 
 
@@ -28,24 +33,30 @@ def _wait_step(srv: ServerProcess, job_id: str, step: int = 1) -> None:
         time.sleep(0.02)
 
 
-def test_rank_killed_mid_job_and_job_time_limit(data_dir):
-    srv = ServerProcess(data_dir, *INSTANCE, "--job-timeout", "8")
+def test_rank_killed_mid_job_resumes_and_job_time_limit(data_dir):
+    srv = ServerProcess(data_dir, *INSTANCE, "--job-timeout", "8", "--checkpoint-every", "2")
     try:
         srv.wait()
         first = srv.submit(prompt="warm-up", num_inference_steps=2)
         assert srv.wait_job(first["id"])["status"] == "completed"
-        job = srv.submit(prompt="doomed", **LONG)
-        _wait_step(srv, job["id"])
+        job = srv.submit(**RESUMED)
+        _wait_step(srv, job["id"], 3)  # past the checkpoint after step 2
         group = srv.client.get("/ready").json()["group"]
         pids = group_pids(data_dir)[1]
         assert len(pids) == 2, pids
         os.kill(max(pids), signal.SIGKILL)  # one rank (not the API, not torchrun)
-        failed = srv.wait_job(job["id"], timeout=60)
-        assert (
-            failed["status"] == "failed" and "worker group" in failed["error"]
-        )  # by the leader or supervisor
         group = _wait_new_group(srv, group)
         assert srv.client.get("/ready").json()["restarts"] == 1
+        resumed = srv.wait_job(job["id"], timeout=60)
+        assert resumed["status"] == "completed" and resumed["attempts"] == 2, resumed
+        assert resumed["resumed_from_step"] in range(2, 12, 2), resumed  # a checkpoint's step
+        assert "resumes after step" in srv.log()
+        folder = os.path.join(data_dir, "videos")
+        assert not os.path.exists(videos.checkpoint_path(folder, job["id"]))  # gone with the job
+        again = srv.wait_job(srv.submit(**RESUMED)["id"])  # the same request, never interrupted
+        assert again["status"] == "completed" and again["resumed_from_step"] is None
+        want, got = (read_mp4(os.path.join(folder, f"{j['id']}.mp4")).frames for j in (again, resumed))
+        assert want.shape == (17, 128, 128, 3) and (got == want).all()
         after = srv.submit(prompt="after the crash", num_inference_steps=2)
         assert srv.wait_job(after["id"])["status"] == "completed"
         assert "ithaca_worker_restarts_total 1" in srv.client.get("/metrics").text

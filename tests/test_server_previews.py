@@ -16,7 +16,7 @@ from PIL import Image
 
 from server import videos
 from server.store import JobStore
-from server.worker import PreviewWriter
+from server.writers import PreviewWriter
 from tests.server_process import FAKE, ServerProcess, wait_until
 
 STEPS = 8

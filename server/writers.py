@@ -1,0 +1,111 @@
+"""The worker leader's file writers: each runs on a thread of its own so a denoising step never waits on a
+disk, and writes only the latest item it was handed (a newer one replaces one still waiting). A write that
+fails is logged and left out: previews and checkpoints are worth having, never worth failing a job for.
+
+- `PreviewWriter`: a job's live preview image → WebP in `videos/previews/`, then its step in the store.
+- `CheckpointWriter`: a job's denoising state → `videos/checkpoints/<job id>.pt` (dit.checkpoint), written
+  then renamed, so an interrupted job goes on from its last one.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+import time
+
+import numpy as np
+from PIL import Image
+
+from dit.checkpoint import DenoiseState, save_file
+from server import videos
+from server.store import JobStore
+
+PREVIEW_QUALITY = 70  # WebP: a 256-px preview of pure noise (the worst case) is about 40 KB
+log = logging.getLogger("ithaca.worker")
+
+
+class LatestWriter:
+    """`submit(job_id, step, item)` returns at once; the thread runs `write(job_id, step, item)`. `flush`
+    waits until nothing is pending or being written. `write_s`: the seconds the last write took."""
+
+    what = "item"
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._pending: tuple | None = None
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self.write_s = 0.0
+
+    def write(self, job_id: str, step: int, item) -> None:
+        raise NotImplementedError
+
+    def submit(self, job_id: str, step: int, item) -> None:
+        with self._cond:
+            self._pending = (job_id, step, item)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=f"{self.what}s", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until no item is pending or being written; False when `timeout` ran out first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._pending is None and not self._busy, timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending is not None)
+                (job_id, step, item), self._pending, self._busy = self._pending, None, True
+            start = time.perf_counter()
+            try:
+                self.write(job_id, step, item)
+                self.write_s = time.perf_counter() - start
+            except Exception as e:
+                log.warning("%s of job %s at step %d not written: %s: %s", self.what, job_id, step,
+                            type(e).__name__, e)  # fmt: skip
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+
+class PreviewWriter(LatestWriter):
+    """Encodes each preview as WebP, puts it in place and records its step on the job."""
+
+    what = "preview"
+
+    def __init__(self, store: JobStore, videos_dir: str, worker: str):
+        super().__init__()
+        self.videos_dir, self.worker = videos_dir, worker
+        self.store = store  # its connections are per thread: this one's writes do not share the leader's
+
+    def submit(self, job_id: str, step: int, image: np.ndarray) -> None:
+        try:
+            image = np.array(image, dtype=np.uint8, copy=True)  # the caller may reuse its buffer
+        except Exception as e:  # never the job's failure
+            log.warning("preview of job %s at step %d left out: %s: %s", job_id, step, type(e).__name__, e)
+            return
+        super().submit(job_id, step, image)
+
+    def write(self, job_id: str, step: int, image: np.ndarray) -> None:
+        buffer = io.BytesIO()
+        Image.fromarray(image).convert("RGB").save(buffer, "WEBP", quality=PREVIEW_QUALITY)
+        videos.write_preview(self.videos_dir, job_id, buffer.getvalue())
+        self.store.set_preview(job_id, self.worker, step)
+
+
+class CheckpointWriter(LatestWriter):
+    """Saves each (state, key) pair as the job's checkpoint (`capture` already copied the state)."""
+
+    what = "checkpoint"
+
+    def __init__(self, videos_dir: str):
+        super().__init__()
+        self.videos_dir = videos_dir
+
+    def write(self, job_id: str, step: int, item: tuple[DenoiseState, dict]) -> None:
+        state, key = item
+        save_file(videos.checkpoint_path(self.videos_dir, job_id), state, key)

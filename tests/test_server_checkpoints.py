@@ -1,0 +1,96 @@
+"""Jobs that resume where they stopped, the server side: the store records `resumed_from_step`, the sweep
+keeps only the checkpoints of jobs that may run again, and a server killed mid-job (API and group together)
+is followed by one that resumes the job from its checkpoint and ignores, with a log line, a checkpoint made
+for another request. Real servers (uvicorn, torchrun, 1 rank) running the FAKE INSTANT PIPELINE
+(tests/fake_pipeline.py, slowed by ITHACA_FAKE_STEP_S); tests/test_server_faults.py kills a rank of the real
+tiny model and compares the resumed video's frames with an uninterrupted run's."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import torch
+
+from dit.checkpoint import DenoiseState, save_file
+from server import videos
+from server.store import JobStore
+from tests.server_process import FAKE, ServerProcess, wait_until
+
+FLAGS = ["--pipeline-module", FAKE, "--nproc", "1", "--checkpoint-every", "2", "--instance", "resume-box"]
+SLOW = {"ITHACA_FAKE_STEP_S": "0.25"}
+
+
+def test_the_store_records_the_resumed_step_and_each_new_run_clears_it(tmp_path):
+    store = JobStore(str(tmp_path / "jobs.db"))
+    job, _ = store.create({"prompt": "a"})
+    store.claim("w", "box")
+    store.set_resumed(job.id, "w", 4, 10)
+    got = store.get(job.id)
+    assert (got.resumed_from_step, got.step, got.total_steps, got.progress) == (4, 4, 10, 36)
+    store.set_resumed(job.id, "other", 6, 10)  # no longer this worker's: left as it was
+    assert store.get(job.id).resumed_from_step == 4
+    store.requeue_or_fail(store.get(job.id), max_attempts=3, reason="interrupted")
+    assert store.get(job.id).resumed_from_step is None
+    store.set_resumed(job.id, "w", 2, 10)  # not running: nothing to record
+    assert store.get(job.id).resumed_from_step is None
+    store.claim("w", "box")
+    assert store.get(job.id).resumed_from_step is None  # from the start unless the worker says otherwise
+
+
+def test_the_sweep_keeps_the_checkpoints_of_jobs_that_may_run_again(tmp_path):
+    store = JobStore(str(tmp_path / "jobs.db"))
+    folder = str(tmp_path / "videos")
+    queued, running, done = (store.create({"prompt": p})[0] for p in "abc")
+    for _ in "abc":
+        store.claim("w", "box")
+    store.requeue_or_fail(store.get(queued.id), max_attempts=2, reason="interrupted")
+    store.finish(done.id, "w", "completed", video="c.mp4")
+    for name in (queued.id, running.id, done.id, "unknown"):
+        os.makedirs(os.path.join(folder, "checkpoints"), exist_ok=True)
+        open(videos.checkpoint_path(folder, name), "wb").close()
+    removed = videos.sweep(store, folder)
+    assert sorted(removed) == sorted([f"{done.id}.pt", "unknown.pt"])
+    assert sorted(os.listdir(os.path.join(folder, "checkpoints"))) == sorted(
+        [f"{queued.id}.pt", f"{running.id}.pt"]
+    )
+
+
+def test_a_killed_server_resumes_its_job_and_ignores_a_foreign_checkpoint(tmp_path):
+    folder = str(tmp_path / "videos")
+    first = ServerProcess(tmp_path, *FLAGS, env=SLOW)
+    try:
+        first.wait()
+        job = first.submit(prompt="resume me", num_inference_steps=12)
+        other = first.submit(prompt="queued behind it", num_inference_steps=4)
+        path = videos.checkpoint_path(folder, job["id"])
+        wait_until(lambda: first.client.get(f"/jobs/{job['id']}").json()["step"] >= 5, 30, "step 5")
+        saved = torch.load(path, weights_only=True)["state"]["step"]
+        assert saved in (2, 4)  # every 2 steps, none yet after step 5's
+        stranger = DenoiseState(
+            step=3, latents=torch.zeros(1), scheduler={}, generator=torch.Generator().get_state()
+        )
+        save_file(videos.checkpoint_path(folder, other["id"]), stranger, {"model": "another"})
+    finally:
+        first.stop(signal.SIGKILL)  # the API and its group, mid-job
+
+    second = ServerProcess(tmp_path, *FLAGS, env=SLOW)
+    try:
+        second.wait()
+        resumed, fresh = (second.wait_job(j["id"]) for j in (job, other))
+        assert resumed["status"] == "completed" and resumed["attempts"] == 2
+        assert (
+            resumed["resumed_from_step"] >= saved
+            and resumed["timings"]["steps"] == 12 - resumed["resumed_from_step"]
+        )
+        assert fresh["status"] == "completed" and fresh["resumed_from_step"] is None
+        assert "its checkpoint is ignored, starting from the first step: made for another" in second.log()
+        assert not os.listdir(os.path.join(folder, "checkpoints"))  # each went with its job
+
+        running = second.submit(prompt="cancel me", num_inference_steps=40)
+        wait_until(lambda: os.path.exists(videos.checkpoint_path(folder, running["id"])), 30, "a checkpoint")
+        assert second.client.delete(f"/jobs/{running['id']}").status_code == 200
+        assert second.wait_job(running["id"])["status"] == "cancelled"
+        assert not os.path.exists(videos.checkpoint_path(folder, running["id"]))
+    finally:
+        second.stop()
