@@ -12,6 +12,8 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from parallel.plan import parse_degree
+
 MODES = ("alltoall", "fp8", "p2p", "ring", "hybrid", "cfg")
 # Parity tolerances on the final latents, relative to their largest magnitude (max |a - b| / max |ref|).
 # fp32 exact modes differ only by summation order (ring's online softmax, kernel blocking): measured ≤ 1e-6 on
@@ -42,6 +44,13 @@ def _lora_arg(spec: str) -> tuple[str, float]:
     if not os.path.isfile(path):
         raise argparse.ArgumentTypeError(f"{path}: no such file")
     return path, strength
+
+
+def _degree(text: str) -> int | str:
+    try:
+        return parse_degree(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -160,9 +169,22 @@ def add_subcommands(subparsers) -> None:
     _add_request_args(g)
     g.add_argument("--out", default="video.mp4", help="MP4 file to write")
     _add_model_args(g)
-    g.add_argument("--ulysses", type=int, default=None, help="Ulysses degree (default: the ranks left over)")
-    g.add_argument("--ring", type=int, default=1, help="ring attention degree")
-    g.add_argument("--cfg", type=int, default=1, help="1 | 2 (2: prompt and negative prompt in parallel)")
+    # no degree given: all auto (parallel.plan's rule, `ithaca plan` shows it); some: the others as before
+    g.add_argument(
+        "--ulysses",
+        type=_degree,
+        default=None,
+        help="Ulysses degree or auto (default: auto; with --ring/--cfg given: the ranks left over)",
+    )
+    g.add_argument(
+        "--ring", type=_degree, default=None, help="ring attention degree or auto (default: auto; else 1)"
+    )
+    g.add_argument(
+        "--cfg",
+        type=_degree,
+        default=None,
+        help="1 | 2 (2: prompt and negative prompt in parallel) | auto (default: auto; else 1)",
+    )
     g.add_argument("--comm", default="alltoall", help="Ulysses exchange: alltoall | fp8 | p2p | p2p+fp8")
     g.add_argument("--nproc", type=int, default=1, help="re-launch under torchrun with N CPU/GPU processes")
     g.add_argument("--save-latents", default=None, help="also torch.save the final latents and frames here")
@@ -284,10 +306,15 @@ def run_generate(args) -> int:
 
     import parallel
     from dit.pipeline import GenerationRequest, load_pipeline
+    from dit.shape import launch_layout
     from dit.video import write_mp4
 
-    backend = "gloo" if args.device == "cpu" else None
-    mesh = parallel.init_parallel(ulysses=args.ulysses, ring=args.ring, cfg=args.cfg, backend=backend)
+    choice = launch_layout(args.model_path or args.preset, args.ulysses, args.ring, args.cfg,
+                           sampler=args.sampler, timesteps=args.timesteps)  # fmt: skip
+    if os.environ.get("RANK", "0") == "0" and choice.reason != "as given":
+        print(choice.line(), file=sys.stderr)
+    layout, backend = choice.layout, "gloo" if args.device == "cpu" else None
+    mesh = parallel.init_parallel(ulysses=layout.ulysses, ring=layout.ring, cfg=layout.cfg, backend=backend)
     try:
         pipe = load_pipeline(_pipeline_config(args, args.comm), mesh)
         request = GenerationRequest(

@@ -14,6 +14,7 @@ A family whose model does not follow this contract registers its own step (`regi
 
 from __future__ import annotations
 
+import inspect
 from functools import partial
 
 import parallel
@@ -63,6 +64,20 @@ def check_backend(backend: str) -> None:
     """Fail at load time, not at the first attention call deep inside a forward."""
     if backend not in BACKENDS:
         raise ValueError(f"attn_backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+
+
+def set_comm(model, comm: str) -> None:
+    """Switch a parallelized model's sequence-parallel exchange in place (between forwards). The ops that
+    carry `comm`: Wan's `sequence_parallel`, a registered family's `attention` (HunyuanVideo-1.5's), in
+    `model` or any module inside it (adapters wrap the transformer); `compile_blocks` may have wrapped the
+    op in `torch.compiler.disable`, which keeps it as `__wrapped__`."""
+    if comm not in parallel.COMM_MODES:
+        raise ValueError(f"comm must be one of {', '.join(parallel.COMM_MODES)}, got {comm!r}")
+    for module in model.modules():
+        for name in ("sequence_parallel", "attention"):
+            op = getattr(module, name, None)
+            if op is not None and hasattr(inspect.unwrap(op), "comm"):
+                inspect.unwrap(op).comm = comm
 
 
 def parallelize(model, mesh, comm="alltoall", backend="auto"):

@@ -29,6 +29,7 @@ from dit.experts import HostOffload, boundary_ratio, second_source
 from dit.families import TINY_LIMITS, Limits, PipelineFamily, pick_scheduler, pipeline_family
 from dit.i2v import FirstFrame, with_first_frame
 from dit.image import fit
+from dit.parallelize import set_comm
 from dit.presets import resolve
 from dit.preview import LatentPreview, PreviewCallback, fit_preview
 from dit.sampling import NUM_TRAIN_TIMESTEPS, Callback, GenerationCancelled, SecondExpert, denoise
@@ -221,6 +222,21 @@ class Pipeline:
                     f"the text encoder accepts at most {lim.max_prompt_tokens}"
                 )
         return req
+
+    def set_comm(self, comm: str) -> None:
+        """Switch the sequence-parallel exchange after load, between generations (`dit.comm_choice` picks one
+        by measurement). Every rank of the replica must switch to the same mode."""
+        for model in (self.model, self.model_2):
+            if model is not None:
+                set_comm(model, comm)
+        self.config = replace(self.config, comm=comm)
+
+    def choose_comm(self, allow_lossy: bool, timeout_s: float):
+        """Time the exchanges at this model's attention shape and switch to the fastest (`dit.comm_choice`);
+        the probe's result. Collective over the replica."""
+        from dit.comm_choice import choose_comm  # it imports this module
+
+        return choose_comm(self, self.mesh, allow_lossy, timeout_s)[1]
 
     @property
     def device(self) -> torch.device:

@@ -8,6 +8,7 @@ The cheap checks run first, so a bad degree or device fails before diffusers is 
 from __future__ import annotations
 
 import importlib.util
+from contextlib import contextmanager
 from pathlib import Path
 
 # Classifier-free guidance has two branches (prompt, negative prompt): at most one rank each.
@@ -27,27 +28,26 @@ def preflight(
     text_encoder_device: str | None = None,
     nproc: int = 1,
     local_nproc: int | None = None,
-    ulysses: int | None = None,
-    ring: int = 1,
-    cfg: int = 1,
+    ulysses: int | str | None = None,
+    ring: int | str | None = None,
+    cfg: int | str | None = None,
     loras: tuple[tuple[str, float], ...] = (),
 ) -> None:
     """Raise ValueError (one line: the option, the value, what is allowed) for settings that cannot run on
     `nproc` ranks, `local_nproc` of them on this machine (default: all). `device` None: cuda when CUDA is
-    present, else cpu (as the ranks pick)."""
+    present, else cpu (as the ranks pick). Degrees: integers, "auto", or None (see `parallel.plan.requested`);
+    auto ones are resolved for the model last (`dit.shape.plan_layout`)."""
     from parallel.comm import COMM_MODES
     from parallel.kernels import BACKENDS
-    from parallel.mesh import fit_degrees
+    from parallel.plan import AUTO, check_fixed, needs_model
 
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"--nproc must be a positive integer, got {nproc!r}")
-    if cfg not in CFG_DEGREES:
-        raise ValueError(f"--cfg must be 1 or 2 (prompt and negative prompt in parallel), got {cfg!r}")
-    try:
-        fit_degrees(nproc, ulysses, ring, cfg)
-    except ValueError as e:
-        raise ValueError(f"--ulysses/--ring/--cfg do not fit --nproc {nproc}: {e}") from None
-    _check_choice("--comm", comm, COMM_MODES)
+    if cfg not in (*CFG_DEGREES, AUTO, None):
+        raise ValueError(f"--cfg must be 1 or 2 (prompt and negative prompt in parallel) or auto: {cfg!r}")
+    with _degrees(nproc):
+        check_fixed(nproc, ulysses, ring, cfg)
+    _check_choice("--comm", comm, (*COMM_MODES, "auto"))  # auto: measured at start-up (dit.comm_choice)
     _check_choice("--attn-backend", attn_backend, BACKENDS)
     on_cuda = _check_device("--device", device, nproc if local_nproc is None else local_nproc)
     if text_encoder_device is not None:
@@ -85,6 +85,12 @@ def preflight(
     pick_scheduler(
         pipeline_family(model), Path(model) if Path(model).is_dir() else None, sampler, None, timesteps
     )
+    if needs_model(ulysses, ring, cfg):
+        from dit.shape import plan_layout
+
+        with _degrees(nproc):
+            plan_layout(model, nproc, node=local_nproc, ulysses=ulysses, ring=ring, cfg=cfg, sampler=sampler,
+                        timesteps=timesteps)  # fmt: skip
     if loras:  # every file's keys and shapes against the model's (headers only, no weights)
         from dit.loading import check_loras
 
@@ -92,6 +98,14 @@ def preflight(
             check_loras(model, loras)
         except (FileNotFoundError, ValueError) as e:
             raise ValueError(f"--lora: {e}") from None
+
+
+@contextmanager
+def _degrees(nproc: int):
+    try:
+        yield
+    except ValueError as e:
+        raise ValueError(f"--ulysses/--ring/--cfg do not fit --nproc {nproc}: {e}") from None
 
 
 def _check_choice(option: str, value, allowed) -> None:

@@ -205,10 +205,14 @@ def table(ranks_list=(1, 2, 4, 8)) -> list[dict]:
                         activations_gib=act / GIB,
                         leader_gib=other + text_params * BF16 / GIB,  # + the text encoder(s)
                         other_gib=other if ranks > 1 else None,
-                        ulysses_ok=heads % ranks == 0,
+                        ulysses_heads=(-(-heads // ranks), heads // ranks),  # busiest, least busy rank
                     )  # fmt: skip
                 )
     return rows
+
+
+def _heads_per_rank(most: int, least: int) -> str:
+    return str(most) if most == least else f"{most} or {least} (uneven)"
 
 
 def markdown(rows: list[dict]) -> str:
@@ -216,7 +220,7 @@ def markdown(rows: list[dict]) -> str:
         "| model | res | tokens | ranks | DiT params | text (+ image) encoder params | VAE params (fp32) "
         "| activations/rank (GiB) "
         "| leader: DiT + encoders + VAE (GiB) | other ranks: DiT + VAE (GiB) "
-        "| Ulysses degree fits heads |",
+        "| Ulysses: heads per rank |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in rows:
@@ -225,7 +229,7 @@ def markdown(rows: list[dict]) -> str:
             f"| {r['model']} | {r['resolution']} | {r['tokens']} | {r['ranks']} | {r['dit_params_b']:.2f} B "
             f"| {r['text_params_b']:.2f} B | {r['vae_params_b']:.2f} B | {r['activations_gib']:.2f} "
             f"| {r['leader_gib']:.1f} | {other} "
-            f"| {'yes' if r['ulysses_ok'] else 'no: use ring or cfg'} |"
+            f"| {_heads_per_rank(*r['ulysses_heads'])} |"
         )
     return "\n".join(out)
 

@@ -6,6 +6,7 @@ from parallel.comm import COMM_MODES, CommConfig, CommStats, all_reduce_sum, cou
 from parallel.halo import RowBands, band_sizes, exchange_halo, gather_bands
 from parallel.kernels import local_attention
 from parallel.mesh import ParallelMesh, init_parallel
+from parallel.probe import ProbeResult, ProbeRow, probe_comm
 from parallel.sharding import SequenceShardInfo, gather_sequence, real_tokens, shard_sequence
 
 __all__ = [
@@ -13,6 +14,8 @@ __all__ = [
     "CommConfig",
     "CommStats",
     "ParallelMesh",
+    "ProbeResult",
+    "ProbeRow",
     "RowBands",
     "SequenceShardInfo",
     "all_reduce_sum",
@@ -25,6 +28,7 @@ __all__ = [
     "gather_sequence",
     "init_parallel",
     "local_attention",
+    "probe_comm",
     "real_tokens",
     "shard_sequence",
 ]

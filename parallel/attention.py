@@ -10,7 +10,7 @@ from parallel.comm import CommConfig, _all_gather_single, all_gather, comm_confi
 from parallel.mesh import ParallelMesh
 from parallel.ring import ring_attention
 from parallel.sharding import SequenceShardInfo, local_info
-from parallel.ulysses import joint_attention, ulysses_in, ulysses_out
+from parallel.ulysses import head_range, head_splits, joint_attention, ulysses_in, ulysses_out
 
 
 def _check_local(q, k, v, text, text_mask, causal):
@@ -81,29 +81,38 @@ def attention(
     _check_local(q, k, v, text, text_mask, causal)
     info = local_info(q, mesh, info)
     U, H = mesh.ulysses_size, q.shape[2]
-    if H % U:
-        valid = [d for d in range(1, mesh.sp_size + 1) if H % d == 0 and mesh.sp_size % d == 0]
-        raise ValueError(f"{H} heads do not split over ulysses={U}; valid ulysses degrees: {valid}")
+    if H < U:
+        raise ValueError(f"{H} heads cannot split over ulysses={U}: every rank needs a head (ulysses <= {H})")
     if mesh.validate and mesh.control_group is not None:
         _check_across_ranks(mesh, q, text)
 
     if U > 1:
-        q, k, v = ulysses_in(q, k, v, mesh.ulysses_group, U, cfg)
+        q, k, v = ulysses_in(q, k, v, mesh.ulysses_group, U, mesh.ulysses_rank, cfg)
         if text is not None:
-            h = H // U
-            text = tuple(
-                t if t is None else t[:, :, mesh.ulysses_rank * h : (mesh.ulysses_rank + 1) * h] for t in text
-            )
+            heads = head_range(H, U, mesh.ulysses_rank)
+            text = tuple(t if t is None else t[:, :, heads] for t in text)
     args = (text, text_mask, text_first, causal, backend)
     if mesh.ring_size == 1:
         out, text_out = joint_attention(q, k, v, info.span_valid(0), *args)
     else:
         out, text_out = ring_attention(q, k, v, info, mesh.ring_group, *args)
     if U > 1:
-        out = ulysses_out(out, mesh.ulysses_group, U, cfg)
-        if text_out is not None:  # rank order = head order
-            text_out = all_gather(text_out, mesh.ulysses_group).permute(1, 2, 0, 3, 4).flatten(2, 3)
+        out = ulysses_out(out, mesh.ulysses_group, U, H, cfg)
+        if text_out is not None:
+            text_out = _gather_heads(text_out, mesh.ulysses_group, head_splits(H, U))
     return out if text_out is None else (out, text_out)
+
+
+def _gather_heads(x: torch.Tensor, group, splits: list[int]) -> torch.Tensor:
+    """[B, T, h, D] from every rank (rank i holds splits[i] heads) → [B, T, H, D] in head order (= rank
+    order). One all-gather; uneven splits travel padded to the largest and are sliced back."""
+    pad = max(splits) - x.shape[2]
+    if pad:
+        x = torch.cat([x, x.new_zeros(*x.shape[:2], pad, x.shape[3])], 2)
+    parts = all_gather(x, group)  # [P, B, T, max, D]
+    if len(set(splits)) == 1:
+        return parts.permute(1, 2, 0, 3, 4).flatten(2, 3)
+    return torch.cat([p[:, :, :n] for p, n in zip(parts, splits, strict=True)], 2)
 
 
 def cfg_all_gather(x: torch.Tensor, mesh: ParallelMesh) -> torch.Tensor:

@@ -3,7 +3,8 @@
 `exchange` is the Ulysses all-to-all: chunk i of a `[P, ...]` tensor goes to group rank i. It runs either
 as one `all_to_all_single` or as a round-robin of pairwise isend/irecv (circle method: P-1 rounds for even P,
 P rounds with one rank sitting out each round for odd P), optionally FP8-compressed (payload + scales in one
-uint8 message per peer).
+uint8 message per peer). `exchange_split` is the same for chunks of different sizes (uneven head splits):
+rows of D elements, so many per peer; `all_to_all_single` then carries split sizes.
 """
 
 from __future__ import annotations
@@ -80,31 +81,45 @@ def _partner(i: int, k: int, n: int) -> int:
     return n - 1 if j == i else j
 
 
-def _p2p_all_to_all(x: torch.Tensor, group) -> torch.Tensor:
-    P, me = x.shape[0], dist.get_rank(group)
-    out = torch.empty_like(x)
-    out[me] = x[me]
+def _p2p(send: list[torch.Tensor], recv: list[torch.Tensor], group) -> None:
+    """Round-robin pairwise exchange: send[i] to group rank i, recv[i] filled from it (contiguous each)."""
+    P, me = len(send), dist.get_rank(group)
+    recv[me].copy_(send[me])
     n = P + P % 2  # odd P: a phantom player; whoever meets it has a bye that round
     for k in range(n - 1):
         peer = _partner(me, k, n)
         if peer >= P:
             continue
-        _record("send", x[peer].nbytes)
-        _record("recv", out[peer].nbytes)
+        _record("send", send[peer].nbytes)
+        _record("recv", recv[peer].nbytes)
         g = dist.get_global_rank(group, peer)
-        ops = [dist.P2POp(dist.isend, x[peer], g, group), dist.P2POp(dist.irecv, out[peer], g, group)]
+        ops = [dist.P2POp(dist.isend, send[peer], g, group), dist.P2POp(dist.irecv, recv[peer], g, group)]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
-    return out
 
 
 def all_to_all(x: torch.Tensor, group, kind: str = "alltoall") -> torch.Tensor:
     """x [P, ...] contiguous, chunk i for group rank i → [P, ...] with chunk i from group rank i."""
-    if kind == "p2p":
-        return _p2p_all_to_all(x, group)
     out = torch.empty_like(x)
+    if kind == "p2p":
+        _p2p(list(x), list(out), group)
+        return out
     _record("all_to_all", x.nbytes)
     dist.all_to_all_single(out, x, group=group)
+    return out
+
+
+def all_to_all_split(
+    x: torch.Tensor, sizes_in: list[int], sizes_out: list[int], group, kind: str = "alltoall"
+):
+    """Flat x: its first sizes_in[0] elements for group rank 0, the next sizes_in[1] for rank 1, ... → flat,
+    sizes_out[i] elements from rank i, in rank order."""
+    out = x.new_empty(sum(sizes_out))
+    if kind == "p2p":
+        _p2p(list(x.split(sizes_in)), list(out.split(sizes_out)), group)
+        return out
+    _record("all_to_all", x.nbytes)
+    dist.all_to_all_single(out, x, sizes_out, sizes_in, group=group)
     return out
 
 
@@ -113,6 +128,20 @@ def exchange(x: torch.Tensor, group, cfg: CommConfig, use_fp8: bool) -> torch.Te
     if not use_fp8:
         return all_to_all(x, group, cfg.kind)
     return fp8.unpack(all_to_all(fp8.pack(x, cfg.compiled), group, cfg.kind), x.shape, x.dtype)
+
+
+def exchange_split(
+    x: torch.Tensor, rows_in: list[int], rows_out: list[int], group, cfg: CommConfig, use_fp8: bool
+):
+    """`exchange` for uneven chunks: x [N, D] rows, rows_in[i] of them (in order) for group rank i → [M, D],
+    rows_out[i] rows from rank i. FP8: each peer's rows travel as their payload, then their scales."""
+    D = x.shape[1]
+    if not use_fp8:
+        sizes = lambda rows: [r * D for r in rows]  # noqa: E731
+        return all_to_all_split(x.reshape(-1), sizes(rows_in), sizes(rows_out), group, cfg.kind).view(-1, D)
+    wire = lambda rows: [r * (D + 4) for r in rows]  # noqa: E731
+    got = all_to_all_split(fp8.pack_rows(x, rows_in), wire(rows_in), wire(rows_out), group, cfg.kind)
+    return fp8.unpack_rows(got, rows_out, D, x.dtype)
 
 
 _all_gather_single = (

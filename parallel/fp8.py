@@ -46,6 +46,25 @@ def pack(x: torch.Tensor, compiled: bool = False) -> torch.Tensor:
     return _pack(x)
 
 
+def pack_rows(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """x [N, D] → flat uint8: for each peer in turn, its rows' payload (rows[i]·D bytes), then their scales
+    (rows[i]·4 bytes): `pack`'s layout for chunks of different sizes."""
+    payload, scale = quantize(x)
+    payload, scale = payload.view(torch.uint8), scale.view(torch.uint8)  # [N, D], [N, 4]
+    pieces = [
+        t.reshape(-1) for p, s in zip(payload.split(rows), scale.split(rows), strict=True) for t in (p, s)
+    ]
+    return torch.cat(pieces)
+
+
+def unpack_rows(buf: torch.Tensor, rows: list[int], D: int, dtype: torch.dtype) -> torch.Tensor:
+    """Inverse of pack_rows: flat uint8 → [sum(rows), D] in `dtype`."""
+    parts = buf.split([r * (D + 4) for r in rows])
+    payload = torch.cat([p[: r * D] for p, r in zip(parts, rows, strict=True)]).view(FP8).view(-1, D)
+    scale = torch.cat([p[r * D :] for p, r in zip(parts, rows, strict=True)]).view(torch.float32).view(-1, 1)
+    return dequantize(payload, scale, dtype)
+
+
 def unpack(buf: torch.Tensor, shape: torch.Size | tuple, dtype: torch.dtype) -> torch.Tensor:
     """Inverse of pack: uint8 [P, bytes] → tensor of `shape` ([P, ..., D]) in `dtype`."""
     nD = buf.shape[1] * shape[-1] // (shape[-1] + 4)

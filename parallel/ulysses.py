@@ -1,11 +1,15 @@
 """Ulysses: one all-to-all turns sequence shards × all heads into the full sequence × H/P heads, attention
-runs once over image (+ joint text) tokens, one all-to-all brings the image output back (LightX2V layout)."""
+runs once over image (+ joint text) tokens, one all-to-all brings the image output back (LightX2V layout).
+
+Any head count: when P does not divide H, rank i owns the contiguous heads `head_range(H, P, i)`, ⌈H/P⌉ of
+them for the first H mod P ranks and ⌊H/P⌋ for the rest; the exchanges then carry chunks of different sizes
+(`exchange_split`). An even split keeps the single strided pack into one `[P, ...]` buffer."""
 
 from __future__ import annotations
 
 import torch
 
-from parallel.comm import CommConfig, exchange
+from parallel.comm import CommConfig, exchange, exchange_split
 from parallel.kernels import local_attention
 
 
@@ -35,12 +39,46 @@ def unpack_out(x: torch.Tensor) -> torch.Tensor:
     return x.permute(1, 2, 0, 3, 4).reshape(B, L, P * h, D)
 
 
-def ulysses_in(q, k, v, group, P: int, cfg: CommConfig):
-    return unpack_qkv(exchange(pack_qkv(q, k, v, P), group, cfg, cfg.fp8_in))
+def head_splits(H: int, P: int) -> list[int]:
+    """Heads of each of P ranks, in rank order: the first H mod P ranks take one more."""
+    return [H // P + (i < H % P) for i in range(P)]
 
 
-def ulysses_out(out, group, P: int, cfg: CommConfig):
-    return unpack_out(exchange(pack_out(out, P), group, cfg, cfg.fp8_out))
+def head_range(H: int, P: int, rank: int) -> slice:
+    """The contiguous heads rank `rank` owns."""
+    splits = head_splits(H, P)
+    start = sum(splits[:rank])
+    return slice(start, start + splits[rank])
+
+
+def ulysses_in(q, k, v, group, P: int, rank: int, cfg: CommConfig):
+    """This rank's sequence shard × all heads → the whole sequence × its heads: q, k, v [B, P*L, h, D]."""
+    B, L, H, D = q.shape
+    if H % P == 0:
+        return unpack_qkv(exchange(pack_qkv(q, k, v, P), group, cfg, cfg.fp8_in))
+    splits, mine = head_splits(H, P), head_splits(H, P)[rank]
+    buf = q.new_empty(3 * B * L * H * D)  # peer j's [3, B, L, splits[j], D] after peer j-1's
+    at = 0
+    for j, n in enumerate(splits):
+        chunk = buf[at : at + 3 * B * L * n * D].view(3, B, L, n, D)
+        for i, t in enumerate((q, k, v)):
+            chunk[i].copy_(t[:, :, head_range(H, P, j)])
+        at += chunk.numel()
+    rows = lambda heads: 3 * B * L * heads  # noqa: E731 - rows of D elements in one peer's chunk
+    got = exchange_split(buf.view(-1, D), [rows(n) for n in splits], [rows(mine)] * P, group, cfg, cfg.fp8_in)
+    return unpack_qkv(got.view(P, 3, B, L, mine, D))
+
+
+def ulysses_out(out, group, P: int, H: int, cfg: CommConfig):
+    """The whole sequence × this rank's heads → its sequence shard × all H heads: [B, S/P, H, D]."""
+    if H % P == 0:
+        return unpack_out(exchange(pack_out(out, P), group, cfg, cfg.fp8_out))
+    B, S, h, D = out.shape
+    L, splits = S // P, head_splits(H, P)
+    send = pack_out(out, P).view(-1, D)  # sequence shard j for rank j, this rank's heads
+    got = exchange_split(send, [B * L * h] * P, [B * L * n for n in splits], group, cfg, cfg.fp8_out)
+    chunks = [c.view(B, L, n, D) for c, n in zip(got.split([B * L * n for n in splits]), splits, strict=True)]
+    return torch.cat(chunks, 2)  # rank order = head order
 
 
 def joint_attention(q, k, v, n_valid: int, text, text_mask, text_first: bool, causal: bool, backend: str):

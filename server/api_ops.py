@@ -28,6 +28,8 @@ def ready(request: Request):
         "group": supervisor.group_id if supervisor else None,
         "restarts": supervisor.restarts if supervisor else 0,
         "fatal": supervisor.fatal if supervisor else None,
+        # the exchange the workers use and, with --comm auto, the start-up probe's rows (ms None: ruled out)
+        "comm": services.worker_info().get("comm"),
     }
     return JSONResponse(body, status_code=200 if ok else 503)
 
@@ -40,5 +42,6 @@ def prometheus(request: Request):
         counters=services.store.counters(),
         restarts=services.supervisor.restarts if services.supervisor else 0,
         ready=services.ready(),
+        comm=services.worker_info().get("comm"),
     )
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")

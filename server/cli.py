@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
+import logging
 import sys
+import textwrap
 
 from server import config as config_mod
 from server import logs
 from server.store_file import StoreError
+
+log = logging.getLogger("ithaca.server")
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -17,16 +22,22 @@ def serve(args: argparse.Namespace) -> int:
 
     from server.app import create_app
 
+    choice = None
     try:
         config = config_mod.from_args(args)  # an ITHACA_* value of the wrong type
         if config.workers:  # a group started apart (--no-workers) checks its own settings
             _preflight(config)
+            choice = _layout(config)
+            layout = choice.layout  # the workers get the degrees resolved, not "auto"
+            config = dataclasses.replace(config, ulysses=layout.ulysses, ring=layout.ring, cfg=layout.cfg)
     except ValueError as e:
         print(f"ithaca serve: error: {e}", file=sys.stderr)
         return 2
     holder: dict = {}
     try:
         logs.setup(config.log_level, config.log_format)
+        if choice is not None:
+            log.info("%s", choice.line())
         app = create_app(config, on_fatal=lambda: setattr(holder["server"], "should_exit", True))
     except (ValueError, StoreError) as e:  # a bad log setting; a jobs.db that is damaged or not ours
         print(f"ithaca serve: error: {e}", file=sys.stderr)
@@ -60,6 +71,91 @@ def _preflight(config: config_mod.ServeConfig) -> None:
     preflight(**{name: getattr(config, name) for name in checked})
 
 
+def _layout(config: config_mod.ServeConfig):
+    """The worker group's layout: `--nproc` ranks on this machine, auto degrees resolved for the model."""
+    from dit.shape import plan_layout
+
+    return plan_layout(config.model, config.nproc, ulysses=config.ulysses, ring=config.ring, cfg=config.cfg,
+                       sampler=config.sampler, timesteps=config.timesteps)  # fmt: skip
+
+
+def plan(args: argparse.Namespace) -> int:
+    """Print every layout of --nproc ranks with its bytes and modelled step time, marking auto's choice."""
+    from dit.preflight import preflight
+    from dit.shape import model_shape
+    from parallel import plan as plan_mod
+
+    node = args.nproc_per_node or args.nproc
+    try:
+        preflight(model_path=args.model_path, preset=args.preset, device="cpu", nproc=args.nproc)
+        if args.nproc % node:
+            raise ValueError(f"--nproc-per-node {node} does not divide --nproc {args.nproc}")
+        shape = model_shape(args.model_path or args.preset, frames=args.frames, height=args.height,
+                            width=args.width, guidance=args.guidance)  # fmt: skip
+    except ValueError as e:
+        print(f"ithaca plan: error: {e}", file=sys.stderr)
+        return 2
+    links = plan_mod.Links()
+    choice = plan_mod.choose(args.nproc, shape, node=node, links=links)
+    forward = plan_mod.estimated_forward(shape)
+    nodes = args.nproc // node
+    print(
+        f"{shape.name}: {shape.tokens} tokens, {shape.heads} heads × {shape.head_dim}, "
+        f"{shape.layers} layers, {'guided' if shape.guided else 'unguided'}; {args.nproc} ranks"
+        + (f" on {nodes} nodes of {node}" if nodes > 1 else "")
+    )
+    assumed = (
+        f"MODELLED, not measured: one GPU's forward {forward:.3g} s, the Wan2.1-14B forward measured on an "
+        f"H100 in bf16 ({plan_mod.REFERENCE_SECONDS} s at {plan_mod.REFERENCE.tokens} tokens, "
+        f"bench/RESULTS.md) scaled by FLOPs; compute split over the sp ranks (attention by heads: the "
+        f"slowest rank does ⌈H/U⌉); communication not overlapped; links {links.describe()}, per direction."
+    )
+    print(textwrap.fill(assumed, 110))
+    heads = ("", "ulysses", "ring", "cfg", "heads/rank", "GB/step/rank", "compute s/step", "comm s/step",
+             "s/step")  # fmt: skip
+    rows = []
+    for e in plan_mod.table(args.nproc, shape, node=node, links=links, forward_s=forward):
+        lay = e.layout
+        forwards = 2 if shape.guided and lay.cfg == 1 else 1
+        mark = "*" if lay == choice.layout else ""
+        if e.step_s is None:
+            timing = ("-", "-", "n/a")
+        else:
+            comm = e.step_s - forwards * e.compute_s
+            timing = (f"{forwards * e.compute_s:.3g}", f"{comm:.3g}", f"{e.step_s:.3g}")
+        rows.append((mark, str(lay.ulysses), str(lay.ring), str(lay.cfg), str(e.heads_per_rank),
+                     f"{e.bytes_per_step / 1e9:.3g}", *timing))  # fmt: skip
+    widths = [max(len(r[i]) for r in (heads, *rows)) for i in range(len(heads))]
+    for r in (heads, *rows):
+        print("  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+    if not shape.guided:
+        print("n/a: CFG parallel needs guidance (the second half of the ranks would have nothing to do)")
+    if args.nproc > shape.heads:
+        print(f"Ulysses degrees above {shape.heads} heads are left out: a rank would own no head.")
+    print(textwrap.fill(f"* auto picks {choice.line()}", 110))
+    return 0
+
+
+def _add_plan(subparsers) -> None:
+    p = subparsers.add_parser(
+        "plan",
+        help="print every layout of N ranks with its modelled step time, marking the one auto picks",
+        description="Every ulysses × ring × cfg layout of --nproc ranks (one replica) for the model's video: "
+        "the bytes each rank sends per denoising step and the modelled step time; * marks the layout "
+        "--ulysses/--ring/--cfg auto (the default) picks. Reads the model's configs only; loads no weights.",
+    )
+    p.add_argument("--nproc", type=int, required=True, help="ranks (GPUs)")
+    p.add_argument("--nproc-per-node", type=int, default=None, help="ranks per machine (default: --nproc)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model-path", help="a model folder (diffusers pipeline or transformer)")
+    src.add_argument("--preset", default="tiny", help="a model name, e.g. wan2.1-14b (default: tiny)")
+    p.add_argument("--frames", type=int, default=None, help="default: the model's")
+    p.add_argument("--height", type=int, default=None, help="default: the model's")
+    p.add_argument("--width", type=int, default=None, help="default: the model's")
+    p.add_argument("--guidance", type=float, default=None, help="default: the model's (1: unguided)")
+    p.set_defaults(func=plan)
+
+
 class _Parser(argparse.ArgumentParser):
     """A usage mistake is one line on stderr and exit code 2 (subcommand parsers inherit this class)."""
 
@@ -84,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     config_mod.add_arguments(serve_parser)
     serve_parser.set_defaults(func=serve)
+    _add_plan(subparsers)
     args = parser.parse_args(argv)
     return args.func(args) or 0
 

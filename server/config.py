@@ -13,6 +13,7 @@ import socket
 from dataclasses import dataclass, field
 
 from dit.image import ImageLimits
+from parallel.plan import parse_degree
 
 
 def _opt(default, help: str, *, worker: bool = False, parse=None):
@@ -50,10 +51,34 @@ class ServeConfig:
     device: str = _opt("cpu", "cpu or cuda", worker=True)
     dtype: str = _opt("float32", "float32, bfloat16 or float16", worker=True)
     nproc: int = _opt(2, "ranks in the worker group (GPUs on a GPU box)")
-    ulysses: int | None = _opt(None, "Ulysses degree (default: what remains of nproc)", worker=True)
-    ring: int = _opt(1, "ring degree", worker=True)
-    cfg: int = _opt(1, "classifier-free-guidance parallel degree (1 or 2)", worker=True)
-    comm: str = _opt("alltoall", "alltoall, fp8, p2p or p2p+fp8", worker=True)
+    # degrees: an integer or "auto" (parallel.plan's rule); none given: all auto, else the others not given
+    # are ulysses: what remains, ring 1, cfg 1
+    ulysses: str | int | None = _opt(
+        None, "Ulysses degree, or auto (default: auto; with other degrees given: what remains)", worker=True,
+        parse=parse_degree,
+    )  # fmt: skip
+    ring: str | int | None = _opt(
+        None,
+        "ring degree, or auto (default: auto; with other degrees given: 1)",
+        worker=True,
+        parse=parse_degree,
+    )
+    cfg: str | int | None = _opt(
+        None,
+        "classifier-free-guidance parallel degree, 1, 2 or auto (default: auto; with other degrees given: 1)",
+        worker=True,
+        parse=parse_degree,
+    )
+    comm: str = _opt(
+        "auto",
+        "sequence-parallel exchange: alltoall, fp8, p2p, p2p+fp8, or auto: each exact one timed at start-up "
+        "on the model's attention shape and the fastest kept (the FP8 ones too with --allow-lossy-comm)",
+        worker=True,
+    )
+    allow_lossy_comm: bool = _opt(False, "--comm auto may pick an FP8 exchange (lossy)", worker=True)
+    comm_probe_timeout: float = _opt(
+        60.0, "--comm auto: seconds one exchange's probe may take before it is ruled out", worker=True
+    )
     attn_backend: str = _opt("auto", "attention kernel backend", worker=True)
     text_encoder_device: str | None = _opt(
         None, "device of the text encoder (cpu: keep it off the GPU; default: the DiT's)", worker=True
@@ -128,6 +153,11 @@ class ServeConfig:
     )
     log_level: str = _opt("info", "log level (debug, info, warning, error)", worker=True)
     log_format: str = _opt("text", "text, or json: one JSON object per line for log collectors", worker=True)
+
+    def __post_init__(self):
+        for name in ("ulysses", "ring", "cfg"):  # a flag's or variable's text: an int or "auto"
+            if isinstance(getattr(self, name), str):
+                setattr(self, name, parse_degree(getattr(self, name)))
 
     @property
     def model(self) -> str:

@@ -58,7 +58,14 @@ def observations(
     return deltas
 
 
-def render(*, counts: dict[str, int], counters: dict[str, float], restarts: int, ready: bool) -> str:
+def render(
+    *,
+    counts: dict[str, int],
+    counters: dict[str, float],
+    restarts: int,
+    ready: bool,
+    comm: dict | None = None,
+) -> str:
     lines = [
         "# HELP ithaca_queue_depth Jobs waiting to run",
         "# TYPE ithaca_queue_depth gauge",
@@ -77,6 +84,20 @@ def render(*, counts: dict[str, int], counters: dict[str, float], restarts: int,
         f"# TYPE {EVALUATIONS} counter",
         *(f'{EVALUATIONS}{{result="{r}"}} {int(counters.get(f"{EVALUATIONS}:{r}", 0))}' for r in RESULTS),
     ]
+    if comm:
+        lines += [
+            "# HELP ithaca_comm_mode The sequence-parallel exchange in use (1 for its mode)",
+            "# TYPE ithaca_comm_mode gauge",
+            f'ithaca_comm_mode{{mode="{comm["mode"]}"}} 1',
+        ]
+        probed = [row for row in comm.get("probe") or () if row["ms"] is not None]
+        if comm.get("probe"):
+            lines += [
+                "# HELP ithaca_comm_probe_ms --comm auto: ms per attention call of each exchange at start-up "
+                "(the slowest rank's median; a mode ruled out has none)",
+                "# TYPE ithaca_comm_probe_ms gauge",
+                *(f'ithaca_comm_probe_ms{{mode="{row["mode"]}"}} {row["ms"]:.4g}' for row in probed),
+            ]
     for name, (buckets, help_text, label) in _HISTOGRAMS.items():
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
         for value in label[1] if label else [None]:

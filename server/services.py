@@ -69,9 +69,10 @@ class Services:
     _tokenizer_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def worker_info(self) -> dict:
-        """Limits and request defaults the newest worker published (cached for a second)."""
+        """Limits and request defaults the newest worker published (cached for a second once there are some,
+        so the first reads after the group starts see them at once)."""
         at, info = self._worker_info
-        if time.monotonic() - at > LIMITS_CACHE_S:
+        if not info or time.monotonic() - at > LIMITS_CACHE_S:
             workers = self.store.workers()
             info = workers[0]["info"] if workers else {}
             self._worker_info = (time.monotonic(), info)

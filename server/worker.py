@@ -45,6 +45,7 @@ import numpy as np
 import parallel
 from dit.checkpoint import Checkpointing, DenoiseState, load_file
 from dit.image import fit, read
+from dit.shape import launch_layout
 from dit.video import write_mp4
 from server import limits as limits_mod
 from server import logs, metrics, videos
@@ -58,13 +59,13 @@ KEEPALIVE_S = 5.0
 STOP_CHECK_S = 0.25
 FLUSH_S = 5.0  # at most this long, at the end of a job, for its last preview or checkpoint to be written
 # The settings that change a job's numbers: a checkpoint made under others is not resumed.
-NUMERIC_SETTINGS = ("device", "dtype", "comm", "attn_backend", "text_encoder_device", "compile", "sampler",
+NUMERIC_SETTINGS = ("device", "dtype", "attn_backend", "text_encoder_device", "compile", "sampler",
                     "flow_shift", "timesteps", "loras", "cache")  # fmt: skip
 log = logging.getLogger("ithaca.worker")
 
 
 class Worker:
-    def __init__(self, config: ServeConfig, group_id: str, mesh, pipe, module):
+    def __init__(self, config: ServeConfig, group_id: str, mesh, pipe, module, probe=None):
         self.config, self.group_id, self.mesh, self.pipe, self.module = config, group_id, mesh, pipe, module
         self.name = f"{config.instance}/{group_id}/replica{mesh.dp_rank}"
         self.stopping = threading.Event()
@@ -84,6 +85,10 @@ class Worker:
             "dp_size": mesh.dp_size,
             "world_size": mesh.world_size,
             "pid": os.getpid(),
+            "comm": {  # the exchange in use; with --comm auto, the probe's rows (ms None: ruled out)
+                "mode": pipe.config.comm,
+                "probe": None if probe is None else [dataclasses.asdict(row) for row in probe.rows],
+            },
         }
 
     # -- leader side ----------------------------------------------------------------------------------------
@@ -156,7 +161,8 @@ class Worker:
         request = spec | {"image": job.spec["image"]} if "image" in spec else spec
         return {
             "model": config.model,
-            "settings": {name: getattr(config, name) for name in NUMERIC_SETTINGS},
+            "settings": {name: getattr(config, name) for name in NUMERIC_SETTINGS}
+            | {"comm": self.pipe.config.comm},
             "layout": {"ulysses": mesh.ulysses_size, "ring": mesh.ring_size, "cfg": mesh.cfg_size},
             "request": request,
         }
@@ -362,19 +368,26 @@ def main(argv: list[str] | None = None) -> None:
 
 def _start(config: ServeConfig, group_id: str) -> Worker:
     module = importlib.import_module(config.pipeline_module)
+    # auto degrees (`ithaca serve` passes them resolved) from the model and this launch's ranks
+    choice = launch_layout(config.model, config.ulysses, config.ring, config.cfg, sampler=config.sampler,
+                           timesteps=config.timesteps)  # fmt: skip
+    if os.environ.get("RANK", "0") == "0":
+        log.info("%s", choice.line())
+    layout = choice.layout
     mesh = parallel.init_parallel(
-        ulysses=config.ulysses,
-        ring=config.ring,
-        cfg=config.cfg,
+        ulysses=layout.ulysses,
+        ring=layout.ring,
+        cfg=layout.cfg,
         backend="gloo" if config.device == "cpu" else None,
     )
+    auto_comm = config.comm == "auto"
     pipe = module.load_pipeline(
         # device None: the mesh's device (cuda:LOCAL_RANK under torchrun on a GPU box)
         module.PipelineConfig(
             model=config.model,
             device="cpu" if config.device == "cpu" else None,
             dtype=config.dtype,
-            comm=config.comm,
+            comm="alltoall" if auto_comm else config.comm,  # auto: chosen below, once the model is in place
             attn_backend=config.attn_backend,
             text_encoder_device=config.text_encoder_device,
             compile=config.compile,
@@ -387,7 +400,10 @@ def _start(config: ServeConfig, group_id: str) -> Worker:
         ),
         mesh,
     )
-    return Worker(config, group_id, mesh, pipe, module)
+    probe = pipe.choose_comm(config.allow_lossy_comm, config.comm_probe_timeout) if auto_comm else None
+    if probe is not None and mesh.is_replica_leader:
+        log.info("exchange: %s", probe.summary())
+    return Worker(config, group_id, mesh, pipe, module, probe)
 
 
 def _fail(config: ServeConfig, group_id: str, error: BaseException) -> None:

@@ -49,6 +49,10 @@ class FakePipeline:
         self.step_s = float(os.environ.get("ITHACA_FAKE_STEP_S", "0"))
         self.decode_s = float(os.environ.get("ITHACA_FAKE_DECODE_S", "0"))
 
+    def choose_comm(self, allow_lossy: bool, timeout_s: float) -> None:
+        """No exchange to time: it keeps the configured one."""
+        return None
+
     def generate(
         self,
         req: GenerationRequest,

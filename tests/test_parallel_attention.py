@@ -1,4 +1,5 @@
-"""Sequence-parallel attention on 1, 2, 3, 4 and 8 gloo ranks against float64 single-process attention.
+"""Sequence-parallel attention on 1–8 gloo ranks against float64 single-process attention, with head counts
+that divide the Ulysses degree and head counts that do not (uneven heads: ranks own ⌈H/U⌉ or ⌊H/U⌋).
 
 Each world size runs ONE distributed call that loops over every case (mode × text placement × causal ×
 layout) and returns the errors, so the pool starts once. Exact modes must stay within 1e-5 relative error in
@@ -15,6 +16,7 @@ from tests.distributed import run_distributed
 
 EXACT, FP8_BOUND = 1e-5, 5e-2
 B, H, D, T = 2, 24, 8, 5  # 24 heads split over 1, 2, 3, 4 and 8 ranks
+UNEVEN = {2: 5, 3: 40, 4: 6, 5: 7, 6: 9, 7: 10, 8: 12}  # a head count each world size does not divide
 
 
 def reference(q, k, v, text, text_mask, text_first, causal):
@@ -46,7 +48,10 @@ def rel_err(a, b, norm=False):
 
 def make_cases(world: int) -> list[dict]:
     """Every mode the world size can host, with and without text (last, first, masked, keys-only). Text
-    handling is shared by the Ulysses comm variants, so those run fewer; world 8 runs a lighter set."""
+    handling is shared by the Ulysses comm variants, so those run fewer; world 8 runs a lighter set, and
+    worlds 5–7 the uneven cases only."""
+    if world in (5, 6, 7):
+        return uneven_cases(world)
     texts = [
         dict(text=None),
         dict(text="joint"),
@@ -70,12 +75,29 @@ def make_cases(world: int) -> list[dict]:
         for t in (few + [texts[1], texts[5]]) if world == 8 else texts:
             if not (causal and t["text"] == "kv"):
                 cases.append(dict(ulysses=u, ring=r, comm="alltoall", causal=causal, layout=layout, **t))
+    return cases + uneven_cases(world)
+
+
+def uneven_cases(world: int) -> list[dict]:
+    """Uneven heads: every exchange mode with text last and first (masked), causal, and the hybrid with the
+    ring where Ulysses 2 leaves an odd head count uneven."""
+    if world == 1:
+        return []
+    heads, cases = UNEVEN[world], []
+    for comm in ("alltoall", "fp8", "p2p", "p2p+fp8"):
+        for t in (dict(text=None), dict(text="joint", text_mask=True), dict(text="joint", text_first=True)):
+            cases.append(dict(ulysses=world, ring=1, comm=comm, heads=heads, **t))
+    cases.append(dict(ulysses=world, ring=1, comm="alltoall", causal=True, heads=heads, text="joint"))
+    if world % 2 == 0 and world > 2:
+        hybrid = dict(ulysses=2, ring=world // 2, heads=5, text="joint", text_mask=True, layout="zigzag")
+        cases += [dict(comm="alltoall", causal=True, **hybrid), dict(comm="p2p+fp8", causal=False, **hybrid)]
     return cases
 
 
 def _run_case(case: dict, S: int, seed: int) -> dict:
     import parallel
 
+    H = case.get("heads", globals()["H"])
     g = torch.Generator().manual_seed(seed)
     rnd = lambda *shape: torch.randn(*shape, generator=g)
     q, k, v = rnd(B, S, H, D), rnd(B, S, H, D), rnd(B, S, H, D)
@@ -165,7 +187,7 @@ def _error_cases():
     msgs = {}
     for name, fn in {
         "degrees": lambda: parallel.init_parallel(ulysses=3),
-        "heads": lambda: parallel.attention(*(torch.randn(1, 2, 6, 4),) * 3, parallel.init_parallel()),
+        "heads": lambda: parallel.attention(*(torch.randn(1, 2, 3, 4),) * 3, parallel.init_parallel()),
         "comm": lambda: parallel.attention(
             *(torch.randn(1, 2, 8, 4),) * 3, parallel.init_parallel(), comm="nccl"
         ),
@@ -185,12 +207,12 @@ def _error_cases():
 def test_errors_raise_clearly_and_never_hang():
     for msgs in run_distributed(4, _error_cases, timeout=30):
         assert "valid ulysses x ring x cfg" in msgs["degrees"] and "4x1x1" in msgs["degrees"]
-        assert "valid ulysses degrees: [1, 2]" in msgs["heads"]
+        assert "3 heads cannot split over ulysses=4: every rank needs a head (ulysses <= 3)" in msgs["heads"]
         assert "'alltoall'" in msgs["comm"] and "'p2p+fp8'" in msgs["comm"]
         assert "shapes differ across sp ranks" in msgs["shapes"]
 
 
 # world 4 first: the pool started by the tests above is reused
-@pytest.mark.parametrize("world,S", [(4, 13), (8, 37), (3, 17), (2, 13), (1, 7)])
+@pytest.mark.parametrize("world,S", [(4, 13), (8, 37), (3, 17), (2, 13), (1, 7), (5, 23), (6, 17), (7, 29)])
 def test_every_mode_matches_float64(world, S):
     _check(run_distributed(world, _all_cases, world, S, timeout=150), world)

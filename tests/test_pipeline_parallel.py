@@ -23,15 +23,17 @@ EXACT_REL = 1e-4  # `ithaca parity`'s float32 tolerance
 # exchange (garbage is ~1), and tests/test_tiny_model.py checks that FP8 videos still show what was asked.
 FP8_REL = 0.5
 
-# (ulysses, ring, cfg, comm). tiny has 4 heads, so world 4 runs Ulysses 4 directly in every comm mode; the
-# hybrid's fp8/p2p variants are covered at the model level (tests/test_wan_parallel.py).
+# (ulysses, ring, cfg, comm). tiny has 4 heads, so world 4 runs Ulysses 4 directly in every comm mode, and
+# world 3 splits them unevenly (2, 1, 1 heads); the hybrid's fp8/p2p variants are covered at the model level
+# (tests/test_wan_parallel.py).
 LAYOUTS = {
     2: [(2, 1, 1, "alltoall"), (2, 1, 1, "fp8"), (2, 1, 1, "p2p"), (1, 2, 1, "alltoall"),
         (1, 1, 2, "alltoall")],
     4: [(4, 1, 1, "alltoall"), (4, 1, 1, "fp8"), (4, 1, 1, "p2p"), (2, 2, 1, "alltoall"),
         (1, 4, 1, "alltoall"), (2, 1, 2, "alltoall"), (1, 2, 2, "alltoall")],
+    3: [(3, 1, 1, "alltoall")],
 }  # fmt: skip
-CANCEL_LAYOUT = {2: (2, 1, 1, "alltoall"), 4: (2, 1, 2, "alltoall")}
+CANCEL_LAYOUT = {2: (2, 1, 1, "alltoall"), 4: (2, 1, 2, "alltoall"), 3: (3, 1, 1, "alltoall")}
 
 
 def _pipeline(ulysses=None, ring=1, cfg=1, comm="alltoall"):
@@ -67,7 +69,7 @@ def reference():
     return latents, pipe.decode(latents)
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, 4, 3])
 def test_every_layout_matches_one_rank(reference, world):
     ref_latents, ref_frames = reference
     layouts = LAYOUTS[world]

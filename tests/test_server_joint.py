@@ -1,5 +1,6 @@
 """The server end to end on the joint-attention family: `--preset tiny-joint` (HunyuanVideo-1.5 architecture)
-on a real 2-rank CPU worker group, Ulysses 2, so every block's text path runs head-sliced + all-gathered."""
+on a real 2-rank CPU worker group, Ulysses 2, so every block's text path runs head-sliced + all-gathered; the
+exchange is `--comm auto`'s (the default): timed at start-up, published on /ready and /metrics."""
 
 from __future__ import annotations
 
@@ -12,6 +13,16 @@ def test_tiny_joint_serves_a_video(tmp_path):
     srv = ServerProcess(tmp_path / "data", "--preset", "tiny-joint", "--nproc", "2", "--ulysses", "2")
     try:
         srv.wait()
+        comm = srv.client.get("/ready").json()["comm"]
+        probed = {row["mode"]: row for row in comm["probe"]}
+        assert list(probed) == ["alltoall", "p2p"] and comm["mode"] in probed  # exact modes only by default
+        assert all(row["ms"] > 0 and row["error"] is None for row in probed.values()), comm
+        metrics = srv.client.get("/metrics").text
+        assert (
+            f'ithaca_comm_mode{{mode="{comm["mode"]}"}} 1' in metrics
+            and 'ithaca_comm_probe_ms{mode="p2p"}' in metrics
+        )
+        assert "exchange: " in srv.log()
         limits = srv.client.post("/generate", json={"prompt": "x", "height": 40}).json()
         assert "height" in str(limits["detail"])  # the joint family's VAE wants multiples of 16
         job = srv.submit(prompt='a sign that says "open"', num_frames=5, height=32, width=48,

@@ -1,0 +1,148 @@
+"""Automatic layout (parallel/plan.py): the rule's choices, the bytes of the Wan2.1-14B 8-GPU table, `ithaca
+plan`'s output, and `auto` in the server's settings."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import replace
+
+import pytest
+
+from parallel.plan import REFERENCE, Layout, Shape, choose, estimate, link_bytes, requested
+from server.config import ServeConfig, add_arguments, from_args
+
+WAN14 = REFERENCE  # 40 heads, 32760 tokens, guided
+WAN13 = Shape("wan2.1-1.3b", 12, 128, 30, 8960, 32760, 16 * 21 * 60 * 104, True)
+TINY2 = Shape("two heads", 2, 16, 2, 64, 256, 16 * 5 * 16 * 16, False)
+
+
+def _auto(world, shape, **kw) -> tuple[int, int, int]:
+    layout = choose(world, shape, **kw).layout
+    return layout.ulysses, layout.ring, layout.cfg
+
+
+@pytest.mark.parametrize(
+    "world,shape,node,want",
+    [
+        (8, WAN14, None, (4, 1, 2)),  # guided, even: CFG parallel, Ulysses on the 4 left
+        (8, replace(WAN14, guided=False), None, (8, 1, 1)),
+        (8, WAN13, None, (4, 1, 2)),  # 12 heads over 4: even
+        # 12 heads over 8 leave the slowest rank 2 (1.5 even): ulysses 4 × ring 2 models faster
+        (8, replace(WAN13, guided=False), None, (4, 2, 1)),
+        # 40 heads over 3: the slowest rank 14 (13.3 even); the ring models faster and divides the heads
+        (6, WAN14, None, (1, 3, 2)),
+        (3, WAN14, None, (1, 3, 1)),  # odd: no CFG parallel
+        (1, WAN14, None, (1, 1, 1)),
+        (2, WAN14, None, (1, 1, 2)),
+        (16, WAN14, 8, (8, 1, 2)),  # CFG across the nodes, Ulysses within each
+        (16, replace(WAN14, guided=False), 8, (8, 2, 1)),  # the ring across the nodes
+        (4, TINY2, None, (2, 2, 1)),  # Ulysses stops at the head count, the ring takes the rest
+        (4, replace(TINY2, guided=True), None, (2, 1, 2)),
+    ],
+)
+def test_auto_choices(world, shape, node, want):
+    assert _auto(world, shape, node=node) == want
+
+
+def test_the_reason_says_why():
+    assert choose(8, WAN14).line() == (
+        "layout: ulysses 4 × ring 1 × cfg 2 "
+        "(auto: guided, so CFG parallel; 4 ranks left, Ulysses within the node, 40 heads)"
+    )
+    assert "ring 2 across nodes" in choose(16, replace(WAN14, guided=False), node=8).reason
+    assert "ulysses 8 would give the slowest rank 2 heads" in choose(8, replace(WAN13, guided=False)).reason
+
+
+def test_uneven_heads_are_allowed_when_nothing_else_fits():
+    # 8 ranks, 6 heads, one node: ulysses 8 is out (more ranks than heads); 4 (uneven) and 2 compete
+    shape = replace(WAN13, heads=6, guided=False)
+    u, r, c = _auto(8, shape)
+    assert u * r == 8 and u <= 6 and c == 1
+    assert estimate(Layout.of(4, 2, 1), shape, 1.0).heads_per_rank == 2
+
+
+def test_fixed_and_mixed_degrees():
+    assert requested(None, None, None) == ("auto", "auto", "auto")
+    assert requested(None, None, 2) == (None, 1, 2)  # as before: ulysses what remains, ring 1
+    assert requested(None, "auto", None) == ("auto", "auto", "auto")  # no integer given: all auto
+    assert requested(None, "auto", 2) == ("auto", "auto", 2)  # ulysses follows the ring it waits on
+    assert choose(8, None, 8).reason == "as given"
+    assert _auto(8, WAN14, cfg=1) == (8, 1, 1)
+    assert _auto(8, WAN14, ulysses=8, cfg="auto") == (8, 1, 1)  # no room left for CFG parallel
+    assert _auto(8, WAN14, ulysses="auto", ring=2, cfg="auto") == (2, 2, 2)
+    with pytest.raises(ValueError, match="ring=3 x cfg=1 does not divide world size 8; valid"):
+        choose(8, WAN14, ring=3)
+    with pytest.raises(ValueError, match="ulysses=3 x ring=1 x cfg=1 does not divide world size 8"):
+        choose(8, WAN14, ulysses=3, ring="auto")
+
+
+def test_bytes_match_the_wan14b_8gpu_table():
+    """GB sent per forward per rank in bench/RESULTS.md's MODELLED table (bench/gpu_modelled.py before the
+    model moved to parallel/plan.py)."""
+    S, H, D, layers = 32760, 40, 128, 40
+    for layout, alltoall, fp8 in (
+        (Layout("Ulysses 8", 8), 5.87, 3.03),
+        (Layout("CFG 2 × Ulysses 4", 4, cfg=2), 10.06, 5.19),
+        (Layout("ring 2 × Ulysses 4", 4, ring=2), 8.39, 5.95),
+    ):
+        assert round(layers * link_bytes(layout, S, H, D) / 1e9, 2) == alltoall
+        assert round(layers * link_bytes(layout, S, H, D, fp8=True) / 1e9, 2) == fp8
+    e = estimate(Layout("Ulysses 8", 8), WAN14, 2.838)  # the table's step times, NVLink
+    assert (round(e.compute_s, 3), round(e.step_s, 3)) == (0.355, 0.736)
+    cfg = estimate(Layout("CFG 2 × Ulysses 4", 4, cfg=2), WAN14, 2.838)
+    assert round(cfg.step_s, 3) == 0.732
+    assert estimate(Layout.of(4, 1, 2), replace(WAN14, guided=False), 2.838).step_s is None
+
+
+def test_ithaca_plan_prints_the_table_and_marks_the_choice(capsys):
+    from server.cli import main
+
+    assert main(["plan", "--nproc", "8", "--preset", "wan2.1-14b"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "wan2.1-14b, 81 frames 480×832: 32760 tokens, 40 heads × 128, 40 layers, guided; 8 ranks" in out
+    assert "MODELLED, not measured" in out and "2.82 s at 32760 tokens" in " ".join(out.split())
+    rows = [line.split() for line in lines if re.match(r"[* ] +\d", line)]
+    assert len(rows) == 7  # every layout of 8 ranks (cfg 1 or 2)
+    marked = next(r for r in rows if r[0] == "*")
+    assert marked[1:4] == ["4", "1", "2"] and marked[-1] == "0.727"
+    assert "\n* auto picks layout: ulysses 4 × ring 1 × cfg 2 (auto: guided" in out
+
+    assert (
+        main(["plan", "--nproc", "16", "--nproc-per-node", "8", "--preset", "wan2.1-14b", "--guidance", "1"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "unguided; 16 ranks on 2 nodes of 8" in out and "n/a: CFG parallel needs guidance" in out
+    assert "\n* auto picks layout: ulysses 8 × ring 2 × cfg 1" in out
+    assert main(["plan", "--nproc", "6", "--nproc-per-node", "4"]) == 2
+    assert "--nproc-per-node 4 does not divide --nproc 6" in capsys.readouterr().err
+
+
+def _parse(argv, env=None) -> ServeConfig:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return from_args(parser.parse_args(argv), environ=env or {})
+
+
+def test_serve_config_takes_auto():
+    config = _parse([])
+    assert (config.ulysses, config.ring, config.cfg) == (None, None, None)  # all auto
+    config = _parse(["--ulysses", "auto", "--cfg", "2"], {"ITHACA_RING": "auto"})
+    assert (config.ulysses, config.ring, config.cfg) == ("auto", "auto", 2)
+    argv = config.worker_argv()
+    assert argv[argv.index("--ulysses") + 1] == "auto" and argv[argv.index("--cfg") + 1] == "2"
+    assert _parse(["--ulysses", "4"]).ulysses == 4
+    with pytest.raises(ValueError, match="ITHACA_CFG: 'two' is not an integer or auto"):
+        _parse([], {"ITHACA_CFG": "two"})
+
+
+def test_serve_resolves_auto_for_the_model():
+    from dit.shape import plan_layout
+
+    assert plan_layout("tiny", 2).layout == Layout.of(1, 1, 2)  # the trained tiny model is guided (3.0)
+    assert plan_layout("tiny-random", 4, cfg=1).layout == Layout.of(4, 1, 1)
+    assert plan_layout("wan2.1-14b", 8, timesteps="1000,750,500,250", sampler="euler").layout == Layout.of(
+        8, 1, 1
+    )  # a fixed schedule: guidance 1, so no CFG parallel
