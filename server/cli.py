@@ -36,12 +36,12 @@ def serve(args: argparse.Namespace) -> int:
     holder: dict = {}
     try:
         logs.setup(config.log_level, config.log_format)
-        if choice is not None:
-            log.info("%s", choice.line())
         app = create_app(config, on_fatal=lambda: setattr(holder["server"], "should_exit", True))
     except (ValueError, StoreError) as e:  # a bad log setting; a jobs.db that is damaged or not ours
         print(f"ithaca serve: error: {e}", file=sys.stderr)
         return 2
+    if choice is not None:  # once the store opened: a damaged one ends serve with its one line alone
+        log.info("%s", choice.line())
     server = holder["server"] = uvicorn.Server(
         uvicorn.Config(
             app,
