@@ -5,32 +5,17 @@ the fastest mode that works on every rank (the same choice on every rank of the 
 from __future__ import annotations
 
 import parallel
-from dit.pipeline import GenerationRequest, Pipeline
+from dit.pipeline import Pipeline
+from dit.shape import model_shape
 
 
 def attention_shape(pipe: Pipeline) -> tuple[int, int, int, int]:
-    """The q/k/v shard shape [B, S_local, H, D] of one self-attention call at the default video size: one
-    video per pass (the guided passes run one after the other), its tokens padded to a multiple of sp."""
-    lim = pipe.limits
-    req = GenerationRequest(
-        "", num_frames=lim.default_frames, height=lim.default_height, width=lim.default_width
-    )
-    f, h, w = pipe.latent_shape(req)[-3:]
-    pt, ph, pw = pipe.model.config.patch_size
-    tokens = (f // pt) * (h // ph) * (w // pw)
-    heads, head_dim = _heads(pipe.model)
-    return 1, -(-tokens // pipe.mesh.sp_size), heads, head_dim
-
-
-def _heads(model) -> tuple[int, int]:
-    """(heads, head_dim) from the first config that has them: adapters (image-to-video, HunyuanVideo-1.5's
-    text-to-video) keep only a few fields and hold the transformer as a submodule."""
-    for module in model.modules():
-        cfg = getattr(module, "config", None)
-        heads = getattr(cfg, "num_heads", None) or getattr(cfg, "num_attention_heads", None)
-        if heads:
-            return heads, getattr(cfg, "head_dim", None) or cfg.attention_head_dim
-    raise ValueError(f"{type(model).__name__} has no config with attention heads")
+    """The q/k/v shard shape [B, S_local, H, D] of one self-attention call at the default video size
+    (`dit.shape.model_shape`: the planner's reading of the same model): one video per pass (the guided passes
+    run one after the other), its tokens padded to a multiple of sp."""
+    config = pipe.config
+    shape = model_shape(config.model, sampler=config.sampler, timesteps=config.timesteps)
+    return 1, -(-shape.tokens // pipe.mesh.sp_size), shape.heads, shape.head_dim
 
 
 def choose_comm(

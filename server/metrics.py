@@ -90,8 +90,8 @@ def render(
             "# TYPE ithaca_comm_mode gauge",
             f'ithaca_comm_mode{{mode="{comm["mode"]}"}} 1',
         ]
-        probed = [row for row in comm.get("probe") or () if row["ms"] is not None]
         if comm.get("probe"):
+            probed = [row for row in comm["probe"] if row["ms"] is not None]  # ruled-out modes have no time
             lines += [
                 "# HELP ithaca_comm_probe_ms --comm auto: ms per attention call of each exchange at start-up "
                 "(the slowest rank's median; a mode ruled out has none)",
