@@ -68,6 +68,7 @@ SECTIONS = (
     Section("wan-1.3b", "Wan2.1-1.3B forward, ours vs diffusers", gpu_speed.wan_1_3b, 70),
     Section("wan-14b", "Wan2.1-14B forward, ours vs diffusers", gpu_speed.wan_14b, 120),
     Section("modelled", "MODELLED 8-GPU step time", gpu_modelled.modelled, 1),
+    Section("overlap", "overlapped Ulysses, MODELLED exchanges", gpu_modelled.overlap, 10),
     Section("job", "Wan2.1-1.3B job by phase", gpu_speed.job_phases, 40),
     Section("vae", "VAE decode, 81 frames 480p", gpu_speed.vae_decode, 40),
     Section("text", "text encode (UMT5-XXL)", gpu_speed.text_encode, 30),

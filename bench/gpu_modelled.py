@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+
 from bench.gpu_kit import Kit, Report, Skip
 from parallel.plan import Layout, Links, Shape, estimate, messages
 
@@ -24,7 +26,7 @@ LAYOUTS = (
     Layout("ring 2 × Ulysses 4", 4, ring=2),
 )
 
-__all__ = ["LAYOUTS", "Layout", "messages", "modelled"]
+__all__ = ["LAYOUTS", "Layout", "messages", "modelled", "overlap"]
 
 
 def modelled(kit: Kit, report: Report) -> None:
@@ -88,4 +90,53 @@ def modelled(kit: Kit, report: Report) -> None:
     report.note(
         "Assumed: compute splits perfectly over the sp ranks; communication does not overlap compute; "
         "bytes are analytic from parallel/'s message shapes (checked against count_comm in the tests)."
+    )
+
+
+def overlap(kit: Kit, report: Report) -> None:
+    """Overlapped Ulysses at P=8 on the Wan2.1-14B shape: each head chunk's attention MEASURED on this GPU
+    (one rank's share: the whole sequence, its heads), the exchanges MODELLED from their bytes and a link's
+    bandwidth, with the schedule parallel/overlap.py issues (chunk c attends while chunk c+1's Q/K/V and
+    chunk c-1's output cross the link)."""
+    from bench.gpu_speed import WAN_14B_SHAPE, _rand
+    from parallel import local_attention
+    from parallel.ulysses import head_splits
+
+    S, H, D = kit.pick(WAN_14B_SHAPE, (512, 32, 64))
+    P = 8
+    heads = H // P  # every rank's share (40 / 8 = 5)
+    elt = torch.finfo(kit.dtype).bits // 8
+    attend_ms = {}
+    for n in sorted(set(head_splits(heads, 4) + head_splits(heads, 2) + [heads])):
+        q, k, v = (_rand(kit, 1, S, n, D) for _ in "qkv")
+        sec, _, _ = kit.time(lambda q=q, k=k, v=v: local_attention(q, k, v), warmup=3, iters=10)
+        attend_ms[n] = sec * 1e3
+    rows = []
+    for link, bw in LINKS.items():
+        for chunks in (c for c in (1, 2, 4) if c <= heads):
+            split = head_splits(heads, chunks)
+            # one rank's bytes on the wire per chunk: its (P-1)/P of L = S/P tokens × the chunk's P·n heads
+            wire = lambda n, tensors: tensors * (S // P) * P * n * D * elt * (P - 1) / P  # noqa: E731
+            qkv_in = [wire(n, 3) / bw * 1e3 for n in split]
+            out = [wire(n, 1) / bw * 1e3 for n in split]
+            attend = [attend_ms[n] for n in split]
+            call = qkv_in[0] + out[-1]
+            for c in range(chunks):  # chunk c attends; c+1's input and c-1's output share the link meanwhile
+                link_busy = (qkv_in[c + 1] if c + 1 < chunks else 0) + (out[c - 1] if c else 0)
+                call += max(attend[c], link_busy)
+            rows.append([link, chunks, f"{sum(attend):.3f}", f"{sum(qkv_in) + sum(out):.3f}", f"{call:.3f}"])
+    single = {r[0]: float(r[4]) for r in rows if r[1] == 1}
+    for r in rows:
+        r.append(f"{float(r[4]) / single[r[0]]:.2f}×")
+    report.table(
+        f"MODELLED exchanges, MEASURED attention: one attention call of Ulysses 8 at S={S}, {H} heads "
+        f"({heads} a rank), D={D}, {kit.dtype}",
+        ["link", "head chunks", "attention ms (measured)", "exchange ms (modelled)", "call ms", "vs one"],
+        rows,
+    )
+    report.note(
+        "Assumed: the link moves one chunk's bytes at its nominal bandwidth while attention runs (NCCL on "
+        "its own stream); packing and unpacking, the same bytes in C pieces, are left out. Attention by "
+        "chunk is measured, so the cost of smaller kernels is in the table; the overlap itself needs 2+ "
+        "GPUs to time."
     )

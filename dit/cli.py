@@ -185,7 +185,12 @@ def add_subcommands(subparsers) -> None:
         default=None,
         help="1 | 2 (2: prompt and negative prompt in parallel) | auto (default: auto; else 1)",
     )
-    g.add_argument("--comm", default="alltoall", help="Ulysses exchange: alltoall | fp8 | p2p | p2p+fp8")
+    g.add_argument(
+        "--comm",
+        default="alltoall",
+        help="Ulysses exchange: alltoall | fp8 | p2p | p2p+fp8, each optionally +overlapN (the heads in N "
+        "chunks, one chunk's exchange overlapping another's attention)",
+    )
     g.add_argument("--nproc", type=int, default=1, help="re-launch under torchrun with N CPU/GPU processes")
     g.add_argument("--save-latents", default=None, help="also torch.save the final latents and frames here")
     g.set_defaults(func=run_generate)

@@ -134,6 +134,10 @@ class PipelineFamily:
     # (vae, image uint8 [H, W, 3] at the video's size) → the latents `[1, C, 1, h, w]` such a model takes as
     # its first latent frame
     first_frame: Callable[..., torch.Tensor] | None = None
+    # the prompt tokens the DiT attends to (padded, or the most kept) and whether they join the
+    # self-attention (else cross-attention): the layout planner's FLOPs (`dit.shape.model_shape`)
+    text_tokens: int = 512
+    joint_text: bool = False
 
     def compression_of(self, folder: Path | None, channels: int) -> tuple[int, int]:
         """The (time, space) compression of the VAE the family loads for `folder` (or a preset's channels)."""

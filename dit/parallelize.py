@@ -71,8 +71,7 @@ def set_comm(model, comm: str) -> None:
     carry `comm`: Wan's `sequence_parallel`, a registered family's `attention` (HunyuanVideo-1.5's), in
     `model` or any module inside it (adapters wrap the transformer); `compile_blocks` may have wrapped the
     op in `torch.compiler.disable`, which keeps it as `__wrapped__`."""
-    if comm not in parallel.COMM_MODES:
-        raise ValueError(f"comm must be one of {', '.join(parallel.COMM_MODES)}, got {comm!r}")
+    parallel.comm_config(comm)  # ValueError for an unknown mode
     for module in model.modules():
         for name in ("sequence_parallel", "attention"):
             op = getattr(module, name, None)

@@ -37,7 +37,7 @@ def preflight(
     `nproc` ranks, `local_nproc` of them on this machine (default: all). `device` None: cuda when CUDA is
     present, else cpu (as the ranks pick). Degrees: integers, "auto", or None (see `parallel.plan.requested`);
     auto ones are resolved for the model last (`dit.shape.plan_layout`)."""
-    from parallel.comm import COMM_MODES
+    from parallel.comm import COMM_MODES, comm_config
     from parallel.kernels import BACKENDS
     from parallel.plan import AUTO, check_fixed, needs_model
 
@@ -47,7 +47,14 @@ def preflight(
         raise ValueError(f"--cfg must be 1 or 2 (prompt and negative prompt in parallel) or auto: {cfg!r}")
     with _degrees(nproc):
         check_fixed(nproc, ulysses, ring, cfg)
-    _check_choice("--comm", comm, (*COMM_MODES, "auto"))  # auto: measured at start-up (dit.comm_choice)
+    if comm != "auto":  # auto: measured at start-up (dit.comm_choice)
+        try:
+            comm_config(comm)
+        except ValueError:
+            modes = ", ".join(COMM_MODES)
+            raise ValueError(
+                f"--comm {comm!r} is not one of {modes} (each optionally +overlapN, N >= 2), auto"
+            ) from None
     _check_choice("--attn-backend", attn_backend, BACKENDS)
     on_cuda = _check_device("--device", device, nproc if local_nproc is None else local_nproc)
     if text_encoder_device is not None:

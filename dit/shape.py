@@ -56,6 +56,8 @@ def model_shape(
         tokens=tokens,
         latent_elements=config.out_channels * latent[0] * latent[1] * latent[2],
         guided=guidance != 1,
+        text_tokens=family.text_tokens,
+        joint_text=family.joint_text,
     )
 
 

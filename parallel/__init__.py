@@ -2,7 +2,16 @@
 with halo exchange (band-parallel convolution)."""
 
 from parallel.attention import attention, cfg_all_gather
-from parallel.comm import COMM_MODES, CommConfig, CommStats, all_reduce_sum, count_comm
+from parallel.comm import (
+    COMM_MODES,
+    CommConfig,
+    CommStats,
+    all_reduce_sum,
+    comm_config,
+    comm_modes,
+    count_comm,
+    overlapped,
+)
 from parallel.halo import RowBands, band_sizes, exchange_halo, gather_bands
 from parallel.kernels import local_attention
 from parallel.mesh import ParallelMesh, init_parallel
@@ -22,12 +31,15 @@ __all__ = [
     "attention",
     "band_sizes",
     "cfg_all_gather",
+    "comm_config",
+    "comm_modes",
     "count_comm",
     "exchange_halo",
     "gather_bands",
     "gather_sequence",
     "init_parallel",
     "local_attention",
+    "overlapped",
     "probe_comm",
     "real_tokens",
     "shard_sequence",

@@ -8,6 +8,7 @@ import torch.distributed as dist
 
 from parallel.comm import CommConfig, _all_gather_single, all_gather, comm_config
 from parallel.mesh import ParallelMesh
+from parallel.overlap import overlapped_ulysses
 from parallel.ring import ring_attention
 from parallel.sharding import SequenceShardInfo, local_info
 from parallel.ulysses import head_range, head_splits, joint_attention, ulysses_in, ulysses_out
@@ -86,20 +87,28 @@ def attention(
     if mesh.validate and mesh.control_group is not None:
         _check_across_ranks(mesh, q, text)
 
-    if U > 1:
-        q, k, v = ulysses_in(q, k, v, mesh.ulysses_group, U, mesh.ulysses_rank, cfg)
-        if text is not None:
-            heads = head_range(H, U, mesh.ulysses_rank)
-            text = tuple(t if t is None else t[:, :, heads] for t in text)
-    args = (text, text_mask, text_first, causal, backend)
-    if mesh.ring_size == 1:
-        out, text_out = joint_attention(q, k, v, info.span_valid(0), *args)
+    args = (text_mask, text_first, causal, backend)
+
+    def attend(q, k, v, text):
+        if mesh.ring_size == 1:
+            return joint_attention(q, k, v, info.span_valid(0), text, *args)
+        return ring_attention(q, k, v, info, mesh.ring_group, text, *args)
+
+    if U == 1:
+        out, text_out = attend(q, k, v, text)
+        return out if text_out is None else (out, text_out)
+    chunks = min(cfg.chunks, H // U)  # every rank keeps a head in every chunk
+    if chunks > 1:
+        out, text_out = overlapped_ulysses(
+            q, k, v, text, mesh.ulysses_group, U, mesh.ulysses_rank, cfg, chunks, attend
+        )
     else:
-        out, text_out = ring_attention(q, k, v, info, mesh.ring_group, *args)
-    if U > 1:
+        heads = head_range(H, U, mesh.ulysses_rank)
+        text = None if text is None else tuple(t if t is None else t[:, :, heads] for t in text)
+        out, text_out = attend(*ulysses_in(q, k, v, mesh.ulysses_group, U, mesh.ulysses_rank, cfg), text)
         out = ulysses_out(out, mesh.ulysses_group, U, H, cfg)
-        if text_out is not None:
-            text_out = _gather_heads(text_out, mesh.ulysses_group, head_splits(H, U))
+    if text_out is not None:
+        text_out = _gather_heads(text_out, mesh.ulysses_group, head_splits(H, U))
     return out if text_out is None else (out, text_out)
 
 

@@ -10,9 +10,11 @@ times; CFG parallel all-gathers each step's fp32 noise prediction once. FP8 send
 4-byte scale per (token, head) row instead of 2·D. With heads not divisible by U a rank owns ⌈H/U⌉ or ⌊H/U⌋
 of them; the bytes are the busiest rank's (⌈H/U⌉ heads), an upper bound for the others.
 
-The time model: compute splits over the sp ranks (linear layers by tokens, attention by heads, so the slowest
-rank does ⌈H/U⌉ heads' attention); communication does not overlap compute; every byte crosses its link at the
-nominal per-direction bandwidth (within a node unless the group spans nodes).
+The time model: compute splits over the sp ranks (linear layers and cross-attention by tokens, attention by
+heads, so the slowest rank does ⌈H/U⌉ heads' attention) except the text tokens' own work, which every rank
+repeats (cross-attention's text K/V projections; joint text's projections and feed-forward); communication
+does not overlap compute; every byte crosses its link at the nominal per-direction bandwidth (within a node
+unless the group spans nodes).
 """
 
 from __future__ import annotations
@@ -59,17 +61,29 @@ class Shape:
     tokens: int  # image tokens of the video (the sequence the ranks split)
     latent_elements: int  # of the noise prediction CFG parallel all-gathers (fp32) each step
     guided: bool  # guidance != 1: two forwards per step (prompt and negative prompt)
+    text_tokens: int = 0  # the prompt's tokens as the model attends to them (padded or at most)
+    joint_text: bool = False  # text joins the self-attention (HunyuanVideo-1.5); else cross-attention (Wan)
 
-    def flops(self) -> tuple[float, float]:
-        """(attention, linear) FLOPs of one forward: QKᵀ and PV, 4·S²·d per layer; per token and layer the
-        Q/K/V/output and cross-attention Q/output projections (6·d²) and the feed-forward (2·d·ffn), at
-        2 FLOPs a multiply-add. Text tokens (cross-attention K/V, joint text) are left out."""
-        d, S = self.heads * self.head_dim, self.tokens
-        return self.layers * 4 * S * S * d, self.layers * 2 * S * (6 * d * d + 2 * d * self.ffn)
+    def flops(self) -> tuple[float, float, float]:
+        """(attention, by tokens, on every rank) FLOPs of one forward, at 2 FLOPs a multiply-add. Attention
+        (split by heads): QKᵀ and PV, 4·(S+T)²·d per layer with joint text, else 4·S²·d. By tokens: per
+        image token and layer the Q/K/V/output and cross-attention Q/output projections (6·d²) and the
+        feed-forward (2·d·ffn), plus cross-attention against T text keys (4·T·d). On every rank: the text
+        K/V projections of cross-attention (4·T·d² a layer), or joint text tokens' own projections and
+        feed-forward."""
+        d, S, T = self.heads * self.head_dim, self.tokens, self.text_tokens
+        per_token = 2 * (6 * d * d + 2 * d * self.ffn)
+        if self.joint_text:
+            attention, by_tokens, everywhere = 4 * (S + T) ** 2 * d, S * per_token, T * per_token
+        else:
+            attention, by_tokens, everywhere = 4 * S * S * d, S * (per_token + 4 * T * d), 4 * T * d * d
+        return self.layers * attention, self.layers * by_tokens, self.layers * everywhere
 
 
-# Wan2.1-14B at 480p/81 frames: the shape REFERENCE_SECONDS was measured on.
-REFERENCE = Shape("Wan2.1-14B 480p/81 frames", 40, 128, 40, 13824, 32760, 16 * 21 * 60 * 104, True)
+# Wan2.1-14B at 480p/81 frames (UMT5's 512 padded text tokens): the shape REFERENCE_SECONDS was measured on.
+REFERENCE = Shape(
+    "Wan2.1-14B 480p/81 frames", 40, 128, 40, 13824, 32760, 16 * 21 * 60 * 104, True, text_tokens=512
+)
 
 
 def estimated_forward(shape: Shape) -> float:
@@ -131,11 +145,13 @@ def estimate(
     """One denoising step under `layout`, one forward of the whole model taking `forward_s` on one GPU;
     `node` ranks per node (None: one node)."""
     node = node or layout.sp * layout.cfg
-    attention, linear = shape.flops()
-    share = attention / (attention + linear)
+    attention, by_tokens, everywhere = shape.flops()
     heads = -(-shape.heads // layout.ulysses)
-    # linear layers split by tokens; attention waits for the rank with the most heads
-    compute = forward_s / layout.sp * (1 + share * (heads * layout.ulysses / shape.heads - 1))
+    # attention waits for the rank with the most heads; the text tokens' own work is not split
+    busiest = attention * heads * layout.ulysses / shape.heads
+    compute = (
+        forward_s * ((busiest + by_tokens) / layout.sp + everywhere) / (attention + by_tokens + everywhere)
+    )
     m = messages(layout, shape.tokens, shape.heads, shape.head_dim, fp8)
     a2a = m.get("all_to_all", 0) * (layout.ulysses - 1) / layout.ulysses
     # ulysses is innermost: a group of U (or U·R, or the replica) contiguous ranks stays inside a node

@@ -1,7 +1,8 @@
-"""Pick the sequence-parallel exchange by measurement: every mode of `COMM_MODES` the caller allows runs the
-attention call a model issues (public `parallel.attention` on random q/k/v of the model's shard shape) on
-every rank of the replica, and the fastest mode that worked on every rank wins (by a margin: `choose`). All
-modes compute the same local attention, so their differences are the exchange.
+"""Pick the sequence-parallel exchange by measurement: every mode the caller allows (by default `comm_modes`:
+each of `COMM_MODES`, then each overlapped in head chunks) runs the attention call a model issues (public
+`parallel.attention` on random q/k/v of the model's shard shape) on every rank of the replica, and the
+fastest mode that worked on every rank wins (by a margin: `choose`). All modes compute the same local
+attention, so their differences are the exchange and how much of it hides behind the attention.
 
 Measured on the 2-core CPU dev box (gloo, float32, one thread a rank, torch 2.13.0, 2026-11-23; ms per
 attention call, the range of two probes): compute dominates and the ranks share two cores, so the order
@@ -43,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 from parallel.attention import attention
-from parallel.comm import COMM_MODES
+from parallel.comm import comm_config, comm_modes
 from parallel.mesh import ParallelMesh
 
 _SP_GROUPS = ("ulysses_group", "ring_group", "sp_group")
@@ -72,7 +73,7 @@ class ProbeResult:
 
 
 def is_lossy(mode: str) -> bool:
-    cfg = COMM_MODES[mode]
+    cfg = comm_config(mode)
     return cfg.fp8_in or cfg.fp8_out
 
 
@@ -80,7 +81,7 @@ def probe_comm(
     mesh: ParallelMesh,
     shape: Sequence[int],
     dtype: torch.dtype = torch.float32,
-    modes: Sequence[str] = tuple(COMM_MODES),
+    modes: Sequence[str] | None = None,
     *,
     allow_lossy: bool = False,
     iters: int = 5,
@@ -89,17 +90,18 @@ def probe_comm(
     backend: str = "auto",
     device: torch.device | str | None = None,
 ) -> ProbeResult:
-    """Time one attention call of q/k/v shard shape `shape` [B, S_local, H, D] in each of `modes` (the FP8
-    ones only when `allow_lossy`, after the exact ones), on every rank of `mesh`'s replica together
-    (collective), on `device` (default the mesh's) with attention kernel `backend`. Each mode: one untimed
-    call (communicator set-up, the FP8 quantiser's compile on CUDA), then `iters` timed calls; its row holds
-    the slowest rank's median. `timeout_s` bounds each mode as a whole, first call included, so it must cover
-    iters + 1 calls. The choice follows `choose` with `margin`. Every rank returns the same result."""
+    """Time one attention call of q/k/v shard shape `shape` [B, S_local, H, D] in each of `modes` (default:
+    `comm_modes` for its heads; the FP8 ones only when `allow_lossy`, after the exact ones), on every rank
+    of `mesh`'s replica together (collective), on `device` (default the mesh's) with attention kernel
+    `backend`. Each mode: one untimed call (communicator set-up, the FP8 quantiser's compile on CUDA), then
+    `iters` timed calls; its row holds the slowest rank's median. `timeout_s` bounds each mode as a whole,
+    first call included, so it must cover iters + 1 calls. The choice follows `choose` with `margin`. Every
+    rank returns the same result."""
     if iters < 1:
         raise ValueError(f"iters must be at least 1, got {iters}")
-    unknown = [m for m in modes if m not in COMM_MODES]
-    if unknown:
-        raise ValueError(f"unknown comm modes {unknown}; allowed: {', '.join(COMM_MODES)}")
+    modes = comm_modes(shape[2], mesh.ulysses_size) if modes is None else modes
+    for mode in modes:
+        comm_config(mode)  # ValueError for an unknown one
     # exact modes first: a lossy one must then beat the best exact one by the margin (`choose`)
     candidates = sorted((m for m in modes if allow_lossy or not is_lossy(m)), key=is_lossy)
     if not candidates:

@@ -51,34 +51,51 @@ def head_range(H: int, P: int, rank: int) -> slice:
     return slice(start, start + splits[rank])
 
 
-def ulysses_in(q, k, v, group, P: int, rank: int, cfg: CommConfig):
-    """This rank's sequence shard × all heads → the whole sequence × its heads: q, k, v [B, P*L, h, D]."""
+def _then(sent, fn, async_op: bool):
+    return sent.then(fn) if async_op else fn(sent)
+
+
+def ulysses_in(q, k, v, group, P: int, rank: int, cfg: CommConfig, async_op=False, heads=None):
+    """This rank's sequence shard × all heads → the whole sequence × its heads: q, k, v [B, P*L, h, D]
+    (with `async_op`, a `Pending` of them). `heads`: the slice of heads each rank receives (default:
+    `head_range`'s contiguous shares of all H; overlapped Ulysses sends a share of each in every chunk)."""
     B, L, H, D = q.shape
-    if H % P == 0:
-        return unpack_qkv(exchange(pack_qkv(q, k, v, P), group, cfg, cfg.fp8_in))
-    splits, mine = head_splits(H, P), head_splits(H, P)[rank]
-    buf = q.new_empty(3 * B * L * H * D)  # peer j's [3, B, L, splits[j], D] after peer j-1's
+    if heads is None and H % P == 0:
+        return _then(exchange(pack_qkv(q, k, v, P), group, cfg, cfg.fp8_in, async_op), unpack_qkv, async_op)
+    heads = heads or [head_range(H, P, j) for j in range(P)]
+    splits = [s.stop - s.start for s in heads]
+    buf = q.new_empty(3 * B * L * sum(splits) * D)  # peer j's [3, B, L, splits[j], D] after peer j-1's
     at = 0
     for j, n in enumerate(splits):
         chunk = buf[at : at + 3 * B * L * n * D].view(3, B, L, n, D)
         for i, t in enumerate((q, k, v)):
-            chunk[i].copy_(t[:, :, head_range(H, P, j)])
+            chunk[i].copy_(t[:, :, heads[j]])
         at += chunk.numel()
-    rows = lambda heads: 3 * B * L * heads  # noqa: E731 - rows of D elements in one peer's chunk
-    got = exchange_split(buf.view(-1, D), [rows(n) for n in splits], [rows(mine)] * P, group, cfg, cfg.fp8_in)
-    return unpack_qkv(got.view(P, 3, B, L, mine, D))
+    rows = lambda n: 3 * B * L * n  # noqa: E731 - rows of D elements in one peer's chunk
+    mine = splits[rank]
+    got = exchange_split(
+        buf.view(-1, D), [rows(n) for n in splits], [rows(mine)] * P, group, cfg, cfg.fp8_in, async_op
+    )
+    return _then(got, lambda got: unpack_qkv(got.view(P, 3, B, L, mine, D)), async_op)
+
+
+def ulysses_out_parts(out, group, P: int, splits: list[int], cfg: CommConfig, async_op: bool = False):
+    """The whole sequence × this rank's heads → its sequence shard × the heads of every rank, as one
+    [B, S/P, splits[j], D] tensor per rank j (with `async_op`, a `Pending` of the list)."""
+    B, S, h, D = out.shape
+    L = S // P
+    send = pack_out(out, P).view(-1, D)  # sequence shard j for rank j, this rank's heads
+    rows_out = [B * L * n for n in splits]
+    got = exchange_split(send, [B * L * h] * P, rows_out, group, cfg, cfg.fp8_out, async_op)
+    parts = lambda got: [c.view(B, L, n, D) for c, n in zip(got.split(rows_out), splits, strict=True)]  # noqa: E731
+    return _then(got, parts, async_op)
 
 
 def ulysses_out(out, group, P: int, H: int, cfg: CommConfig):
     """The whole sequence × this rank's heads → its sequence shard × all H heads: [B, S/P, H, D]."""
     if H % P == 0:
         return unpack_out(exchange(pack_out(out, P), group, cfg, cfg.fp8_out))
-    B, S, h, D = out.shape
-    L, splits = S // P, head_splits(H, P)
-    send = pack_out(out, P).view(-1, D)  # sequence shard j for rank j, this rank's heads
-    got = exchange_split(send, [B * L * h] * P, [B * L * n for n in splits], group, cfg, cfg.fp8_out)
-    chunks = [c.view(B, L, n, D) for c, n in zip(got.split([B * L * n for n in splits]), splits, strict=True)]
-    return torch.cat(chunks, 2)  # rank order = head order
+    return torch.cat(ulysses_out_parts(out, group, P, head_splits(H, P), cfg), 2)  # rank order = head order
 
 
 def joint_attention(q, k, v, n_valid: int, text, text_mask, text_first: bool, causal: bool, backend: str):

@@ -103,7 +103,8 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
         (dict(device="cuda:99"), "--device cuda:99: "),  # no CUDA here, or fewer than 100 GPUs
         (dict(text_encoder_device="tpu"), "--text-encoder-device 'tpu' is not a device"),
         (dict(dtype="fp16"), "--dtype 'fp16' is not one of float32, bfloat16, float16"),
-        (dict(comm="nccl"), "--comm 'nccl' is not one of alltoall, fp8, p2p, p2p+fp8"),
+        (dict(comm="nccl"), "--comm 'nccl' is not one of alltoall, fp8, p2p, p2p+fp8 (each optionally +over"),
+        (dict(comm="p2p+overlap1"), "--comm 'p2p+overlap1' is not one of"),
         (dict(sampler="ddim"), "--sampler 'ddim' is not one of unipc, euler"),
         (dict(nproc=0), "--nproc must be a positive integer, got 0"),
         (dict(nproc=4, cfg=3), "--cfg must be 1 or 2"),

@@ -130,7 +130,6 @@ def _container_env(tmp_path) -> dict[str, str]:
         ITHACA_DEVICE="cpu",
         ITHACA_DTYPE="float32",
         ITHACA_NPROC="2",
-        ITHACA_ULYSSES="2",
         ITHACA_HOST="127.0.0.1",
         ITHACA_DATA_DIR=str(tmp_path),
         ITHACA_API_KEY="deploy-test-key",
@@ -140,7 +139,7 @@ def _container_env(tmp_path) -> dict[str, str]:
 
 def test_server_starts_from_the_container_environment(tmp_path):
     env = _container_env(tmp_path)
-    assert env["ITHACA_COMM"] == "alltoall" and env["ITHACA_CFG"] == "1"
+    assert {env[f"ITHACA_{k}"] for k in ("ULYSSES", "RING", "CFG", "COMM")} == {"auto"}
     srv = ServerProcess(tmp_path, env=env, entrypoint_only=True)
     try:
         srv.wait("/ready", timeout=180)

@@ -64,6 +64,10 @@ def make_cases(world: int) -> list[dict]:
     cases = [dict(ulysses=world, ring=1, comm="alltoall", **t) for t in texts]
     cases += [dict(ulysses=world, ring=1, comm=c, **t) for c in ("fp8", "p2p", "p2p+fp8") for t in few]
     cases += [dict(ulysses=world, ring=1, comm="alltoall", causal=True, **t) for t in few]
+    if world > 1:  # overlapped Ulysses: head chunks in every exchange mode (more chunks than heads: clamped)
+        modes = ("alltoall+overlap2", "p2p+overlap3", "fp8+overlap2", "p2p+fp8+overlap32")
+        cases += [dict(ulysses=world, ring=1, comm=c, **t) for c in modes for t in few]
+        cases.append(dict(ulysses=world, ring=1, comm="alltoall+overlap2", causal=True, text="joint"))
     rings = [(1, world, False, "contiguous"), (1, world, True, "contiguous"), (1, world, True, "zigzag")]
     rings += [
         (u, world // u, c, lay)
@@ -75,6 +79,9 @@ def make_cases(world: int) -> list[dict]:
         for t in (few + [texts[1], texts[5]]) if world == 8 else texts:
             if not (causal and t["text"] == "kv"):
                 cases.append(dict(ulysses=u, ring=r, comm="alltoall", causal=causal, layout=layout, **t))
+        if u > 1:
+            hybrid = dict(ulysses=u, ring=r, causal=causal, layout=layout, **texts[4])
+            cases.append(dict(comm="alltoall+overlap2", **hybrid))
     return cases + uneven_cases(world)
 
 
@@ -88,9 +95,12 @@ def uneven_cases(world: int) -> list[dict]:
         for t in (dict(text=None), dict(text="joint", text_mask=True), dict(text="joint", text_first=True)):
             cases.append(dict(ulysses=world, ring=1, comm=comm, heads=heads, **t))
     cases.append(dict(ulysses=world, ring=1, comm="alltoall", causal=True, heads=heads, text="joint"))
+    for comm in ("alltoall+overlap3", "p2p+fp8+overlap2"):  # chunks of uneven shares
+        cases.append(dict(ulysses=world, ring=1, comm=comm, heads=heads, text="joint", text_first=True))
     if world % 2 == 0 and world > 2:
         hybrid = dict(ulysses=2, ring=world // 2, heads=5, text="joint", text_mask=True, layout="zigzag")
         cases += [dict(comm="alltoall", causal=True, **hybrid), dict(comm="p2p+fp8", causal=False, **hybrid)]
+        cases.append(dict(comm="p2p+overlap2", causal=True, **hybrid))
     return cases
 
 
@@ -160,16 +170,21 @@ def _collective_counts():
     mesh = parallel.init_parallel()
     q = torch.randn(1, 4, 8, 128)
     text = (torch.randn(1, 3, 8, 128),) * 3
-    counts = {}
-    for comm in ("alltoall", "fp8", "p2p", "p2p+fp8"):
+    counts, outs = {}, {}
+    for comm in ("alltoall", "fp8", "p2p", "p2p+fp8", "alltoall+overlap2", "p2p+overlap2"):
         with parallel.count_comm() as stats:
-            parallel.attention(q, q, q, mesh, text=text, comm=comm)
+            outs[comm] = parallel.attention(q, q, q, mesh, text=text, comm=comm)
         counts[comm] = (dict(stats.calls), dict(stats.bytes))
-    return world, counts
+    q6 = torch.randn(1, 4, 6, 128)  # 6 heads on 4 ranks: 2, 2, 1, 1
+    with parallel.count_comm() as stats:
+        parallel.attention(q6, q6, q6, mesh, text=(torch.randn(1, 3, 6, 128),) * 3)
+    counts["uneven"] = (dict(stats.calls), dict(stats.bytes))
+    same = {c: all(map(torch.equal, outs[c], outs[c.split("+")[0]])) for c in outs if "overlap" in c}
+    return world, counts, same
 
 
 def test_one_collective_each_way_and_fp8_bytes():
-    world, counts = run_distributed(4, _collective_counts)[0]
+    world, counts, same = run_distributed(4, _collective_counts)[0]
     calls, nbytes = counts["alltoall"]
     assert calls == {"all_to_all": 2, "all_gather": 1}  # QKV in, output back, text output gathered
     assert counts["fp8"][0] == calls
@@ -178,6 +193,13 @@ def test_one_collective_each_way_and_fp8_bytes():
     rounds = world - 1 + world % 2
     assert counts["p2p"][0]["send"] == 2 * rounds and "all_to_all" not in counts["p2p"][0]
     assert counts["p2p+fp8"][1]["send"] <= 0.53 * counts["p2p"][1]["send"] / 2
+    # uneven heads: rank 0 sends its whole Q/K/V shard, then the whole sequence of its 2 heads
+    assert counts["uneven"][1]["all_to_all"] == (3 * 4 * 6 * 128 + 4 * world * 2 * 128) * 4
+    # overlapped: one exchange each way per chunk, the same bytes, the same numbers as one exchange
+    assert counts["alltoall+overlap2"][0] == {"all_to_all": 4, "all_gather": 1}
+    assert counts["alltoall+overlap2"][1] == nbytes
+    assert counts["p2p+overlap2"][1] == counts["p2p"][1]
+    assert same == {"alltoall+overlap2": True, "p2p+overlap2": True}
 
 
 def _error_cases():

@@ -23,12 +23,12 @@ EXACT_REL = 1e-4  # `ithaca parity`'s float32 tolerance
 # exchange (garbage is ~1), and tests/test_tiny_model.py checks that FP8 videos still show what was asked.
 FP8_REL = 0.5
 
-# (ulysses, ring, cfg, comm). tiny has 4 heads, so world 4 runs Ulysses 4 directly in every comm mode, and
-# world 3 splits them unevenly (2, 1, 1 heads); the hybrid's fp8/p2p variants are covered at the model level
-# (tests/test_wan_parallel.py).
+# (ulysses, ring, cfg, comm). tiny has 4 heads, so world 4 runs Ulysses 4 directly in every comm mode, world
+# 3 splits them unevenly (2, 1, 1 heads) and world 2 also overlaps 2 head chunks; the hybrid's fp8/p2p
+# variants are covered at the model level (tests/test_wan_parallel.py).
 LAYOUTS = {
     2: [(2, 1, 1, "alltoall"), (2, 1, 1, "fp8"), (2, 1, 1, "p2p"), (1, 2, 1, "alltoall"),
-        (1, 1, 2, "alltoall")],
+        (1, 1, 2, "alltoall"), (2, 1, 1, "alltoall+overlap2")],
     4: [(4, 1, 1, "alltoall"), (4, 1, 1, "fp8"), (4, 1, 1, "p2p"), (2, 2, 1, "alltoall"),
         (1, 4, 1, "alltoall"), (2, 1, 2, "alltoall"), (1, 2, 2, "alltoall")],
     3: [(3, 1, 1, "alltoall")],

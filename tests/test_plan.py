@@ -88,9 +88,10 @@ def test_bytes_match_the_wan14b_8gpu_table():
     ):
         assert round(layers * link_bytes(layout, S, H, D) / 1e9, 2) == alltoall
         assert round(layers * link_bytes(layout, S, H, D, fp8=True) / 1e9, 2) == fp8
-    e = estimate(Layout("Ulysses 8", 8), WAN14, 2.838)  # the table's step times, NVLink
+    # the table's step times (NVLink) without text: compute 2.838 s / 8 = 0.355 s, step 0.736 s
+    e = estimate(Layout("Ulysses 8", 8), replace(WAN14, text_tokens=0), 2.838)
     assert (round(e.compute_s, 3), round(e.step_s, 3)) == (0.355, 0.736)
-    cfg = estimate(Layout("CFG 2 × Ulysses 4", 4, cfg=2), WAN14, 2.838)
+    cfg = estimate(Layout("CFG 2 × Ulysses 4", 4, cfg=2), replace(WAN14, text_tokens=0), 2.838)
     assert round(cfg.step_s, 3) == 0.732
     assert estimate(Layout.of(4, 1, 2), replace(WAN14, guided=False), 2.838).step_s is None
 
@@ -106,7 +107,7 @@ def test_ithaca_plan_prints_the_table_and_marks_the_choice(capsys):
     rows = [line.split() for line in lines if re.match(r"[* ] +\d", line)]
     assert len(rows) == 7  # every layout of 8 ranks (cfg 1 or 2)
     marked = next(r for r in rows if r[0] == "*")
-    assert marked[1:4] == ["4", "1", "2"] and marked[-1] == "0.727"
+    assert marked[1:4] == ["4", "1", "2"] and marked[-1] == "0.73"
     assert "\n* auto picks layout: ulysses 4 × ring 1 × cfg 2 (auto: guided" in out
 
     assert (
@@ -146,3 +147,19 @@ def test_serve_resolves_auto_for_the_model():
     assert plan_layout("wan2.1-14b", 8, timesteps="1000,750,500,250", sampler="euler").layout == Layout.of(
         8, 1, 1
     )  # a fixed schedule: guidance 1, so no CFG parallel
+
+
+def test_text_tokens_work_that_every_rank_repeats():
+    """Cross-attention's text K/V projections (4·T·d² a layer) run on every rank: at 8 ranks they add their
+    whole share to each rank's compute, not an eighth; joint text lengthens the attention instead."""
+    forward, plain = 2.838, replace(WAN14, text_tokens=0)
+    attention, by_tokens, everywhere = WAN14.flops()
+    d = WAN14.heads * WAN14.head_dim
+    assert everywhere == WAN14.layers * 4 * 512 * d * d
+    assert by_tokens == plain.flops()[1] + WAN14.layers * 4 * WAN14.tokens * 512 * d
+    e = estimate(Layout("Ulysses 8", 8), WAN14, forward)
+    total = attention + by_tokens + everywhere
+    assert e.compute_s == pytest.approx(forward * ((attention + by_tokens) / 8 + everywhere) / total)
+    joint = replace(plain, text_tokens=1256, joint_text=True)
+    assert joint.flops()[0] == WAN14.layers * 4 * (WAN14.tokens + 1256) ** 2 * d
+    assert joint.flops()[2] == 1256 * plain.flops()[1] / plain.tokens  # text tokens' own linears, everywhere

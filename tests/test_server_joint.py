@@ -15,7 +15,9 @@ def test_tiny_joint_serves_a_video(tmp_path):
         srv.wait()
         comm = srv.client.get("/ready").json()["comm"]
         probed = {row["mode"]: row for row in comm["probe"]}
-        assert list(probed) == ["alltoall", "p2p"] and comm["mode"] in probed  # exact modes only by default
+        # exact modes only by default, each plain and in 2 overlapped head chunks (2 heads a rank)
+        assert list(probed) == ["alltoall", "p2p", "alltoall+overlap2", "p2p+overlap2"]
+        assert comm["mode"] in probed
         assert all(row["ms"] > 0 and row["error"] is None for row in probed.values()), comm
         metrics = srv.client.get("/metrics").text
         assert (

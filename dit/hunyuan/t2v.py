@@ -22,7 +22,7 @@ from dit.families import TINY_LIMITS, Limits, PipelineFamily, folder_config, reg
 from dit.hunyuan import i2v, vae
 from dit.hunyuan.config import DIFFUSERS_CLASS_NAME
 from dit.hunyuan.model import HunyuanVideo15Transformer
-from dit.hunyuan.text import load_text_encoders, load_tokenizer
+from dit.hunyuan.text import BYT5_MAX_TOKENS, MLLM_MAX_TOKENS, load_text_encoders, load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,8 @@ FAMILY = PipelineFamily(
     decode=vae.decode,
     limits=_limits,
     samplers=("euler",),  # its published flow-match Euler
+    text_tokens=MLLM_MAX_TOKENS + BYT5_MAX_TOKENS,  # joined to the image tokens, masked
+    joint_text=True,
     sigmas=_sigmas,
     image_encoder=i2v.load_image_encoder,
     image_condition=i2v.latent_condition,
