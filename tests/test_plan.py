@@ -163,3 +163,18 @@ def test_text_tokens_work_that_every_rank_repeats():
     joint = replace(plain, text_tokens=1256, joint_text=True)
     assert joint.flops()[0] == WAN14.layers * 4 * (WAN14.tokens + 1256) ** 2 * d
     assert joint.flops()[2] == 1256 * plain.flops()[1] / plain.tokens  # text tokens' own linears, everywhere
+
+
+def test_every_shipped_model_gets_a_layout_on_1_to_8_ranks():
+    """`ithaca serve --nproc N` with no degrees given: for every model name and N = 1..8 auto finds a layout
+    that fits (degrees divide N, Ulysses at most the heads) and the settings pass the launch's checks."""
+    from dit.loading import model_names
+    from dit.preflight import preflight
+    from dit.shape import model_shape, plan_layout
+
+    for model in model_names():
+        heads = model_shape(model).heads
+        for n in range(1, 9):
+            layout = plan_layout(model, n).layout
+            assert n % (layout.sp * layout.cfg) == 0 and layout.ulysses <= heads, (model, n, layout)
+            preflight(preset=model, device="cpu", nproc=n, comm="auto")
