@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
@@ -23,6 +24,7 @@ from starlette.routing import Match
 
 from dit.cache import CacheConfig
 from server import limits as limits_mod
+from server import videos
 from server.jsonsafe import SafeJSONResponse, render, shown
 from server.openai_errors import responses
 from server.services import MAX_PROMPT_CHARS, Services, unprocessable
@@ -265,6 +267,9 @@ def video_file(request: Request, job_id: str) -> FileResponse:
     """The finished MP4 of a job (404 until completed); both APIs serve it this way."""
     services = svc(request)
     job = services.job(job_id)
+    config = services.config
+    if job.status == "completed" and job.video and not os.path.isfile(videos.video_file(config, job)):
+        raise HTTPException(404, videos.missing_video(config, job))  # e.g. another box's, not shared
     return FileResponse(services.video_path(job), media_type="video/mp4", filename=f"{job.id}.mp4")
 
 

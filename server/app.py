@@ -13,7 +13,7 @@ from server.config import ServeConfig
 from server.jsonsafe import SafeJSONResponse
 from server.middleware import GuardMiddleware
 from server.services import Services
-from server.store import JobStore
+from server.store import open_store
 from server.supervisor import Supervisor
 
 log = logging.getLogger("ithaca.server")
@@ -22,8 +22,8 @@ log = logging.getLogger("ithaca.server")
 def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
     """`on_fatal` is called (from the supervisor thread) when the worker group cannot be kept alive."""
     # Requests wait briefly for another process's write lock, then answer 503; the supervisor waits longer.
-    store = JobStore(config.db_path, busy_timeout=config.store_busy_timeout)
-    supervisor = Supervisor(config, JobStore(config.db_path), on_fatal) if config.workers else None
+    store = open_store(config, busy_timeout=config.store_busy_timeout)
+    supervisor = Supervisor(config, open_store(config), on_fatal) if config.workers else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

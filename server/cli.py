@@ -25,7 +25,8 @@ def serve(args: argparse.Namespace) -> int:
     choice = None
     try:
         config = config_mod.from_args(args)  # an ITHACA_* value of the wrong type
-        if config.workers:  # a group started apart (--no-workers) checks its own settings
+        config.check_nodes()
+        if config.workers or not config.api:  # a group started apart (--no-workers) checks its own settings
             _preflight(config)
             choice = _layout(config)
             layout = choice.layout  # the workers get the degrees resolved, not "auto"
@@ -33,6 +34,8 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"ithaca serve: error: {e}", file=sys.stderr)
         return 2
+    if not config.api:
+        return _serve_node_share(config, choice)
     holder: dict = {}
     try:
         logs.setup(config.log_level, config.log_format)
@@ -61,22 +64,56 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_node_share(config: config_mod.ServeConfig, choice) -> int:
+    """`--no-api`: this node's share of a group across machines, until SIGTERM/SIGINT (no API, no store)."""
+    import signal
+
+    from server.supervisor import NodeShare
+
+    try:
+        logs.setup(config.log_level, config.log_format)
+    except ValueError as e:
+        print(f"ithaca serve: error: {e}", file=sys.stderr)
+        return 2
+    log.info("%s", choice.line())
+    log.info("node %d of %d: %d ranks of the group, rendezvous at %s (no API on this node)",
+             config.node_rank, config.nnodes, config.nproc, config.rdzv_endpoint)  # fmt: skip
+    share = NodeShare(config)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: share.stop())
+    share.run()
+    log.info("stopped")
+    return 0
+
+
 def _preflight(config: config_mod.ServeConfig) -> None:
     """The worker group's settings, checked before it starts (ValueError: one line naming the option)."""
     from dit.preflight import preflight
 
     # ServeConfig names these fields as preflight names its arguments
     checked = ("model_path", "preset", "device", "dtype", "attn_backend", "comm", "sampler", "timesteps",
-               "text_encoder_device", "nproc", "ulysses", "ring", "cfg", "loras")  # fmt: skip
-    preflight(**{name: getattr(config, name) for name in checked})
+               "text_encoder_device", "ulysses", "ring", "cfg", "loras")  # fmt: skip
+    preflight(**{name: getattr(config, name) for name in checked}, nproc=config.world_size,
+              local_nproc=config.nproc)  # fmt: skip
 
 
 def _layout(config: config_mod.ServeConfig):
-    """The worker group's layout: `--nproc` ranks on this machine, auto degrees resolved for the model."""
+    """The worker group's layout: `--nproc` ranks on each of `--nnodes` machines, auto degrees resolved for
+    the model (Ulysses within a machine, the ring across them). A group across machines is one replica: its
+    leader, the one rank that uses the job store, is on node 0."""
     from dit.shape import plan_layout
 
-    return plan_layout(config.model, config.nproc, ulysses=config.ulysses, ring=config.ring, cfg=config.cfg,
-                       sampler=config.sampler, timesteps=config.timesteps)  # fmt: skip
+    choice = plan_layout(config.model, config.world_size, node=config.nproc, ulysses=config.ulysses,
+                         ring=config.ring, cfg=config.cfg, sampler=config.sampler,
+                         timesteps=config.timesteps)  # fmt: skip
+    layout = choice.layout
+    if config.nnodes > 1 and layout.sp * layout.cfg != config.world_size:
+        raise ValueError(
+            f"--nnodes {config.nnodes}: a group across machines is one replica, so ulysses × ring × cfg must "
+            f"be its {config.world_size} ranks ({config.nnodes} × --nproc {config.nproc}), not "
+            f"{layout.ulysses} × {layout.ring} × {layout.cfg}"
+        )
+    return choice
 
 
 def plan(args: argparse.Namespace) -> int:
@@ -108,7 +145,8 @@ def plan(args: argparse.Namespace) -> int:
         f"MODELLED, not measured: one GPU's forward {forward:.3g} s, the Wan2.1-14B forward measured on an "
         f"H100 in bf16 ({plan_mod.REFERENCE_SECONDS} s at {plan_mod.REFERENCE.tokens} tokens, "
         f"bench/RESULTS.md) scaled by FLOPs; compute split over the sp ranks (attention by heads: the "
-        f"slowest rank does ⌈H/U⌉); communication not overlapped; links {links.describe()}, per direction."
+        f"slowest rank does ⌈H/U⌉), but every rank repeats the {shape.text_tokens} text tokens' own work; "
+        f"communication not overlapped; links {links.describe()}, per direction."
     )
     print(textwrap.fill(assumed, 110))
     heads = ("", "ulysses", "ring", "cfg", "heads/rank", "GB/step/rank", "compute s/step", "comm s/step",

@@ -33,6 +33,12 @@ def _checkpoint_every(text: str) -> str:
     return text
 
 
+def _store_url(text: str) -> str:
+    if not text.startswith(("sqlite:///", "postgresql://", "postgres://")):
+        raise ValueError(f"must be sqlite:///PATH or postgresql://USER@HOST:PORT/DB, not {text!r}")
+    return text
+
+
 def _cache(text: str) -> str:
     from dit.cache import CacheConfig
 
@@ -45,12 +51,19 @@ class ServeConfig:
     port: int = _opt(8000, "HTTP port")
     data_dir: str = _opt("ithaca-data", "folder holding the job database and the videos", worker=True)
     db: str | None = _opt(None, "job database path (default DATA_DIR/jobs.db)", worker=True)
+    store: str | None = _opt(
+        None,
+        "job store URL: sqlite:///PATH (one box), or postgresql://USER@HOST:PORT/DB shared by several "
+        "servers (default sqlite:///DB, i.e. DATA_DIR/jobs.db)",
+        worker=True,
+        parse=_store_url,
+    )
     results_dir: str | None = _opt(None, "folder for finished MP4s (default DATA_DIR/videos)", worker=True)
     preset: str = _opt("tiny", "model preset when no --model-path is given", worker=True)
     model_path: str | None = _opt(None, "model folder (diffusers pipeline or transformer)", worker=True)
     device: str = _opt("cpu", "cpu or cuda", worker=True)
     dtype: str = _opt("float32", "float32, bfloat16 or float16", worker=True)
-    nproc: int = _opt(2, "ranks in the worker group (GPUs on a GPU box)")
+    nproc: int = _opt(2, "ranks in the worker group on this machine (its GPUs on a GPU box; per node)")
     # degrees: an integer or "auto" (parallel.plan's rule); none given: all auto, else the others not given
     # are ulysses: what remains, ring 1, cfg 1
     ulysses: str | int | None = _opt(
@@ -71,8 +84,10 @@ class ServeConfig:
     )
     comm: str = _opt(
         "auto",
-        "sequence-parallel exchange: alltoall, fp8, p2p, p2p+fp8, or auto: each exact one timed at start-up "
-        "on the model's attention shape and the fastest kept (the FP8 ones too with --allow-lossy-comm)",
+        "sequence-parallel exchange: alltoall, fp8, p2p, p2p+fp8, each optionally +overlapN (heads in N "
+        "chunks whose exchanges overlap attention), or auto: each exact one, plain and overlapped in 2 and "
+        "4 chunks, timed at start-up on the model's attention shape and the fastest kept (the FP8 ones too "
+        "with --allow-lossy-comm)",
         worker=True,
     )
     allow_lossy_comm: bool = _opt(False, "--comm auto may pick an FP8 exchange (lossy)", worker=True)
@@ -133,6 +148,20 @@ class ServeConfig:
     workers: bool = _opt(
         True, "start and supervise the worker group (--no-workers: attach to one started apart)"
     )
+    # one worker group across machines (deploy/README.md, "One group across hosts")
+    nnodes: int = _opt(1, "machines the worker group spans, each running --nproc ranks of its one replica")
+    node_rank: int = _opt(
+        0, "this machine's number, 0 to NNODES-1: node 0 runs the API and the replica leader, others --no-api"
+    )
+    rdzv_endpoint: str | None = _opt(
+        None, "with --nnodes > 1: HOST:PORT of node 0's rendezvous (torchrun's c10d), the same on every node"
+    )
+    node_addr: str | None = _opt(
+        None, "with --nnodes > 1: the address the other machines reach this one at (default: its hostname)"
+    )
+    api: bool = _opt(
+        True, "serve the HTTP API (--no-api: a node other than 0, which only runs its share of the group)"
+    )
     max_attempts: int = _opt(
         2, "runs a job interrupted by a crash or a restart may get before it is failed (each resumes)"
     )
@@ -179,11 +208,48 @@ class ServeConfig:
 
     @property
     def db_path(self) -> str:
+        """The SQLite file of the job store (that of an sqlite:/// --store, else --db or DATA_DIR/jobs.db)."""
+        if self.store and self.store.startswith("sqlite:///"):
+            return self.store.removeprefix("sqlite:///")
         return self.db or os.path.join(self.data_dir, "jobs.db")
+
+    @property
+    def store_url(self) -> str:
+        return self.store or "sqlite:///" + self.db_path
 
     @property
     def videos_dir(self) -> str:
         return os.path.abspath(self.results_dir or os.path.join(self.data_dir, "videos"))
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the worker group: --nproc on each of --nnodes machines."""
+        return self.nproc * self.nnodes
+
+    def check_nodes(self) -> None:
+        """ValueError (one line naming the option) for node settings that cannot form one group."""
+        if self.nnodes < 1:
+            raise ValueError(f"--nnodes must be 1 or more, not {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank must be 0 to {self.nnodes - 1} (--nnodes {self.nnodes}), "
+                             f"not {self.node_rank}")  # fmt: skip
+        if self.nnodes == 1:
+            if not self.api:
+                raise ValueError("--no-api is for the nodes other than 0 of a group across machines "
+                                 "(--nnodes 2 or more, --node-rank 1 or more)")  # fmt: skip
+            return
+        host, _, port = (self.rdzv_endpoint or "").rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(
+                f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address and a free port, "
+                f"the same on every node), not {self.rdzv_endpoint!r}"
+            )
+        if self.node_rank == 0 and not self.api:
+            raise ValueError("--no-api: node 0 runs the API and the replica leader; only --node-rank 1 or "
+                             "more can run without it")  # fmt: skip
+        if self.node_rank > 0 and self.api:
+            raise ValueError(f"--node-rank {self.node_rank}: only node 0 runs the API (it holds the replica "
+                             "leader, the one rank that uses the job store); give --no-api")  # fmt: skip
 
     def worker_argv(self) -> list[str]:
         """The settings the worker group needs, as flags for `python -m server.worker`."""

@@ -1,26 +1,31 @@
-"""Durable job store shared by the API process and the worker group.
+"""Durable job store shared by the API process and the worker group, on one of two backends.
 
-SQLite in WAL mode: many readers (status polls) never block the one writer, and several processes (an API,
-its worker leaders, a second replica's API) share one file. Every statement is plain SQL with `?`
-parameters and `RETURNING`, so another SQL database can replace SQLite behind the same `JobStore` methods.
-Each thread gets its own connection; every write runs inside `BEGIN IMMEDIATE` so a claim can never race
-another replica's claim.
+`open_store(url)`: `sqlite:///PATH` (the default, one box: server/store_sqlite.py) or
+`postgresql://USER@HOST:PORT/DB` (several boxes sharing one database: server/store_postgres.py). The job
+rules are written here once, as plain SQL with SQLite's `?`/`?N` parameters, `RETURNING` and
+`ON CONFLICT` upserts (both databases take them); a backend supplies what differs: connections, the
+statement that opens a write transaction, the column types of the schema, the claim's row lock
+(`FOR UPDATE SKIP LOCKED` on PostgreSQL), how lock waits become `StoreBusy`, and the checks that refuse a
+damaged or foreign store with a `StoreError`. Each thread gets its own connection; every write runs in one
+transaction that takes the write lock (SQLite) or row locks (PostgreSQL) a claim needs to be exactly-once.
+
+The schema is versioned (`schema_version` table, both backends): `_MIGRATIONS` bring a store of any earlier
+version, including the SQLite files written before the table existed, to `SCHEMA_VERSION` at open; a store
+of a newer version than this code knows is refused.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import sqlite3
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 
-from server.store_file import Connection, StoreBusy, StoreError, check_file
+from server.store_file import OUR_COLUMNS, StoreBusy, StoreError
 
-__all__ = ["IdempotencyConflict", "Job", "JobStore", "StoreBusy", "StoreError"]
+__all__ = ["IdempotencyConflict", "Job", "JobStore", "StoreBusy", "StoreError", "open_store", "backend_for"]
 log = logging.getLogger("ithaca.jobs")
 
 ACTIVE = ("queued", "in_progress")
@@ -41,17 +46,18 @@ class IdempotencyConflict(ValueError):
     """An idempotency key came back with a different request; `args[0]` is the id of the key's job."""
 
 
+# {pk}, {float}: the backend's column types (`types`)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq {pk},
     id TEXT NOT NULL UNIQUE,
     idempotency_key TEXT UNIQUE,
     status TEXT NOT NULL,
     spec TEXT NOT NULL,
-    meta TEXT NOT NULL DEFAULT '{}',
-    created_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL,
+    meta TEXT NOT NULL DEFAULT '{{}}',
+    created_at {float} NOT NULL,
+    started_at {float},
+    finished_at {float},
     step INTEGER NOT NULL DEFAULT 0,
     total_steps INTEGER NOT NULL DEFAULT 0,
     progress INTEGER NOT NULL DEFAULT 0,
@@ -71,20 +77,40 @@ CREATE TABLE IF NOT EXISTS workers (
     group_id TEXT NOT NULL,
     state TEXT NOT NULL,
     info TEXT NOT NULL,
-    heartbeat_at REAL NOT NULL
+    heartbeat_at {float} NOT NULL
 );
-CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value {float} NOT NULL);
 CREATE TABLE IF NOT EXISTS flags (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 # Columns added after the first release, declared here alone: every store, new or written by an earlier
-# version, gains them at open.
+# version, gains them at open (schema version 2; also any of them a store lacks at the current version).
 _ADDED_COLUMNS = {
     "phase": "TEXT NOT NULL DEFAULT 'queued'",
     "request_hash": "TEXT",
-    **dict.fromkeys(PHASE_TIMINGS, "REAL"),
+    **dict.fromkeys(PHASE_TIMINGS, "{float}"),
     "preview_step": "INTEGER",  # the step of the latest live preview (videos.preview_path); null: none yet
     "resumed_from_step": "INTEGER",  # the checkpoint's step this run went on from; null: from the start
 }
+
+
+def _create_tables(backend, db) -> None:
+    for statement in _SCHEMA.format(**backend.types).split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+def _add_columns(backend, db) -> None:
+    have = backend.columns(db, "jobs")
+    for name, decl in _ADDED_COLUMNS.items():
+        if name not in have:
+            db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl.format(**backend.types)}")
+
+
+# Version N of the schema is what _MIGRATIONS[N] makes of version N - 1; a store older than the
+# `schema_version` table (an SQLite file of an earlier release) is version 0. Each step may find part of its
+# work done (an earlier release added some of the columns): it does the rest.
+_MIGRATIONS = {1: _create_tables, 2: _add_columns}
+SCHEMA_VERSION = max(_MIGRATIONS)
 
 
 @dataclass
@@ -104,6 +130,7 @@ class Job:
     cancel_requested: bool = False
     deleted: bool = False
     worker: str | None = None
+    instance: str | None = None  # the server whose worker group claimed it last (wrote its video)
     video: str | None = None
     timings: dict = field(default_factory=dict)
     error: str | None = None
@@ -116,7 +143,7 @@ class Job:
         return self.status in TERMINAL
 
 
-def _job(row: sqlite3.Row | None) -> Job | None:
+def _job(row) -> Job | None:
     if row is None:
         return None
     return Job(
@@ -135,6 +162,7 @@ def _job(row: sqlite3.Row | None) -> Job | None:
         cancel_requested=bool(row["cancel_requested"]),
         deleted=bool(row["deleted"]),
         worker=row["worker"],
+        instance=row["instance"],
         video=row["video"],
         # null for the phases not reached; a job finished by an earlier version has them in its JSON
         timings={c: row[c] for c in PHASE_TIMINGS} | json.loads(row["timings"] or "{}"),
@@ -145,46 +173,102 @@ def _job(row: sqlite3.Row | None) -> Job | None:
     )
 
 
+def backend_for(url: str, *, busy_timeout: float = 30.0):
+    """The backend of a store URL: `sqlite:///PATH` (`sqlite:////abs/path` for an absolute one; a bare path
+    is an SQLite file too) or `postgresql://...` / `postgres://...` (libpq's URL: user, password, host,
+    port, database, `?host=/socket/folder` ...)."""
+    if url.startswith(("postgresql://", "postgres://")):
+        from server.store_postgres import PostgresBackend
+
+        return PostgresBackend(url, busy_timeout)
+    from server.store_sqlite import SqliteBackend
+
+    if url.startswith("sqlite:///"):
+        return SqliteBackend(url.removeprefix("sqlite:///"), busy_timeout)
+    if "://" in url:
+        raise ValueError(f"unknown job store {url!r}: use sqlite:///PATH or postgresql://USER@HOST:PORT/DB")
+    return SqliteBackend(url, busy_timeout)
+
+
+def open_store(url_or_config, *, busy_timeout: float = 30.0) -> JobStore:
+    """The job store at a URL (see `backend_for`), or at a `ServeConfig`'s `store_url`."""
+    url = url_or_config if isinstance(url_or_config, str) else url_or_config.store_url
+    return JobStore(url, busy_timeout=busy_timeout)
+
+
 class JobStore:
-    """`busy_timeout`: seconds a statement waits for another process's write lock before `StoreBusy` (the
-    API uses a short one so a request fails fast with 503; workers wait longer)."""
+    """`target`: a store URL or an SQLite file's path (see `backend_for`). `busy_timeout`: seconds a
+    statement waits for another process's lock before `StoreBusy` (the API uses a short one so a request
+    fails fast with 503; workers wait longer)."""
 
-    def __init__(self, path: str, *, busy_timeout: float = 30.0):
-        self.path, self.busy_timeout = path, busy_timeout
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        check_file(path)
+    def __init__(self, target: str, *, busy_timeout: float = 30.0):
+        self.url, self.busy_timeout = target, busy_timeout
+        self._backend = backend_for(target, busy_timeout=busy_timeout)
+        self.path = self._backend.where  # in messages: the file, or the URL without its password
+        self.kind = self._backend.name
         self._local = threading.local()
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(_SCHEMA)
-        self._add_columns()
+        self._opened = False
+        self._migrate()
+        self._opened = True
 
-    def _add_columns(self) -> None:
+    def _migrate(self) -> None:
+        """Bring the schema to SCHEMA_VERSION (nothing written when it is there already)."""
+        backend = self._backend
+        backend.prepare(self._db)
+        if self._schema_state(self._db) == (SCHEMA_VERSION, True):
+            return
         with self._write() as db:
-            have = {r[1] for r in db.execute("PRAGMA table_info(jobs)")}
-            for name, decl in _ADDED_COLUMNS.items():
-                if name not in have:
-                    db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
+            backend.lock_migrations(db)
+            version, complete = self._schema_state(db)  # again: another process may have migrated meanwhile
+            for step in range(version + 1, SCHEMA_VERSION + 1):
+                _MIGRATIONS[step](backend, db)
+            if not complete:  # a column a later version of the table lost (as a test makes one)
+                _add_columns(backend, db)
+            if version != SCHEMA_VERSION:
+                db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+                db.execute("DELETE FROM schema_version")
+                db.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+                log.info("job store %s: schema version %d -> %d", self.path, version, SCHEMA_VERSION)
+
+    def _schema_state(self, db) -> tuple[int, bool]:
+        """(the store's schema version, whether its jobs table has every column); StoreError for a store
+        this code must not write to: a newer version's, or another program's tables."""
+        backend = self._backend
+        version = 0
+        if backend.has_table(db, "schema_version"):
+            version = db.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] or 0
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                self.path,
+                f"was written by a newer version of Ithaca (schema version {version}; this one knows up to "
+                f"{SCHEMA_VERSION})",
+                fix="upgrade this server to the version the others run, or point it at another store",
+            )
+        columns = backend.columns(db, "jobs")
+        if columns and not OUR_COLUMNS <= columns:
+            raise StoreError(
+                self.path,
+                "holds a jobs table of another program",
+                fix="point --store at a database of its own",
+            )
+        return version, set(_ADDED_COLUMNS) <= columns
 
     # -- connection plumbing -------------------------------------------------------------------------------
 
     @property
-    def _db(self) -> sqlite3.Connection:
+    def _db(self):
         db = getattr(self._local, "db", None)
-        if db is None:
-            db = sqlite3.connect(
-                self.path,
-                timeout=self.busy_timeout,
-                isolation_level=None,
-                check_same_thread=False,
-                factory=Connection,
-            )
-            db.row_factory = sqlite3.Row
-            db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes
-            self._local.db = db
+        if db is None or getattr(db, "broken", False):  # a lost PostgreSQL connection: a new one
+            try:
+                db = self._local.db = self._backend.connect()
+            except StoreError as e:
+                if not self._opened:
+                    raise  # at start: the server ends with the one line
+                raise StoreBusy(f"the job store is unreachable ({e}); retry shortly") from None
         return db
 
     def _write(self):
-        return _WriteTxn(self._db)
+        return _WriteTxn(self._db, self._backend.begin)
 
     def close(self) -> None:
         db = getattr(self._local, "db", None)
@@ -207,6 +291,16 @@ class JobStore:
         before the job can be claimed). A known idempotency key returns its job instead (created=False), or
         raises IdempotencyConflict when it came with another request (`request_hash`). A deleted job's key
         is free again."""
+        try:
+            return self._create(spec, meta, idempotency_key, request_hash, job_id)
+        except self._backend.unique_violation:
+            if idempotency_key is None:
+                raise
+            # PostgreSQL: another process inserted the key between this one's look-up and insert (SQLite's
+            # one writer never lets that happen); the look-up now finds it
+            return self._create(spec, meta, idempotency_key, request_hash, job_id)
+
+    def _create(self, spec, meta, idempotency_key, request_hash, job_id) -> tuple[Job, bool]:
         with self._write() as db:
             if idempotency_key is not None:
                 row = db.execute(
@@ -218,7 +312,7 @@ class JobStore:
                     if row["request_hash"] not in (None, request_hash):  # None: kept before hashes were
                         raise IdempotencyConflict(row["id"])
                     return _job(row), False
-            row = db.execute(
+            row = db.execute(  # PostgreSQL: a key inserted meanwhile by another process fails (see create)
                 "INSERT INTO jobs (id, idempotency_key, request_hash, status, spec, meta, created_at) "
                 "VALUES (?, ?, ?, 'queued', ?, ?, ?) RETURNING *",
                 (
@@ -307,8 +401,8 @@ class JobStore:
                 "UPDATE jobs SET status = 'in_progress', started_at = ?, worker = ?, instance = ?, "
                 "attempts = attempts + 1, step = 0, progress = 0, phase = 'encoding', "
                 "resumed_from_step = NULL "
-                "WHERE seq = (SELECT seq FROM jobs WHERE status = 'queued' ORDER BY seq LIMIT 1) "
-                "AND status = 'queued' RETURNING *",
+                "WHERE seq = (SELECT seq FROM jobs WHERE status = 'queued' ORDER BY seq LIMIT 1"
+                f"{self._backend.skip_locked}) AND status = 'queued' RETURNING *",
                 (time.time(), worker, instance),
             ).fetchone()
         return _log_change(_job(row))
@@ -355,7 +449,8 @@ class JobStore:
         set_timings, seconds = _phase_timings(5, timings)
         with self._write() as db:
             row = db.execute(
-                f"UPDATE jobs SET phase = ?1, progress = MAX(progress, ?2), {set_timings} "
+                "UPDATE jobs SET phase = ?1, progress = CASE WHEN progress > ?2 THEN progress ELSE ?2 END, "
+                f"{set_timings} "
                 "WHERE id = ?3 AND worker = ?4 AND status = 'in_progress' RETURNING *",
                 (phase, PHASE_PROGRESS.get(phase, 0), job_id, worker, *seconds),
             ).fetchone()
@@ -384,12 +479,13 @@ class JobStore:
         with self._write() as db:
             row = db.execute(
                 "UPDATE jobs SET "
-                "status = CASE WHEN ?1 = 'completed' AND cancel_requested THEN 'cancelled' ELSE ?1 END, "
-                "error = CASE WHEN ?1 = 'completed' AND cancel_requested THEN ?2 ELSE ?3 END, "
-                "video = CASE WHEN cancel_requested THEN NULL ELSE ?4 END, "
-                "progress = CASE WHEN ?1 = 'completed' AND NOT cancel_requested THEN 100 ELSE progress END, "
+                "status = CASE WHEN ?1 = 'completed' AND cancel_requested <> 0 THEN 'cancelled' ELSE ?1 END, "
+                "error = CASE WHEN ?1 = 'completed' AND cancel_requested <> 0 THEN ?2 ELSE ?3 END, "
+                "video = CASE WHEN cancel_requested <> 0 THEN NULL ELSE ?4 END, "
+                "progress = CASE WHEN ?1 = 'completed' AND cancel_requested = 0 THEN 100 ELSE progress END, "
                 f"timings = ?5, finished_at = ?6, {set_timings} "
-                "WHERE id = ?7 AND status = 'in_progress' AND (?8 IS NULL OR worker = ?8) RETURNING *",
+                "WHERE id = ?7 AND status = 'in_progress' AND (CAST(?8 AS TEXT) IS NULL OR worker = ?8) "
+                "RETURNING *",
                 (status, late_cancel, error, video, others, time.time(), job_id, worker, *seconds),
             ).fetchone()
         return _log_change(_job(row))
@@ -481,7 +577,7 @@ class JobStore:
         with self._write() as db:
             db.executemany(
                 "INSERT INTO counters (name, value) VALUES (?, ?) "
-                "ON CONFLICT (name) DO UPDATE SET value = value + excluded.value",
+                "ON CONFLICT (name) DO UPDATE SET value = counters.value + excluded.value",
                 list(deltas.items()),
             )
 
@@ -491,7 +587,11 @@ class JobStore:
     def request_drain(self, group_id: str) -> None:
         """Ask a worker group to stop claiming and exit once its running job is done."""
         with self._write() as db:
-            db.execute("INSERT OR REPLACE INTO flags (name, value) VALUES (?, '1')", (f"drain:{group_id}",))
+            db.execute(
+                "INSERT INTO flags (name, value) VALUES (?, '1') "
+                "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                (f"drain:{group_id}",),
+            )
 
     def drain_requested(self, group_id: str) -> bool:
         return self._flag(f"drain:{group_id}") is not None
@@ -500,7 +600,8 @@ class JobStore:
         """Keep the first error a rank of the group reports (the cause; later ones are mostly its echo)."""
         with self._write() as db:
             db.execute(
-                "INSERT OR IGNORE INTO flags (name, value) VALUES (?, ?)", (f"error:{group_id}", message)
+                "INSERT INTO flags (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+                (f"error:{group_id}", message),
             )
 
     def group_error(self, group_id: str) -> str | None:
@@ -548,14 +649,21 @@ def _log_change(job: Job | None, reason: str | None = None) -> Job | None:
 
 
 class _WriteTxn:
-    """`with store._write() as db:` — one IMMEDIATE transaction (the write lock is taken up front)."""
+    """`with store._write() as db:` — one write transaction, opened by the backend's `begin` (SQLite's
+    IMMEDIATE takes the write lock up front)."""
 
-    def __init__(self, db: sqlite3.Connection):
-        self.db = db
+    def __init__(self, db, begin: str):
+        self.db, self.begin = db, begin
 
-    def __enter__(self) -> sqlite3.Connection:
-        self.db.execute("BEGIN IMMEDIATE")
+    def __enter__(self):
+        self.db.execute(self.begin)
         return self.db
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        if exc_type is None:
+            self.db.execute("COMMIT")
+            return
+        try:
+            self.db.execute("ROLLBACK")
+        except Exception:  # a lost connection takes its transaction with it; the first error tells
+            pass

@@ -1,5 +1,6 @@
-"""The SQLite file under the job store: a check that it is one of ours before anything writes to it, and
-connections whose lock waits end in `StoreBusy` instead of an `OperationalError` deep in a route.
+"""The errors of the job store, and the file under its SQLite backend: a check that it is one of ours
+before anything writes to it, and connections whose lock waits end in `StoreBusy` instead of an
+`OperationalError` deep in a route.
 
 A truncated, half-written or foreign file where `jobs.db` should be must stop the server with one line that
 names the path, what is wrong and what to do; writing our tables into another program's database, or
@@ -20,10 +21,11 @@ class StoreBusy(RuntimeError):
 
 
 class StoreError(RuntimeError):
-    """The file at the store's path is not a usable job store; the message says what to do."""
+    """The store at `path` (a file, or a database URL) is not a usable job store; the message says what to
+    do (`fix`; by default: move the file aside)."""
 
-    def __init__(self, path: str, problem: str):
-        super().__init__(f"job store {path}: {problem}; {_FIX}")
+    def __init__(self, path: str, problem: str, *, fix: str = _FIX):
+        super().__init__(f"job store {path}: {problem}; {fix}")
 
 
 class Connection(sqlite3.Connection):

@@ -3,6 +3,12 @@
 - Launch: `python -m torch.distributed.run --standalone --nproc-per-node N -m server.worker <settings>`
   with a fresh group id in its environment (jobs it claims are tagged `<instance>/<group>/replica<k>`; a
   reset finds every rank by that id, as torchrun puts each rank in a session of its own).
+- Across machines (--nnodes > 1): each machine runs `ithaca serve` and launches its own N ranks with
+  `--nnodes M --node-rank R --rdzv-backend c10d --rdzv-endpoint HOST:PORT` instead of `--standalone`; node 0
+  (this class: API, store, supervision) hosts the rendezvous and, by the worker's numbering, the replica
+  leader; the other nodes run `--no-api` (`NodeShare`): they only launch their share again whenever it
+  exits. A rank lost on any machine fails the whole group (its collectives break), so node 0 re-queues the
+  job and launches again, and the group forms once every node has joined the new rendezvous.
 - torchrun dies with the API process (parent-death signal, bound to the supervisor thread, which therefore
   lives as long as the group) and every rank with torchrun, so no group outlives its server.
 - A group that exits (a rank killed, a crash, a reset) has the jobs it was running re-queued (they resume
@@ -40,6 +46,8 @@ from server.store import JobStore, StoreBusy
 log = logging.getLogger("ithaca.supervisor")
 FRESH_HEARTBEAT_S = 5.0
 ORPHAN_SWEEP_S = 5.0
+RDZV_ID = "ithaca"  # the rendezvous of a group across machines: one per --rdzv-endpoint (node 0's store)
+RELAUNCH_DELAY_S = 1.0  # a worker-only node's pause before it joins the next rendezvous
 
 
 def group_ready(store: JobStore, *, group_id: str | None = None) -> bool:
@@ -65,6 +73,83 @@ def _pids_with_env(entry: str) -> list[int]:
         except (OSError, ValueError):
             continue
     return pids
+
+
+def torchrun_argv(config: ServeConfig) -> list[str]:
+    """torchrun's options for this machine's share of the group: the whole group (`--standalone`), or with
+    --nnodes > 1 one node of a c10d rendezvous that node 0's torchrun hosts at --rdzv-endpoint."""
+    if config.nnodes == 1:
+        return ["--standalone", "--nproc-per-node", str(config.nproc)]
+    host = "1" if config.node_rank == 0 else "0"  # node 0 serves the rendezvous store, the others join it
+    return [
+        "--nnodes", str(config.nnodes), "--node-rank", str(config.node_rank), "--nproc-per-node",
+        str(config.nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", config.rdzv_endpoint,
+        "--rdzv-id", RDZV_ID, "--rdzv-conf", f"is_host={host}",
+        *(["--local-addr", config.node_addr] if config.node_addr else []),
+    ]  # fmt: skip
+
+
+def launch_group(config: ServeConfig, group_id: str) -> subprocess.Popen:
+    """Start this machine's share of the worker group under torchrun, as a child that dies with this thread.
+    The ranks learn their node from ITHACA_NODE_RANK (the worker numbers them by it, see
+    `parallel.launch.number_ranks_by_node`); ITHACA_GROUP_ID finds them again (`kill_group`)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_argv(config), "--max-restarts", "0",
+           "-m", "server.worker", *config.worker_argv()]  # fmt: skip
+    log.info("starting worker group %s: %s", group_id, " ".join(cmd))
+    env = os.environ | {
+        "ITHACA_GROUP_ID": group_id,
+        "ITHACA_SUPERVISOR_PID": str(os.getpid()),
+        "ITHACA_NNODES": str(config.nnodes),
+        "ITHACA_NODE_RANK": str(config.node_rank),
+    }
+    return subprocess.Popen(
+        cmd,
+        env=env,
+        start_new_session=True,  # Ctrl-C reaches the API only
+        preexec_fn=functools.partial(die_with_parent, os.getpid()),
+    )
+
+
+def kill_group(proc: subprocess.Popen | None, group_id: str | None, sig=signal.SIGKILL) -> None:
+    """Signal torchrun and every rank of this machine (torchrun starts each rank in a session of its own)."""
+    if proc is None or proc.poll() is not None:
+        return
+    for pid in [proc.pid, *_pids_with_env(f"ITHACA_GROUP_ID={group_id}")]:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+class NodeShare:
+    """`ithaca serve --no-api` on a node other than 0: launches this machine's share of the group and
+    launches it again each time it exits (a peer failed, node 0 reset or drained the group, the rendezvous
+    timed out), until `stop`. It has no job store: node 0's supervisor re-queues the jobs."""
+
+    def __init__(self, config: ServeConfig):
+        self.config = config
+        self.group_id: str | None = None
+        self.starts = 0
+        self._proc: subprocess.Popen | None = None
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            self.group_id = uuid.uuid4().hex[:12]
+            self._proc = launch_group(self.config, self.group_id)
+            self.starts += 1
+            code = self._proc.wait()
+            if self._stopping.is_set():
+                return
+            log.warning("this node's share of the worker group (%s) exited with code %s; starting it again",
+                        self.group_id, code)  # fmt: skip
+            self._stopping.wait(RELAUNCH_DELAY_S)
+
+    def stop(self, sig=signal.SIGTERM) -> None:
+        """End this node's ranks (from a signal handler: no waiting here; `run` returns once they are gone).
+        The group's other ranks then fail, and node 0 re-queues the running job."""
+        self._stopping.set()
+        kill_group(self._proc, self.group_id, sig)
 
 
 class Supervisor:
@@ -94,37 +179,10 @@ class Supervisor:
 
     def _launch(self) -> None:
         self.group_id = uuid.uuid4().hex[:12]
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            str(self.config.nproc),
-            "--max-restarts",
-            "0",
-            "-m",
-            "server.worker",
-            *self.config.worker_argv(),
-        ]
-        log.info("starting worker group %s: %s", self.group_id, " ".join(cmd))
-        env = os.environ | {"ITHACA_GROUP_ID": self.group_id, "ITHACA_SUPERVISOR_PID": str(os.getpid())}
-        self._proc = subprocess.Popen(
-            cmd,
-            env=env,
-            start_new_session=True,  # Ctrl-C reaches the API only
-            preexec_fn=functools.partial(die_with_parent, os.getpid()),
-        )
+        self._proc = launch_group(self.config, self.group_id)
 
     def _kill_group(self, sig=signal.SIGKILL) -> None:
-        """Signal torchrun and every rank (torchrun starts each rank in a session of its own)."""
-        if self._proc is None or self._proc.poll() is not None:
-            return
-        for pid in [self._proc.pid, *_pids_with_env(f"ITHACA_GROUP_ID={self.group_id}")]:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+        kill_group(self._proc, self.group_id, sig)
 
     def _loop(self) -> None:
         failures_in_a_row = 0

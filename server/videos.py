@@ -30,6 +30,23 @@ PARTIAL_SUFFIX = ".partial.mp4"
 log = logging.getLogger("ithaca.videos")
 
 
+def video_file(config, job: Job) -> str:
+    """Where a completed job's MP4 is on this box: its name in this server's results folder."""
+    return os.path.join(config.videos_dir, os.path.basename(job.video or ""))
+
+
+def missing_video(config, job: Job) -> str:
+    """Why a completed job's MP4 is not in this server's results folder, for its 404. Servers sharing a job
+    store (PostgreSQL) serve every job's video only when their results folders are one shared folder."""
+    if job.instance and job.instance != config.instance:
+        return (
+            f"the video of job {job.id} is not in this server's results folder ({config.videos_dir}): server "
+            f"{job.instance!r} wrote it; servers that share a job store must share the results folder "
+            "(--results-dir on a shared file system)"
+        )
+    return f"the video of job {job.id} is gone from {config.videos_dir}"
+
+
 def input_path(videos_dir: str, job_id: str) -> str:
     return os.path.join(videos_dir, "inputs", f"{job_id}.png")
 

@@ -24,6 +24,10 @@ Every `--checkpoint-every` steps the leader hands the sampler's state to another
 checkpoint made for the same model, settings, layout and request, the replica goes on from it (the job
 records `resumed_from_step`), and one made for anything else is ignored with a log line. The checkpoint goes
 when the job ends.
+
+Across machines (`ithaca serve --nnodes`), each rank first takes the global rank its node number gives it
+(`parallel.launch.number_ranks_by_node`), so the leader is on node 0, beside the job store; ranks on the
+other nodes never open the store, not even to record an error.
 """
 
 from __future__ import annotations
@@ -47,11 +51,12 @@ from dit.checkpoint import Checkpointing, DenoiseState, load_file
 from dit.image import fit, read
 from dit.shape import launch_layout
 from dit.video import write_mp4
+from parallel.launch import number_ranks_by_node
 from server import limits as limits_mod
 from server import logs, metrics, videos
 from server.config import ServeConfig, add_arguments, from_args
 from server.lifetime import die_with_parent
-from server.store import Job, JobStore
+from server.store import Job, open_store
 from server.writers import CheckpointWriter, PreviewWriter
 
 HEARTBEAT_S = 1.0
@@ -72,7 +77,7 @@ class Worker:
         self._beat_lock = threading.Lock()
         self.supervisor_pid = int(os.environ.get("ITHACA_SUPERVISOR_PID", "0"))
         self.state, self.job_id = "ready", None
-        self.store = JobStore(config.db_path) if mesh.is_replica_leader else None
+        self.store = open_store(config) if mesh.is_replica_leader else None
         leader = self.store is not None
         self.previews = PreviewWriter(self.store, config.videos_dir, self.name) if leader else None
         self.checkpoints = CheckpointWriter(config.videos_dir) if leader else None
@@ -367,6 +372,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _start(config: ServeConfig, group_id: str) -> Worker:
+    # across machines: global rank 0, the replica leader (the one rank using the job store), on node 0
+    number_ranks_by_node(config.node_rank)
     module = importlib.import_module(config.pipeline_module)
     # auto degrees (`ithaca serve` passes them resolved) from the model and this launch's ranks
     choice = launch_layout(config.model, config.ulysses, config.ring, config.cfg, sampler=config.sampler,
@@ -410,12 +417,16 @@ def _fail(config: ServeConfig, group_id: str, error: BaseException) -> None:
     """Print the traceback, record the first error of the group for the supervisor, exit at once."""
     traceback.print_exc()
     rank = os.environ.get("RANK", "0")
+    if config.node_rank != 0:  # a --no-api node has no job store: its error stays in its log
+        _exit_now()
     try:
-        JobStore(config.db_path).record_error(
-            group_id, f"rank {rank}: {type(error).__name__}: {error}"[:2000]
-        )
+        open_store(config).record_error(group_id, f"rank {rank}: {type(error).__name__}: {error}"[:2000])
     except Exception:  # the store itself may be what failed; the traceback above still tells
         pass
+    _exit_now()
+
+
+def _exit_now() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(1)  # skip interpreter teardown: peers may still be inside a collective

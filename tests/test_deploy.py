@@ -16,6 +16,13 @@ from tests.server_process import REPO, ServerProcess
 
 DEPLOY = os.path.join(REPO, "deploy")
 COMPOSE_FILES = ("docker-compose.yml", "docker-compose.replicas.yml")
+# what docker-compose.boxes.yml insists an operator sets (it refuses to start without them)
+BOXES_ENV = {
+    "ITHACA_STORE": "postgresql://ithaca@db.internal:5432/ithaca",
+    "ITHACA_SHARED_VIDEOS_HOST_DIR": "/mnt/ithaca-videos",
+    "ITHACA_INSTANCE": "box-a",
+    "ITHACA_DB_PASSWORD": "secret",
+}
 
 
 def _compose(name: str) -> dict:
@@ -47,19 +54,49 @@ def _seconds(duration: str) -> float:
     return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)([smh])", str(duration)))
 
 
-@pytest.mark.parametrize("name", COMPOSE_FILES)
-def test_docker_compose_validates(name):
+def _docker_compose_config(name: str, env: dict | None = None) -> subprocess.CompletedProcess:
     exe = shutil.which("docker-compose")
     if exe is None:
         if os.environ.get("CI"):
             pytest.fail("docker-compose is missing; .ci/run installs Debian's docker-compose")
         pytest.skip("Debian's docker-compose is not installed here (CI installs it)")
-    out = subprocess.run(
-        [exe, "-f", os.path.join(DEPLOY, name), "config"], capture_output=True, text=True, timeout=60
+    return subprocess.run(
+        [exe, "-f", os.path.join(DEPLOY, name), "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ | (env or {}),
     )
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_docker_compose_validates(name):
+    out = _docker_compose_config(name)
     assert out.returncode == 0, out.stderr
     resolved = yaml.safe_load(out.stdout)
     assert resolved["services"], "no services after resolution"
+
+
+def test_boxes_share_one_postgresql_store_and_one_videos_folder():
+    """docker-compose.boxes.yml: each box's `ithaca` is the one-box service (GPUs, NCCL settings, health
+    check) plus the shared PostgreSQL store, a shared videos folder and its own instance name; PostgreSQL
+    runs only under the `db` profile; the settings that must be given are refused when missing."""
+    out = _docker_compose_config("docker-compose.boxes.yml", BOXES_ENV)
+    assert out.returncode == 0, out.stderr
+    services = yaml.safe_load(out.stdout)["services"]
+    box, one_box = services["ithaca"], _services("docker-compose.yml")["ithaca"]
+    for key in ("deploy", "ipc", "ulimits", "healthcheck", "stop_grace_period"):
+        assert box[key] == one_box[key], key
+    env = box["environment"]
+    assert env["ITHACA_STORE"] == BOXES_ENV["ITHACA_STORE"] and env["ITHACA_INSTANCE"] == "box-a"
+    assert env["PGPASSWORD"] == services["postgres"]["environment"]["POSTGRES_PASSWORD"] == "secret"
+    assert f"{BOXES_ENV['ITHACA_SHARED_VIDEOS_HOST_DIR']}:{env['ITHACA_RESULTS_DIR']}:rw" in box["volumes"]
+    assert services["postgres"]["profiles"] == ["db"]
+    assert services["postgres"]["environment"]["POSTGRES_DB"] == "ithaca"
+    for missing in BOXES_ENV:
+        env = {k: v for k, v in BOXES_ENV.items() if k != missing}
+        out = _docker_compose_config("docker-compose.boxes.yml", env | {missing: ""})
+        assert out.returncode != 0 and missing in out.stderr, (missing, out.stderr)
 
 
 @pytest.mark.parametrize("name", COMPOSE_FILES)

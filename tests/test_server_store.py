@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import multiprocessing
 import sqlite3
 import threading
 import time
@@ -11,17 +13,31 @@ import time
 import pytest
 
 from server import limits, logs, videos
-from server.store import PHASE_TIMINGS, JobStore, StoreBusy, StoreError
+from server.store import PHASE_TIMINGS, SCHEMA_VERSION, JobStore, StoreBusy, StoreError, open_store
 
 
-def test_claims_are_atomic_and_in_order(tmp_path):
-    store = JobStore(str(tmp_path / "jobs.db"))
+@pytest.fixture(params=["sqlite", "postgresql"])
+def new_url(request, tmp_path):
+    """`new_url()`: the URL of a new, empty store of the backend under test (PostgreSQL: a fresh database
+    in the session's throwaway cluster, tests/postgres.py)."""
+    if request.param == "sqlite":
+        numbers = itertools.count()
+        return lambda: f"sqlite:///{tmp_path}/jobs{next(numbers)}.db"
+    return request.getfixturevalue("postgres_cluster").new_database
+
+
+@pytest.fixture
+def store(new_url):
+    return open_store(new_url())
+
+
+def test_claims_are_atomic_and_in_order(store):
     ids = [store.create({"prompt": f"p{i}"})[0].id for i in range(40)]
     claimed: list[str] = []
     lock = threading.Lock()
 
     def claimer(k: int) -> None:
-        own = JobStore(store.path)  # a separate connection, like another replica's leader
+        own = JobStore(store.url)  # a separate connection, like another replica's leader
         while (job := own.claim(f"w{k}", "test")) is not None:
             with lock:
                 claimed.append(job.id)
@@ -35,8 +51,7 @@ def test_claims_are_atomic_and_in_order(tmp_path):
     assert store.counts()["in_progress"] == 40
 
 
-def test_idempotency_cancel_and_progress(tmp_path):
-    store = JobStore(str(tmp_path / "jobs.db"))
+def test_idempotency_cancel_and_progress(store):
     a, created = store.create({"prompt": "a"}, idempotency_key="k1")
     again, created_again = store.create({"prompt": "different"}, idempotency_key="k1")
     assert created and not created_again and again.id == a.id
@@ -53,8 +68,7 @@ def test_idempotency_cancel_and_progress(tmp_path):
     assert store.finish(a.id, "w", "completed") is None  # terminal states stick
 
 
-def test_requeue_then_fail_and_pagination(tmp_path):
-    store = JobStore(str(tmp_path / "jobs.db"))
+def test_requeue_then_fail_and_pagination(store):
     job, _ = store.create({"prompt": "x"})
     for attempt in (1, 2):
         claimed = store.claim("w", "box-a")
@@ -82,11 +96,10 @@ def test_limits_are_published_from_the_pipeline_dataclass():
     assert "guidance_scale" in errors
 
 
-def test_orphans_are_running_jobs_whose_worker_went_silent(tmp_path):
+def test_orphans_are_running_jobs_whose_worker_went_silent(store):
     """A replica that vanished for good leaves in_progress jobs no supervisor of its own will ever fail."""
     import time
 
-    store = JobStore(str(tmp_path / "jobs.db"))
     for prompt in ("gone", "alive", "fresh"):
         store.create({"prompt": prompt})
     gone, alive = store.claim("b/g1/replica0", "b"), store.claim("a/g2/replica0", "a")
@@ -153,6 +166,7 @@ def test_a_store_from_an_earlier_version_gains_the_new_columns(tmp_path):
     db.close()
     store = JobStore(str(path))
     assert set(PHASE_TIMINGS) <= {r[1] for r in store._db.execute("PRAGMA table_info(jobs)")}
+    assert store._db.execute("SELECT version FROM schema_version").fetchall()[0][0] == SCHEMA_VERSION
     assert store.get("a").phase == "queued" and store.get("a").timings == dict.fromkeys(PHASE_TIMINGS)
     assert store.get("b").timings == old_timings
     assert store.claim("w", "box").phase == "encoding"
@@ -175,8 +189,7 @@ def test_a_locked_store_fails_fast_with_store_busy(tmp_path):
     assert store.create({"prompt": "after"})[1]
 
 
-def test_phases_progress_and_a_cancel_after_the_last_step(tmp_path):
-    store = JobStore(str(tmp_path / "jobs.db"))
+def test_phases_progress_and_a_cancel_after_the_last_step(store):
     job, _ = store.create({"prompt": "a"})
     assert store.claim("w", "box").phase == "encoding"
     assert store.set_phase(job.id, "w", "denoising") is False
@@ -190,8 +203,7 @@ def test_phases_progress_and_a_cancel_after_the_last_step(tmp_path):
     assert done.status == "cancelled" and done.video is None and "last step" in done.error  # ... or here
 
 
-def test_phase_seconds_are_kept_as_each_phase_ends_and_start_afresh_on_a_requeue(tmp_path):
-    store = JobStore(str(tmp_path / "jobs.db"))
+def test_phase_seconds_are_kept_as_each_phase_ends_and_start_afresh_on_a_requeue(store):
     job, _ = store.create({"prompt": "a"})
     none = dict.fromkeys(PHASE_TIMINGS)
     assert store.get(job.id).timings == none  # the job view's four keys, null until reached
@@ -216,8 +228,7 @@ def test_phase_seconds_are_kept_as_each_phase_ends_and_start_afresh_on_a_requeue
     assert json.loads(row[0]) == {"total_s": 2.7, "steps": 4} and row[1] == 0.5  # each value kept once
 
 
-def test_deleted_jobs_leave_the_counts_and_gone_workers_are_pruned(tmp_path):
-    store = JobStore(str(tmp_path / "jobs.db"))
+def test_deleted_jobs_leave_the_counts_and_gone_workers_are_pruned(store):
     a, _ = store.create({"prompt": "a"})
     store.create({"prompt": "b"})
     store.cancel(a.id, delete=True)
@@ -235,8 +246,7 @@ def test_deleted_jobs_leave_the_counts_and_gone_workers_are_pruned(tmp_path):
     assert store.workers() == [] and store.group_error("g2") is None
 
 
-def test_state_changes_are_logged_one_line_each_also_as_json(tmp_path, caplog):
-    store = JobStore(str(tmp_path / "jobs.db"))
+def test_state_changes_are_logged_one_line_each_also_as_json(store, caplog):
     job, _ = store.create({"prompt": "a"})
     with caplog.at_level(logging.INFO, logger="ithaca.jobs"):
         store.claim("w", "box")
@@ -250,8 +260,7 @@ def test_state_changes_are_logged_one_line_each_also_as_json(tmp_path, caplog):
     assert entry["duration_s"] >= 0 and job.id in entry["message"]
 
 
-def test_sweep_removes_videos_no_route_can_reach_and_keeps_unknown_ones(tmp_path, caplog):
-    store = JobStore(str(tmp_path / "jobs.db"))
+def test_sweep_removes_videos_no_route_can_reach_and_keeps_unknown_ones(store, new_url, tmp_path, caplog):
     videos_dir = tmp_path / "videos"
     videos_dir.mkdir()
     done, deleted, cancelled, running = (store.create({"prompt": p})[0] for p in "abcd")
@@ -271,7 +280,7 @@ def test_sweep_removes_videos_no_route_can_reach_and_keeps_unknown_ones(tmp_path
     assert sorted(p.name for p in videos_dir.iterdir()) == sorted([names[0], names[4], names[5]])
     assert "does not know the jobs of 1 MP4" in caplog.text
 
-    empty = JobStore(str(tmp_path / "replaced.db"))  # a lost store beside a folder of videos: said, kept
+    empty = open_store(new_url())  # a lost store beside a folder of videos: said, kept
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="ithaca.videos"):
         assert videos.sweep(empty, str(videos_dir)) == []
@@ -299,3 +308,115 @@ def test_the_preview_step_migrates_and_a_requeue_clears_it(tmp_path):
     done = store.finish(job.id, "w", "completed", video="a.mp4")
     assert done.preview_step == 1  # kept after the job: the thumbnail of its result
     assert not store.set_preview(job.id, "w", 5) and store.get(job.id).preview_step == 1
+
+
+def test_a_store_of_a_newer_schema_version_or_another_program_is_refused(new_url):
+    url = new_url()
+    store = open_store(url)
+    store.create({"prompt": "a"})
+    with store._write() as db:
+        db.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
+    store.close()
+    refused = pytest.raises(StoreError, open_store, url).value
+    assert f"schema version {SCHEMA_VERSION + 1}" in str(refused) and "upgrade" in str(refused)
+    assert "\n" not in str(refused)
+
+    foreign = open_store(new_url())  # a database that holds someone else's `jobs` table
+    with foreign._write() as db:
+        db.execute("DROP TABLE schema_version")
+        db.execute("DROP TABLE jobs")
+        db.execute("CREATE TABLE jobs (name TEXT)")
+    assert "another program" in str(pytest.raises(StoreError, open_store, foreign.url).value)
+
+
+def test_a_locked_postgres_store_fails_fast_with_store_busy(postgres_cluster):
+    url = postgres_cluster.new_database()
+    store = open_store(url, busy_timeout=0.3)
+    store.create({"prompt": "before"})
+    holder = open_store(url)
+    with holder._write() as db:
+        db.execute("LOCK TABLE jobs IN EXCLUSIVE MODE")
+        start = time.monotonic()
+        with pytest.raises(StoreBusy):
+            store.create({"prompt": "during"})
+        assert time.monotonic() - start < 2
+    assert store.create({"prompt": "after"})[1]
+
+
+def test_a_lost_postgres_connection_is_busy_once_then_connects_again(postgres_cluster):
+    url = postgres_cluster.new_database()
+    store = open_store(url)
+    job, _ = store.create({"prompt": "a"})
+    open_store(url)._db.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    with pytest.raises(StoreBusy, match="unreachable"):
+        store.get(job.id)
+    assert store.get(job.id).id == job.id
+
+
+def _claim_all(url: str, worker: str, out) -> None:
+    store = open_store(url)
+    claimed = []
+    while (job := store.claim(worker, "box")) is not None:
+        claimed.append(job.id)
+    out.put(claimed)
+
+
+def test_postgres_claims_from_several_processes_are_exactly_once(postgres_cluster):
+    url = postgres_cluster.new_database()
+    store = open_store(url)
+    ids = [store.create({"prompt": f"p{i}"})[0].id for i in range(60)]
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    procs = [context.Process(target=_claim_all, args=(url, f"w{k}", out)) for k in range(4)]
+    for proc in procs:
+        proc.start()
+    claimed = [job_id for _ in procs for job_id in out.get(timeout=60)]
+    for proc in procs:
+        proc.join(timeout=30)
+    assert sorted(claimed) == sorted(ids) and len(set(claimed)) == len(ids)
+    assert store.counts()["in_progress"] == 60 and store.queued_count() == 0
+
+
+def test_postgres_idempotency_keys_race_to_one_job(postgres_cluster):
+    url = postgres_cluster.new_database()
+    open_store(url)
+    results, barrier = [], threading.Barrier(4)
+
+    def submit() -> None:
+        own = open_store(url)
+        barrier.wait()
+        results.append(own.create({"prompt": "same"}, idempotency_key="k", request_hash="h"))
+
+    threads = [threading.Thread(target=submit) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({job.id for job, _ in results}) == 1 and sum(created for _, created in results) == 1
+
+
+def test_a_server_runs_a_job_on_a_postgres_store(postgres_cluster, tmp_path):
+    from tests.server_process import FAKE, ServerProcess
+
+    url = postgres_cluster.new_database()
+    server = ServerProcess(tmp_path / "data", "--pipeline-module", FAKE, "--nproc", "1", "--store", url)
+    try:
+        server.wait()
+        job = server.wait_job(server.submit(prompt="a fox")["id"])
+        assert job["status"] == "completed", job
+        assert server.client.get(f"/jobs/{job['id']}/video").status_code == 200
+        assert open_store(url).get(job["id"]).status == "completed"  # in PostgreSQL, not a jobs.db
+        assert not (tmp_path / "data" / "jobs.db").exists()
+        with open_store(url)._write() as db:  # completed on another box whose results folder is not shared
+            db.execute(
+                "INSERT INTO jobs (id, status, spec, created_at, instance, video) "
+                "VALUES (?, 'completed', '{}', 0, 'other-box', ?)",
+                ("f" * 32, "f" * 32 + ".mp4"),
+            )
+        missing = server.client.get(f"/jobs/{'f' * 32}/video")
+        assert missing.status_code == 404 and "other-box" in missing.text and "shared" in missing.text
+    finally:
+        server.stop()

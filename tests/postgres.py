@@ -1,0 +1,95 @@
+"""A throwaway PostgreSQL cluster for the store tests: `initdb` into a temporary folder, served on a Unix
+socket in that folder only (no TCP port), stopped and removed at the end of the session.
+
+Skipped when the PostgreSQL server binaries are not installed (Debian: `apt-get install postgresql`),
+unless ITHACA_REQUIRE_POSTGRES=1 (CI sets it): then their absence fails the tests.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+REQUIRED = os.environ.get("ITHACA_REQUIRE_POSTGRES") == "1"
+
+
+def _bin_dir() -> str | None:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
+    if found:
+        return os.path.dirname(found[-1])
+    initdb = shutil.which("initdb")
+    return os.path.dirname(initdb) if initdb else None
+
+
+class Cluster:
+    def __init__(self, bin_dir: str):
+        self.bin_dir = bin_dir
+        self.dir = tempfile.mkdtemp(prefix="ithaca-pg-")  # short: a socket path has at most 107 bytes
+        self.data = os.path.join(self.dir, "data")
+        # PostgreSQL refuses to run as root: as root, run it as the `postgres` user the package creates
+        self.prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if self.prefix:
+            shutil.chown(self.dir, "postgres")
+        self._counter = itertools.count()
+        self._run("initdb", "-D", self.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+        options = f"-k {self.dir} -c listen_addresses='' -c fsync=off -c full_page_writes=off"
+        self._run(
+            "pg_ctl", "-D", self.data, "-o", options, "-w", "-l", os.path.join(self.dir, "log"), "start"
+        )
+
+    def _run(self, tool: str, *args: str) -> None:
+        subprocess.run(
+            [*self.prefix, os.path.join(self.bin_dir, tool), *args], check=True, capture_output=True
+        )
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@/{database}?host={self.dir}"
+
+    def new_database(self) -> str:
+        """A fresh, empty database; returns its URL."""
+        import psycopg
+
+        name = f"t{os.getpid()}_{next(self._counter)}"
+        with psycopg.connect(self.url(), autocommit=True) as db:
+            db.execute(f"CREATE DATABASE {name}")
+        return self.url(name)
+
+    def stop(self) -> None:
+        try:
+            self._run("pg_ctl", "-D", self.data, "-m", "immediate", "stop")
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _unavailable(reason: str):
+    if REQUIRED:
+        pytest.fail(f"ITHACA_REQUIRE_POSTGRES=1 but {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster():
+    """The session's cluster (skipped, or failed under ITHACA_REQUIRE_POSTGRES=1, where there is none)."""
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        _unavailable("psycopg is not installed (pip install 'psycopg[binary]')")
+    bin_dir = _bin_dir()
+    if bin_dir is None:
+        _unavailable(
+            "the PostgreSQL server binaries (initdb, pg_ctl) are not installed: apt-get install postgresql"
+        )
+    try:
+        cluster = Cluster(bin_dir)
+    except subprocess.CalledProcessError as e:
+        _unavailable(f"could not start a PostgreSQL cluster: {e.stderr.decode(errors='replace')[-500:]}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
