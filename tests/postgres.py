@@ -7,6 +7,7 @@ unless ITHACA_REQUIRE_POSTGRES=1 (CI sets it): then their absence fails the test
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import itertools
 import os
@@ -28,8 +29,11 @@ def _bin_dir() -> str | None:
 
 
 class Cluster:
-    def __init__(self, bin_dir: str):
-        self.bin_dir = bin_dir
+    """`listen`: also serve TCP on this address (port 5432), trusting `trust_net` (the two-box tests' own
+    network); `wrap(argv)`: how to run its tools (in a network namespace: `Hosts.argv`)."""
+
+    def __init__(self, bin_dir: str, listen: str = "", trust_net: str | None = None, wrap=lambda argv: argv):
+        self.bin_dir, self.listen, self.wrap = bin_dir, listen, wrap
         self.dir = tempfile.mkdtemp(prefix="ithaca-pg-")  # short: a socket path has at most 107 bytes
         self.data = os.path.join(self.dir, "data")
         # PostgreSQL refuses to run as root: as root, run it as the `postgres` user the package creates
@@ -38,27 +42,32 @@ class Cluster:
             shutil.chown(self.dir, "postgres")
         self._counter = itertools.count()
         self._run("initdb", "-D", self.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
-        options = f"-k {self.dir} -c listen_addresses='' -c fsync=off -c full_page_writes=off"
+        if trust_net:
+            with open(os.path.join(self.data, "pg_hba.conf"), "a") as f:
+                f.write(f"host all all {trust_net} trust\n")
+        options = f"-k {self.dir} -c listen_addresses='{listen}' -c fsync=off -c full_page_writes=off"
         self._run(
             "pg_ctl", "-D", self.data, "-o", options, "-w", "-l", os.path.join(self.dir, "log"), "start"
         )
 
     def _run(self, tool: str, *args: str) -> None:
-        subprocess.run(
-            [*self.prefix, os.path.join(self.bin_dir, tool), *args], check=True, capture_output=True
-        )
+        argv = self.wrap([*self.prefix, os.path.join(self.bin_dir, tool), *args])
+        subprocess.run(argv, check=True, capture_output=True)
 
-    def url(self, database: str = "postgres") -> str:
+    def url(self, database: str = "postgres", tcp: bool = False) -> str:
+        """The URL of `database`, over the Unix socket or (`tcp`) over the network at `listen`."""
+        if tcp:
+            return f"postgresql://postgres@{self.listen}:5432/{database}"
         return f"postgresql://postgres@/{database}?host={self.dir}"
 
-    def new_database(self) -> str:
-        """A fresh, empty database; returns its URL."""
+    def new_database(self, tcp: bool = False) -> str:
+        """A fresh, empty database (made over the socket); returns its URL (`url`'s `tcp`)."""
         import psycopg
 
         name = f"t{os.getpid()}_{next(self._counter)}"
         with psycopg.connect(self.url(), autocommit=True) as db:
             db.execute(f"CREATE DATABASE {name}")
-        return self.url(name)
+        return self.url(name, tcp)
 
     def stop(self) -> None:
         try:
@@ -73,9 +82,10 @@ def _unavailable(reason: str):
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
-def postgres_cluster():
-    """The session's cluster (skipped, or failed under ITHACA_REQUIRE_POSTGRES=1, where there is none)."""
+@contextlib.contextmanager
+def started_cluster(**kwargs):
+    """A running `Cluster(bin_dir, **kwargs)`, stopped and removed on leaving; skipped (or failed under
+    ITHACA_REQUIRE_POSTGRES=1) where there is none."""
     try:
         import psycopg  # noqa: F401
     except ImportError:
@@ -86,10 +96,17 @@ def postgres_cluster():
             "the PostgreSQL server binaries (initdb, pg_ctl) are not installed: apt-get install postgresql"
         )
     try:
-        cluster = Cluster(bin_dir)
+        cluster = Cluster(bin_dir, **kwargs)
     except subprocess.CalledProcessError as e:
         _unavailable(f"could not start a PostgreSQL cluster: {e.stderr.decode(errors='replace')[-500:]}")
     try:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster():
+    """The session's cluster (skipped, or failed under ITHACA_REQUIRE_POSTGRES=1, where there is none)."""
+    with started_cluster() as cluster:
+        yield cluster
