@@ -100,8 +100,8 @@ TRAINED_TINY_LIMITS = replace(TINY_LIMITS, default_frames=17, default_steps=12, 
 class PipelineFamily:
     class_name: str  # the transformer's config.json `_class_name`
     compression: tuple[int, int]  # the VAE's (time, space) compression, unless `vae_compression` says
-    # flow shift when neither the user nor the folder's scheduler/ gives one (a scheduler/ of the class sampled
-    # gives its class's default when its config leaves the shift out)
+    # flow shift when neither the user nor the folder's scheduler/ gives one (a scheduler/ of the class
+    # sampled gives its class's default when its config leaves the shift out)
     default_shift: float
     default_sampler: str
     # (transformer, folder or None, preset name) → model(latents, timestep, **text) with `.config.in_channels`

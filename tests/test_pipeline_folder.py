@@ -84,7 +84,7 @@ def folders(tmp_path_factory) -> dict:
     pipe.save_pretrained(root / "unipc")
     pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
     pipe.save_pretrained(root / "euler")
-    # the published UniPC config without its flow_shift (a hand-written folder): diffusers takes the class's 1.0
+    # the published UniPC config without flow_shift (a hand-written folder): diffusers takes the class's 1.0
     (root / "unipc-no-shift" / "scheduler").mkdir(parents=True)
     for part in ("model_index.json", "transformer", "text_encoder", "tokenizer", "vae"):
         (root / "unipc-no-shift" / part).symlink_to(root / "unipc" / part)
