@@ -366,14 +366,16 @@ class Pipeline:
     def image_condition(self, req: GenerationRequest, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """An image-to-video model's image keyword arguments (replica leader only): the conditioning volume
         from the VAE, and the image encoder's features when the model takes them; an `expand_timesteps`
-        model's first latent frame (float32: it also goes into the final latents as it is). The image is first
-        fit to the video's size (dit.image.fit: cover, then centre crop)."""
+        model's first latent frame (float32: it also goes into the final latents as it is). The VAE sees the
+        image fit to the video's size (dit.image.fit: cover, then centre crop); the image encoder that or the
+        image as given, as the family's reference does (`ImageEncoder.fitted`)."""
         image = fit(req.image, req.height, req.width)
         if self.expand_timesteps:
             return {"first_frame": self.family.first_frame(self.vae, image)}
         parts = {"condition": self.family.image_condition(self.vae, image, req.num_frames).to(dtype)}
         if self.image_encoder is not None:
-            parts["encoder_hidden_states_image"] = self.image_encoder.encode(image).to(dtype)
+            seen = image if self.image_encoder.fitted else req.image
+            parts["encoder_hidden_states_image"] = self.image_encoder.encode(seen).to(dtype)
         return parts
 
     def decode(self, latents: torch.Tensor) -> np.ndarray | None:

@@ -294,16 +294,19 @@ def server(tmp_path_factory):
 
 
 def test_the_video_starts_from_the_fitted_image(server, tmp_path):
-    """The fake's first frame is the image it got: the stripes cropped to their green middle at 64×64. The
-    job completes, so the replica's other rank got it too (the fake refuses a request without one)."""
+    """The fake's first frame is the image it got: the stripes cropped to their green middle at 64×64; its
+    second, the image the leader got squeezed to the frame: the whole stripes, red on the left (the leader
+    keeps the image as given, for Wan's CLIP). The job completes, so the replica's other rank got it too (the
+    fake refuses a request without one)."""
     r = server.client.post("/generate", data={"prompt": "fox"}, files={"image": ("a.png", PNG)})
     assert r.status_code == 202, r.text
     job = server.wait_job(r.json()["id"])
     assert job["status"] == "completed", job
     assert job["request"]["image"] == DESCRIBED and job["request"]["height"] == 64  # the defaults filled in
     (tmp_path / "v.mp4").write_bytes(server.client.get(f"/jobs/{job['id']}/video").content)
-    first = read_mp4(tmp_path / "v.mp4").frames[0].astype(int)
+    first, second = read_mp4(tmp_path / "v.mp4").frames[:2].astype(int)
     assert first.shape == (64, 64, 3) and first[..., 1].min() > 200 and first[..., [0, 2]].max() < 60
+    assert second[:, :12, 0].mean() > 200 and second[:, :12, 1:].mean() < 60, second[:, :12].mean((0, 1))
 
 
 def test_openai_input_reference_end_to_end(server):

@@ -47,8 +47,10 @@ def load_image_encoder(folder: Path | None, model: nn.Module, dtype, device) -> 
     else:
         encoder = tiny_image_encoder(model.transformer.config.image_embed_dim)
         processor = SiglipImageProcessor(size={"height": 32, "width": 32})
-    # the reference's `_get_image_embeds`: resized by the processor, the last hidden states
-    return ImageEncoder(processor, encoder.to(device, dtype).eval(), do_resize=True, do_convert_rgb=True)
+    # the reference's `_get_image_embeds`: the image cropped to the video, resized by the processor, the last
+    # hidden states
+    model = encoder.to(device, dtype).eval()
+    return ImageEncoder(processor, model, fitted=True, do_resize=True, do_convert_rgb=True)
 
 
 def tiny_image_encoder(hidden: int, seed: int = 0):
