@@ -69,6 +69,10 @@ class Limits:
     image_optional: bool = False
     # two experts (Wan2.2 A14B, dit.experts): a request may give the low-noise expert's `guidance_scale_2`
     two_experts: bool = False
+    # a request with an image and neither height nor width takes the size the family's `video_size` makes
+    # of the image at this target size (HunyuanVideo-1.5 image-to-video, as diffusers'); None: the defaults,
+    # which then stand for a 16:9 image only (the layout planner's size)
+    image_target_size: int | None = None
 
     def with_schedule(self, schedule: FixedSchedule | None) -> Limits:
         """These limits under a fixed schedule: exactly its step count, and guidance 1 by default (a
@@ -137,6 +141,9 @@ class PipelineFamily:
     # (vae, image uint8 [H, W, 3] at the video's size) → the latents `[1, C, 1, h, w]` such a model takes as
     # its first latent frame
     first_frame: Callable[..., torch.Tensor] | None = None
+    # (image: PIL or uint8 [H, W, 3], target size) → the video's (height, width) for a request that gives none
+    # (limits' `image_target_size`)
+    video_size: Callable[[Any, int], tuple[int, int]] | None = None
     # the prompt tokens the DiT attends to (padded, or the most kept) and whether they join the
     # self-attention (else cross-attention): the layout planner's FLOPs (`dit.shape.model_shape`)
     text_tokens: int = 512

@@ -109,7 +109,8 @@ class GenerationRequest:
     cache: str | None = None  # off | fbcache[:THRESHOLD] (dit.cache); None: the pipeline's
     # the first frame of an image-to-video model (optional for Wan2.2 TI2V-5B): RGB, a PIL image or uint8
     # [H, W, 3] of any size (resized to cover the request's size, aspect kept, and centre-cropped:
-    # dit.image.fit)
+    # dit.image.fit); HunyuanVideo-1.5's takes its size from it when the request gives neither height nor
+    # width (`Limits.image_target_size`)
     image: Any = None
 
 
@@ -170,6 +171,9 @@ class Pipeline:
     def validate(self, req: GenerationRequest) -> GenerationRequest:
         """The request with defaults filled in; ValueError naming the field and its allowed values if not."""
         lim = self.limits
+        if lim.image_target_size and req.image is not None and req.height is None and req.width is None:
+            height, width = self.family.video_size(req.image, lim.image_target_size)  # the image's own size
+            req = replace(req, height=height, width=width)
         req = replace(
             req,
             num_frames=lim.default_frames if req.num_frames is None else req.num_frames,
