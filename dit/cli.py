@@ -129,8 +129,9 @@ def _add_request_args(p: argparse.ArgumentParser, prompt_default: str | None = N
         p.add_argument("--prompt", default=prompt_default, help="what the video shows")
     p.add_argument("--negative-prompt", default="", help="what it should not show (guidance > 1)")
     p.add_argument("--frames", type=int, default=None, help="4k+1 (default: the model's; tiny 17)")
-    p.add_argument("--height", type=int, default=None, help="multiple of 16 (default: the model's; tiny 64)")
-    p.add_argument("--width", type=int, default=None, help="multiple of 16 (default: the model's; tiny 64)")
+    size = "multiple of 16 (default: the model's; tiny 64; HunyuanVideo-1.5 I2V without either: the image's)"
+    p.add_argument("--height", type=int, default=None, help=size)
+    p.add_argument("--width", type=int, default=None, help=size)
     p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's; tiny 12)")
     p.add_argument(
         "--guidance",

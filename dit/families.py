@@ -30,6 +30,7 @@ from dit.sampling import (
     SAMPLERS,
     SCHEDULERS,
     FixedSchedule,
+    config_shift,
     make_scheduler,
     sampler_of,
 )
@@ -68,6 +69,10 @@ class Limits:
     image_optional: bool = False
     # two experts (Wan2.2 A14B, dit.experts): a request may give the low-noise expert's `guidance_scale_2`
     two_experts: bool = False
+    # a request with an image and neither height nor width takes the size the family's `video_size` makes
+    # of the image at this target size (HunyuanVideo-1.5 image-to-video, as diffusers'); None: the defaults,
+    # which then stand for a 16:9 image only (the layout planner's size)
+    image_target_size: int | None = None
 
     def with_schedule(self, schedule: FixedSchedule | None) -> Limits:
         """These limits under a fixed schedule: exactly its step count, and guidance 1 by default (a
@@ -99,7 +104,9 @@ TRAINED_TINY_LIMITS = replace(TINY_LIMITS, default_frames=17, default_steps=12, 
 class PipelineFamily:
     class_name: str  # the transformer's config.json `_class_name`
     compression: tuple[int, int]  # the VAE's (time, space) compression, unless `vae_compression` says
-    default_shift: float  # flow shift when neither the user nor the folder's scheduler/ gives one
+    # flow shift when neither the user nor the folder's scheduler/ gives one (a scheduler/ of the class
+    # sampled gives its class's default when its config leaves the shift out)
+    default_shift: float
     default_sampler: str
     # (transformer, folder or None, preset name) → model(latents, timestep, **text) with `.config.in_channels`
     # (latent channels sampled); the folder or preset tells a task the transformer's config does not
@@ -134,6 +141,9 @@ class PipelineFamily:
     # (vae, image uint8 [H, W, 3] at the video's size) → the latents `[1, C, 1, h, w]` such a model takes as
     # its first latent frame
     first_frame: Callable[..., torch.Tensor] | None = None
+    # (image: PIL or uint8 [H, W, 3], target size) → the video's (height, width) for a request that gives none
+    # (limits' `image_target_size`)
+    video_size: Callable[[Any, int], tuple[int, int]] | None = None
     # the prompt tokens the DiT attends to (padded, or the most kept) and whether they join the
     # self-attention (else cross-attention): the layout planner's FLOPs (`dit.shape.model_shape`)
     text_tokens: int = 512
@@ -192,7 +202,8 @@ def pick_scheduler(
     is the user's, else the folder's `scheduler/` class (flow-match Euler with diffusers'
     `stochastic_sampling`: renoise), else the family's; the shift is the user's, else the folder's (UniPC
     calls it `flow_shift`, flow-match Euler `shift`; Wan 480p: 3, 720p: 5), else the family's. When the
-    folder's class is the one sampled, its whole config is used, as diffusers does. A folder class not in
+    folder's class is the one sampled, its whole config is used, as diffusers does, a shift it leaves out
+    included: the class's default, 1.0. A folder class not in
     `dit.sampling.SCHEDULERS` is an error unless the user picks a sampler. The fixed schedule is the user's
     `timesteps` ("1000,750,500,250"), else the folder's `denoising_step_list`; it needs a sampler of
     `dit.sampling.FIXED_SCHEDULE_SAMPLERS`."""
@@ -211,8 +222,6 @@ def pick_scheduler(
         sampler = family.default_sampler
     if sampler not in family.samplers:
         raise ValueError(f"sampler must be {' or '.join(map(repr, family.samplers))}, got {sampler!r}")
-    if flow_shift is None:
-        flow_shift = config.get("flow_shift", config.get("shift", family.default_shift))
     if timesteps is not None:
         schedule = FixedSchedule.parse(timesteps)
     elif folder_steps is not None:
@@ -230,6 +239,10 @@ def pick_scheduler(
             f"{sampler}; pick one of those samplers"
         )
     own = config if class_name == SCHEDULERS[sampler].__name__ else None
+    if flow_shift is None and own is not None:  # a shift the config leaves out is its class's, as diffusers
+        flow_shift = config_shift(sampler, own)
+    elif flow_shift is None:
+        flow_shift = config.get("flow_shift", config.get("shift", family.default_shift))
     return sampler, flow_shift, make_scheduler(sampler, flow_shift, own), schedule
 
 

@@ -71,13 +71,19 @@ register_parallelizer(WanI2V, _parallelize)
 class ImageEncoder:
     """A vision tower's features of an image: the hidden states of `layer` (Wan's CLIP: -2, the penultimate,
     as diffusers' `WanImageToVideoPipeline.encode_image`), or the last ones for None (HunyuanVideo-1.5's
-    SigLIP); `preprocess`: the processor's options."""
+    SigLIP); `preprocess`: the processor's options. `fitted`: the tower sees the image fitted to the video
+    (HunyuanVideo-1.5's reference crops it first), else the image as given, which its processor resizes
+    (Wan's reference)."""
 
-    def __init__(self, processor, model: nn.Module, layer: int | None = None, **preprocess):
+    def __init__(
+        self, processor, model: nn.Module, layer: int | None = None, fitted: bool = False, **preprocess
+    ):
         self.processor, self.model, self.layer, self.preprocess = processor, model, layer, preprocess
+        self.fitted = fitted
 
     @torch.no_grad()
-    def encode(self, image: np.ndarray) -> torch.Tensor:
+    def encode(self, image) -> torch.Tensor:
+        """`image`: a PIL image or uint8 [H, W, 3]."""
         device = next(self.model.parameters()).device
         inputs = self.processor(images=image, return_tensors="pt", **self.preprocess)
         hidden = self.layer is not None

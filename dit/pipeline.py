@@ -109,7 +109,8 @@ class GenerationRequest:
     cache: str | None = None  # off | fbcache[:THRESHOLD] (dit.cache); None: the pipeline's
     # the first frame of an image-to-video model (optional for Wan2.2 TI2V-5B): RGB, a PIL image or uint8
     # [H, W, 3] of any size (resized to cover the request's size, aspect kept, and centre-cropped:
-    # dit.image.fit)
+    # dit.image.fit); HunyuanVideo-1.5's takes its size from it when the request gives neither height nor
+    # width (`Limits.image_target_size`)
     image: Any = None
 
 
@@ -170,6 +171,9 @@ class Pipeline:
     def validate(self, req: GenerationRequest) -> GenerationRequest:
         """The request with defaults filled in; ValueError naming the field and its allowed values if not."""
         lim = self.limits
+        if lim.image_target_size and req.image is not None and req.height is None and req.width is None:
+            height, width = self.family.video_size(req.image, lim.image_target_size)  # the image's own size
+            req = replace(req, height=height, width=width)
         req = replace(
             req,
             num_frames=lim.default_frames if req.num_frames is None else req.num_frames,
@@ -366,14 +370,16 @@ class Pipeline:
     def image_condition(self, req: GenerationRequest, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """An image-to-video model's image keyword arguments (replica leader only): the conditioning volume
         from the VAE, and the image encoder's features when the model takes them; an `expand_timesteps`
-        model's first latent frame (float32: it also goes into the final latents as it is). The image is first
-        fit to the video's size (dit.image.fit: cover, then centre crop)."""
+        model's first latent frame (float32: it also goes into the final latents as it is). The VAE sees the
+        image fit to the video's size (dit.image.fit: cover, then centre crop); the image encoder that or the
+        image as given, as the family's reference does (`ImageEncoder.fitted`)."""
         image = fit(req.image, req.height, req.width)
         if self.expand_timesteps:
             return {"first_frame": self.family.first_frame(self.vae, image)}
         parts = {"condition": self.family.image_condition(self.vae, image, req.num_frames).to(dtype)}
         if self.image_encoder is not None:
-            parts["encoder_hidden_states_image"] = self.image_encoder.encode(image).to(dtype)
+            seen = image if self.image_encoder.fitted else req.image
+            parts["encoder_hidden_states_image"] = self.image_encoder.encode(seen).to(dtype)
         return parts
 
     def decode(self, latents: torch.Tensor) -> np.ndarray | None:

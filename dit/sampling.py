@@ -4,6 +4,7 @@ step."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -107,6 +108,13 @@ def make_scheduler(
     sampler's default config) with `flow_shift` set."""
     base = _DEFAULT_CONFIG[sampler] if config is None else config
     return SCHEDULERS[sampler].from_config({**base, **_OWN_CONFIG[sampler], _SHIFT_KEY[sampler]: flow_shift})
+
+
+def config_shift(sampler: str, config: dict) -> float:
+    """The shift a scheduler config of `sampler`'s class samples with, read as diffusers reads it: the class's
+    own key, else the class's default (1.0 for both classes)."""
+    key = _SHIFT_KEY[sampler]
+    return config.get(key, inspect.signature(SCHEDULERS[sampler].__init__).parameters[key].default)
 
 
 def sampler_of(config: dict) -> str | None:

@@ -40,6 +40,8 @@ def describe(limits, images: ImageLimits | None = None) -> dict:
     for name, key in _KEYS.items():
         spec = {bound: raw[f"{bound}_{key}"] for bound in ("min", "max") if f"{bound}_{key}" in raw}
         default = raw.get(f"default_{name if key == 'size' else key}")  # default_height, default_width
+        if key == "size" and raw.get("image_target_size"):
+            default = None  # a request without a size takes the image's (HunyuanVideo-1.5 image-to-video)
         if default is not None:
             spec["default"] = default
         if raw.get(_MULTIPLE.get(key, "")):

@@ -4,7 +4,8 @@
 
 Each data-parallel replica serves its own jobs. Its leader polls the job store, claims the oldest queued
 job and broadcasts the spec over the replica's gloo control group (an image-to-video job's first frame read
-from its PNG and fitted to the request's size, as a uint8 array); idle ranks wait there (the leader sends
+from its PNG, as a uint8 array: the leader, which alone conditions on it, keeps it as given, the other ranks
+get it fitted to the request's size, a small broadcast); idle ranks wait there (the leader sends
 a keep-alive while idle, so the wait never reaches the gloo timeout and never sits inside NCCL). Every
 rank runs the pipeline; the leader records progress after each step, turns the job's cancel flag into the
 callback's False, records each phase (encoding, denoising, decoding, writing) and the seconds of each one
@@ -143,13 +144,11 @@ class Worker:
 
     def _validated(self, job: Job) -> dict | None:
         """The job's request with the model's defaults filled in (recorded on the job, its image still
-        described), its image as pixels fitted to the request's size; or None: it failed."""
+        described), its image as pixels; or None: it failed."""
         described = job.spec.get("image")
         try:
             image = None if described is None else read(videos.input_path(self.config.videos_dir, job.id))
             req = self.pipe.validate(self.module.GenerationRequest(**job.spec | {"image": image}))
-            if image is not None:  # fitted once here: the replica's ranks receive only the frame's pixels
-                image = fit(req.image, req.height, req.width)
         except (TypeError, ValueError) as e:  # an unreadable input file is an ImageError, a ValueError
             self.store.finish(job.id, self.name, "failed", error=f"invalid request: {e}")
             return None
@@ -197,7 +196,9 @@ class Worker:
         if self.store is not None:
             threading.Thread(target=self._heartbeat_loop, daemon=True).start()
         while True:
-            message = self.mesh.broadcast_object(self._next_message() if self.store is not None else None)
+            own = self._next_message() if self.store is not None else None
+            message = self.mesh.broadcast_object(_for_other_ranks(own))
+            message = own if self.store is not None else message
             if message == "stop":
                 break
             if message is not None:
@@ -336,6 +337,16 @@ class PhaseClock:
     def timings(self) -> dict[str, float]:
         """The finished phases' seconds under the job view's keys ("encoding_s", ...)."""
         return {f"{phase}_s": seconds for phase, seconds in self.seconds.items()}
+
+
+def _for_other_ranks(message):
+    """The leader's message as the replica's other ranks get it: a job's image fitted to the request's size.
+    They only validate the request with it; the leader alone conditions on the image, as given (Wan's CLIP
+    sees the whole image, as diffusers'), so the broadcast stays one frame's pixels."""
+    if not isinstance(message, dict) or "image" not in message["spec"]:
+        return message
+    spec = message["spec"]
+    return message | {"spec": spec | {"image": fit(spec["image"], spec["height"], spec["width"])}}
 
 
 def _timings(start: float, step_times: list[float], phases: PhaseClock) -> dict:

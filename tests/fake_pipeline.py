@@ -7,7 +7,8 @@ step with a 32×48 gradient that brightens with the step; it resumes from a chec
 thing: the request/limits dataclasses and `validate` of `dit.pipeline` (tiny limits), the per-step callback
 and cancel broadcast of `dit.sampling`, the real mesh. `ITHACA_FAKE_I2V=1` makes it an image-to-video model:
 every request needs an image (the real `validate` says so), and the video's first frame is that image fitted
-to its size.
+to its size, its second the image as the leader got it squeezed to the frame (what tells the image as given,
+which Wan's CLIP sees, from the fitted one).
 Selected with `--pipeline-module tests.fake_pipeline`.
 """
 
@@ -21,6 +22,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
+from PIL import Image
 
 from dit.cache import Evaluations
 from dit.checkpoint import capture
@@ -85,6 +87,7 @@ class FakePipeline:
         )
         if req.image is not None:
             frames[0] = fit(req.image, req.height, req.width)  # as the real one fits it
+            frames[1] = np.array(Image.fromarray(req.image).resize((req.width, req.height)))
         return frames
 
 

@@ -1,7 +1,8 @@
 """HunyuanVideo-1.5 image-to-video through the pipeline (dit/hunyuan/i2v.py): a tiny folder saved with
 diffusers' `HunyuanVideo15ImageToVideoPipeline` (tests/test_hunyuan_pipeline_folder.py's tiny parts and a
-tiny SigLIP tower) gives its latents from the same seed and image; `tiny-joint-i2v` runs sequence-parallel
-and CFG-parallel equal to one rank; the image-to-video model needs an image and `tiny-joint` refuses one."""
+tiny SigLIP tower) gives its latents from the same seed and image, a request without a size taking the
+image's; `tiny-joint-i2v` runs sequence-parallel and CFG-parallel equal to one rank; the image-to-video model
+needs an image and `tiny-joint` refuses one; `ithaca generate --image` sizes the video from the image."""
 
 from __future__ import annotations
 
@@ -41,22 +42,30 @@ def folder(tmp_path_factory):
 
 
 def test_latents_match_diffusers_i2v_pipeline(folder):
+    """A request without a size takes the image's as diffusers does (40×40 at target size 48: 48×48, the
+    image resized to it); one at the image's size."""
     from diffusers import HunyuanVideo15ImageToVideoPipeline
 
     ours = load_pipeline(PipelineConfig(model=str(folder), device="cpu"))
     assert ours.limits.image and ours.image_encoder is not None
-    request = GenerationRequest(**REQUEST, guidance_scale=4.5, image=_image())  # the folder guider's scale
-    got = ours.denoise(request)
     ref = HunyuanVideo15ImageToVideoPipeline.from_pretrained(folder)
     ref.set_progress_bar_config(disable=True)
     kw = {k: REQUEST[k] for k in ("prompt", "negative_prompt", "num_frames", "num_inference_steps")}
-    generator = torch.Generator("cpu").manual_seed(REQUEST["seed"])
-    want = ref(Image.fromarray(_image()), **kw, generator=generator, output_type="latent").frames
-    assert got.shape == want.shape == (1, 4, 2, 2, 3)
-    rel = ((got - want).abs().max() / want.abs().max()).item()
-    print(f"latents vs diffusers: max rel {rel:.2e}")
-    assert rel <= 1e-4, rel
-    other = ours.denoise(GenerationRequest(**REQUEST, guidance_scale=4.5, image=_image(seed=1)))
+    sized = REQUEST | {"guidance_scale": 4.5}  # the folder guider's scale
+    unsized = {k: v for k, v in sized.items() if k not in ("height", "width")}
+    for fields, image, shape in (
+        (unsized, _image(40, 40), (1, 4, 2, 3, 3)),
+        (sized, _image(), (1, 4, 2, 2, 3)),
+    ):
+        request = GenerationRequest(**fields, image=image)
+        got = ours.denoise(request)
+        generator = torch.Generator("cpu").manual_seed(REQUEST["seed"])
+        want = ref(Image.fromarray(image), **kw, generator=generator, output_type="latent").frames
+        assert got.shape == want.shape == shape
+        rel = ((got - want).abs().max() / want.abs().max()).item()
+        print(f"image {image.shape[:2]}: latents vs diffusers max rel {rel:.2e}")
+        assert rel <= 1e-4, (image.shape, rel)
+    other = ours.denoise(GenerationRequest(**sized, image=_image(seed=1)))
     assert ((other - got).abs().max() / got.abs().max()).item() > 1e-3  # the image is heard
 
 
@@ -87,3 +96,16 @@ def test_parallel_layouts_give_one_ranks_frames():
         leader, other = run_distributed(2, _i2v, degrees, timeout=180)
         assert other is None and leader.shape == want.shape == (5, 32, 48, 3)
         assert np.abs(leader.astype(int) - want.astype(int)).max() <= 1, degrees
+
+
+def test_the_cli_sizes_the_video_from_the_image(tmp_path):
+    """`generate --image` without --height/--width: the size of `tiny-joint-i2v`'s target (64) closest to the
+    image's 1:4, as diffusers' pipeline picks it."""
+    from dit.video import read_mp4
+    from server.cli import main
+
+    Image.fromarray(_image(40, 160)).save(tmp_path / "first.png")
+    argv = ["generate", "a fox", "--preset", "tiny-joint-i2v", "--frames", "5", "--steps", "1",
+            "--image", str(tmp_path / "first.png"), "--out", str(tmp_path / "v.mp4")]  # fmt: skip
+    assert main(argv) == 0
+    assert read_mp4(tmp_path / "v.mp4").frames.shape[:3] == (5, 32, 128)

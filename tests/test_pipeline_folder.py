@@ -54,7 +54,8 @@ def _save_tokenizer(path):
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict:
-    """{"unipc": the published layout, "euler": the same but a FlowMatchEulerDiscreteScheduler scheduler/}."""
+    """{"unipc": the published layout, "euler": the same but a FlowMatchEulerDiscreteScheduler scheduler/,
+    "unipc-no-shift": the published layout whose scheduler config gives no flow_shift}."""
     from diffusers import (
         FlowMatchEulerDiscreteScheduler,
         UniPCMultistepScheduler,
@@ -83,7 +84,13 @@ def folders(tmp_path_factory) -> dict:
     pipe.save_pretrained(root / "unipc")
     pipe.scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
     pipe.save_pretrained(root / "euler")
-    return {name: root / name for name in ("unipc", "euler")}
+    # the published UniPC config without flow_shift (a hand-written folder): diffusers takes the class's 1.0
+    (root / "unipc-no-shift" / "scheduler").mkdir(parents=True)
+    for part in ("model_index.json", "transformer", "text_encoder", "tokenizer", "vae"):
+        (root / "unipc-no-shift" / part).symlink_to(root / "unipc" / part)
+    no_shift = {k: v for k, v in WAN21_SCHEDULER.items() if k != "flow_shift"}
+    (root / "unipc-no-shift" / "scheduler" / "scheduler_config.json").write_text(json.dumps(no_shift))
+    return {name: root / name for name in ("unipc", "euler", "unipc-no-shift")}
 
 
 @pytest.fixture(scope="module")
@@ -165,6 +172,8 @@ CASES = {
                                    dict(guidance_scale=5.0, negative_prompt=LONG_NEGATIVE)),
     "euler-guided": ("euler", {}, "euler", {}, dict(guidance_scale=5.0)),
     "euler-unguided": ("euler", {}, "euler", {}, dict(guidance_scale=1.0)),
+    # a config without flow_shift samples at its class's default (1.0), not the family's 3
+    "unipc-no-shift": ("unipc-no-shift", {}, "unipc-no-shift", {}, dict(guidance_scale=5.0)),
     # UniPC's integer timesteps start 999, 999 here: found by value, step 0 would be the second
     "unipc-shift-12-90-steps": ("unipc", {"flow_shift": 12.0}, "unipc", {"flow_shift": 12.0},
                                 dict(guidance_scale=1.0, num_inference_steps=90)),

@@ -294,16 +294,19 @@ def server(tmp_path_factory):
 
 
 def test_the_video_starts_from_the_fitted_image(server, tmp_path):
-    """The fake's first frame is the image it got: the stripes cropped to their green middle at 64×64. The
-    job completes, so the replica's other rank got it too (the fake refuses a request without one)."""
+    """The fake's first frame is the image it got: the stripes cropped to their green middle at 64×64; its
+    second, the image the leader got squeezed to the frame: the whole stripes, red on the left (the leader
+    keeps the image as given, for Wan's CLIP). The job completes, so the replica's other rank got it too (the
+    fake refuses a request without one)."""
     r = server.client.post("/generate", data={"prompt": "fox"}, files={"image": ("a.png", PNG)})
     assert r.status_code == 202, r.text
     job = server.wait_job(r.json()["id"])
     assert job["status"] == "completed", job
     assert job["request"]["image"] == DESCRIBED and job["request"]["height"] == 64  # the defaults filled in
     (tmp_path / "v.mp4").write_bytes(server.client.get(f"/jobs/{job['id']}/video").content)
-    first = read_mp4(tmp_path / "v.mp4").frames[0].astype(int)
+    first, second = read_mp4(tmp_path / "v.mp4").frames[:2].astype(int)
     assert first.shape == (64, 64, 3) and first[..., 1].min() > 200 and first[..., [0, 2]].max() < 60
+    assert second[:, :12, 0].mean() > 200 and second[:, :12, 1:].mean() < 60, second[:, :12].mean((0, 1))
 
 
 def test_openai_input_reference_end_to_end(server):
@@ -347,12 +350,14 @@ def test_a_job_deleted_while_it_runs_loses_its_input_when_it_ends(server):
 
 
 def test_a_real_image_to_video_model_serves_a_job(tmp_path):
-    """The real pipeline (`tiny-i2v-random`) on a 2-rank Ulysses group: the leader encodes the image, both
-    ranks denoise with its conditioning, and the published limits ask for an image."""
-    srv = ServerProcess(tmp_path, "--preset", "tiny-i2v-random", "--nproc", "2")
+    """The real pipeline (`tiny-joint-i2v`, HunyuanVideo-1.5) on a 2-rank Ulysses group: the leader encodes
+    the image, both ranks denoise with its conditioning, and the published limits ask for an image. A request
+    without a size takes the image's (the stripes' 1:4 at target size 64: 32×128), and the job shows it."""
+    srv = ServerProcess(tmp_path, "--preset", "tiny-joint-i2v", "--nproc", "2")
     try:
         srv.wait()
         assert srv.client.get("/openapi.json").status_code == 200
+        assert "height" not in srv.client.get("/limits").json()["defaults"]  # the image's, not one default
         r = srv.client.post("/generate", json={"prompt": "a red fox", "num_frames": 5})
         assert r.status_code == 422 and _error(r)[0] == "image", r.text
         fields = {"prompt": "a red fox", "num_frames": "5", "num_inference_steps": "2", "seed": "3"}
@@ -360,7 +365,8 @@ def test_a_real_image_to_video_model_serves_a_job(tmp_path):
         assert r.status_code == 202, r.text
         job = srv.wait_job(r.json()["id"])
         assert job["status"] == "completed" and job["timings"]["evaluated"] == 4, job
+        assert (job["request"]["height"], job["request"]["width"]) == (32, 128)
         (tmp_path / "v.mp4").write_bytes(srv.client.get(f"/jobs/{job['id']}/video").content)
-        assert read_mp4(tmp_path / "v.mp4").frames.shape[:3] == (5, 64, 64)
+        assert read_mp4(tmp_path / "v.mp4").frames.shape[:3] == (5, 32, 128)
     finally:
         srv.stop()

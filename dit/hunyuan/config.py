@@ -80,8 +80,8 @@ PRESETS: dict[str, HunyuanVideo15Config] = {
     # Tiny random model for CPU tests and the `tiny-joint` pipeline preset.
     "tiny-joint": _TINY_JOINT,
     # The same transformer as image-to-video (`dit.hunyuan.i2v.PRESETS`: a tiny SigLIP tower of its
-    # `image_embed_dim` encodes the first frame).
-    "tiny-joint-i2v": dataclasses.replace(_TINY_JOINT, task_type="i2v"),
+    # `image_embed_dim` encodes the first frame); a request without a size gets one of about 64² pixels.
+    "tiny-joint-i2v": dataclasses.replace(_TINY_JOINT, task_type="i2v", target_size=64),
     # hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v (8.3B parameters).
     "hunyuanvideo-1.5-480p-t2v": HunyuanVideo15Config(task_type="t2v"),
 }

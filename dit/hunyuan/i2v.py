@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torch import nn
 
 from dit.hunyuan import vae
@@ -47,8 +48,10 @@ def load_image_encoder(folder: Path | None, model: nn.Module, dtype, device) -> 
     else:
         encoder = tiny_image_encoder(model.transformer.config.image_embed_dim)
         processor = SiglipImageProcessor(size={"height": 32, "width": 32})
-    # the reference's `_get_image_embeds`: resized by the processor, the last hidden states
-    return ImageEncoder(processor, encoder.to(device, dtype).eval(), do_resize=True, do_convert_rgb=True)
+    # the reference's `_get_image_embeds`: the image cropped to the video, resized by the processor, the last
+    # hidden states
+    model = encoder.to(device, dtype).eval()
+    return ImageEncoder(processor, model, fitted=True, do_resize=True, do_convert_rgb=True)
 
 
 def tiny_image_encoder(hidden: int, seed: int = 0):
@@ -73,3 +76,26 @@ def latent_condition(vae_model, image: np.ndarray, num_frames: int) -> torch.Ten
     mask = torch.zeros_like(latents[:, :1])
     mask[:, :, 0] = 1
     return torch.cat([latents, mask], dim=1)
+
+
+def closest_size(height: int, width: int, target: int) -> tuple[int, int]:
+    """Of the video sizes of about target² pixels (multiples of the VAE's 16, aspect ratios up to 4), the
+    one whose aspect ratio is closest to height:width: diffusers' `calculate_default_height_width`, which
+    sizes the reference's videos (text-to-video's default from 9:16, image-to-video's from the image)."""
+    from diffusers.pipelines.hunyuan_video1_5.image_processor import HunyuanVideo15ImageProcessor
+
+    processor = HunyuanVideo15ImageProcessor(vae_scale_factor=vae.COMPRESSION[1])
+    height, width = processor.calculate_default_height_width(height, width, target)
+    return height, width
+
+
+def video_size(image, target: int) -> tuple[int, int]:
+    """The video's (height, width) for a first frame (a PIL image or uint8 [H, W, 3]) when the request gives
+    no size, as the reference's image-to-video pipeline: the size of `target` closest to the image's aspect
+    ratio (`closest_size`)."""
+    if isinstance(image, Image.Image):
+        return closest_size(image.height, image.width, target)
+    if isinstance(image, np.ndarray) and image.ndim == 3:
+        return closest_size(*image.shape[:2], target)
+    kind = type(image).__name__
+    raise ValueError(f"image must be a PIL image or a uint8 numpy array [H, W, 3], got {kind}")

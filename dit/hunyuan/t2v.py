@@ -11,7 +11,7 @@ states with `encoder_attention_mask_2`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +20,7 @@ from torch import nn
 
 from dit.families import TINY_LIMITS, Limits, PipelineFamily, folder_config, register_pipeline_family
 from dit.hunyuan import i2v, vae
-from dit.hunyuan.config import DIFFUSERS_CLASS_NAME
+from dit.hunyuan.config import DIFFUSERS_CLASS_NAME, PRESETS
 from dit.hunyuan.model import HunyuanVideo15Transformer
 from dit.hunyuan.text import BYT5_MAX_TOKENS, MLLM_MAX_TOKENS, load_text_encoders, load_tokenizer
 
@@ -81,15 +81,14 @@ def wrap(transformer: HunyuanVideo15Transformer, folder: Path | None, model: str
 
 
 def _limits(folder: Path | None, preset: str) -> Limits:
+    # image-to-video: a request with no size takes the image's (`i2v.video_size`), as the reference's does
+    target = PRESETS[preset].target_size if folder is None else _folder_target_size(folder)
+    from_image = {"image_target_size": target} if i2v.is_i2v(folder, preset) else {}
     if folder is None and preset in ("tiny-joint", *i2v.PRESETS):
-        return TINY_LIMITS
-    from diffusers.pipelines.hunyuan_video1_5.image_processor import HunyuanVideo15ImageProcessor
-
+        return replace(TINY_LIMITS, **from_image)
     # The reference's defaults: 121 frames at 24 fps, the 16:9 size closest to the model's target size
     # (480p: 480x848), the guidance its guider/ was published with.
-    target = folder_config(folder, "transformer", "config.json").get("target_size", 640)
-    processor = HunyuanVideo15ImageProcessor(vae_scale_factor=vae.COMPRESSION[1])
-    height, width = processor.calculate_default_height_width(9, 16, target)
+    height, width = i2v.closest_size(9, 16, target)
     guidance = folder_config(folder, "guider", "guider_config.json").get("guidance_scale", 6.0)
     return Limits(
         max_frames=241,
@@ -98,7 +97,12 @@ def _limits(folder: Path | None, preset: str) -> Limits:
         default_width=width,
         default_guidance=guidance,
         default_fps=24,
+        **from_image,
     )
+
+
+def _folder_target_size(folder: Path) -> int:
+    return folder_config(folder, "transformer", "config.json").get("target_size", 640)
 
 
 def _sigmas(steps: int) -> list[float]:
@@ -123,5 +127,6 @@ FAMILY = PipelineFamily(
     sigmas=_sigmas,
     image_encoder=i2v.load_image_encoder,
     image_condition=i2v.latent_condition,
+    video_size=i2v.video_size,
 )
 register_pipeline_family(FAMILY)
