@@ -201,7 +201,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """`ithaca` and its subcommands."""
     parser = _Parser(prog="ithaca", description="Text-to-video generation with sequence parallelism")
     subparsers = parser.add_subparsers(dest="command", required=True)
     try:
@@ -219,7 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     config_mod.add_arguments(serve_parser)
     serve_parser.set_defaults(func=serve)
     _add_plan(subparsers)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return args.func(args) or 0
 
 

@@ -306,7 +306,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, worker_only: bool = False)
     for f in dataclasses.fields(ServeConfig):
         if worker_only and not f.metadata["worker"]:
             continue
-        help_text = f"{f.metadata['help']} [env {env_name(f.name)}; default {f.default}]"
+        # argparse expands %-formats in help ("%(default)s"): a literal "%" must be doubled
+        help_text = f"{f.metadata['help']} [env {env_name(f.name)}; default {f.default}]".replace("%", "%%")
         if f.type in ("bool", bool):
             parser.add_argument(
                 _flag(f.name), action=argparse.BooleanOptionalAction, default=None, help=help_text
