@@ -47,7 +47,7 @@ import uuid
 import numpy as np
 
 import parallel
-from dit.checkpoint import Checkpointing, DenoiseState, load_file
+from dit.checkpoint import Checkpointing, DenoiseState, Expected, load_file
 from dit.image import fit, read
 from dit.shape import launch_layout
 from dit.video import write_mp4
@@ -174,7 +174,9 @@ class Worker:
 
     def _resume(self, job: Job, spec: dict, key: dict) -> DenoiseState | None:
         """The job's checkpoint, when it has one made under `key`; it is recorded on the job."""
-        state, why = load_file(videos.checkpoint_path(self.config.videos_dir, job.id), key)
+        size = self.pipe.latent_shape(self.module.GenerationRequest(**spec))  # reads the video's size alone
+        expected = Expected(spec["num_inference_steps"], size, ranks=self.mesh.sp_size * self.mesh.cfg_size)
+        state, why = load_file(videos.checkpoint_path(self.config.videos_dir, job.id), key, expected)
         if why is not None:
             log.warning("job %s: its checkpoint is ignored, starting from the first step: %s", job.id, why)
         elif state is not None:
