@@ -94,7 +94,7 @@ def launch_group(config: ServeConfig, group_id: str) -> subprocess.Popen:
     The ranks learn their node from ITHACA_NODE_RANK (the worker numbers them by it, see
     `parallel.launch.number_ranks_by_node`); ITHACA_GROUP_ID finds them again (`kill_group`)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_argv(config), "--max-restarts", "0",
-           "-m", "server.worker", *config.worker_argv()]  # fmt: skip
+           "-m", "server.lifetime", "server.worker", *config.worker_argv()]  # fmt: skip
     log.info("starting worker group %s: %s", group_id, " ".join(cmd))
     env = os.environ | {
         "ITHACA_GROUP_ID": group_id,
