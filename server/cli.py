@@ -82,6 +82,9 @@ def _serve_node_share(config: config_mod.ServeConfig, choice) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: share.stop())
     share.run()
+    if share.fatal:
+        print(f"ithaca serve: {share.fatal}", file=sys.stderr)
+        return 1
     log.info("stopped")
     return 0
 

@@ -162,6 +162,15 @@ class ServeConfig:
     api: bool = _opt(
         True, "serve the HTTP API (--no-api: a node other than 0, which only runs its share of the group)"
     )
+    rdzv_timeout: float = _opt(
+        600.0, "with --nnodes > 1: seconds a launch of the group waits for every machine to join it"
+    )
+    relaunch_backoff: float = _opt(
+        1.0,
+        "--no-api: seconds before this node launches its share again after it exited, doubled after each "
+        "exit in a row that came within a minute of its launch (up to 60); --restart-budget such exits in a "
+        "row and the node gives up (exit code 1)",
+    )
     max_attempts: int = _opt(
         2, "runs a job interrupted by a crash or a restart may get before it is failed (each resumes)"
     )
@@ -172,7 +181,9 @@ class ServeConfig:
         worker=True,
         parse=_checkpoint_every,
     )
-    restart_budget: int = _opt(3, "consecutive worker-group failures before the server exits")
+    restart_budget: int = _opt(
+        3, "consecutive worker-group failures before the server exits (--no-api: quick exits of its share)"
+    )
     orphan_timeout: float = _opt(
         60.0, "seconds without a worker heartbeat before its running job is re-queued (any server's)"
     )

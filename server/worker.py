@@ -375,7 +375,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _start(config: ServeConfig, group_id: str) -> Worker:
     # across machines: global rank 0, the replica leader (the one rank using the job store), on node 0
-    number_ranks_by_node(config.node_rank)
+    degrees = {"model": config.model, "ulysses": config.ulysses, "ring": config.ring, "cfg": config.cfg}
+    number_ranks_by_node(config.node_rank, degrees)  # every machine the same, each its own node number
     module = importlib.import_module(config.pipeline_module)
     # auto degrees (`ithaca serve` passes them resolved) from the model and this launch's ranks
     choice = launch_layout(config.model, config.ulysses, config.ring, config.cfg, sampler=config.sampler,
