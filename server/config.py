@@ -168,8 +168,10 @@ class ServeConfig:
     relaunch_backoff: float = _opt(
         1.0,
         "--no-api: seconds before this node launches its share again after it exited, doubled after each "
-        "exit in a row that came within a minute of its launch (up to 60); --restart-budget such exits in a "
-        "row and the node gives up (exit code 1)",
+        "exit in a row that came within a minute of its launch (up to 60)",
+    )
+    relaunch_budget: int = _opt(
+        5, "--no-api: exits in a row, each within a minute of its launch, before this node gives up (exit 1)"
     )
     max_attempts: int = _opt(
         2, "runs a job interrupted by a crash or a restart may get before it is failed (each resumes)"
@@ -181,9 +183,7 @@ class ServeConfig:
         worker=True,
         parse=_checkpoint_every,
     )
-    restart_budget: int = _opt(
-        3, "consecutive worker-group failures before the server exits (--no-api: quick exits of its share)"
-    )
+    restart_budget: int = _opt(3, "consecutive worker-group failures before the server exits")
     orphan_timeout: float = _opt(
         60.0, "seconds without a worker heartbeat before its running job is re-queued (any server's)"
     )

@@ -127,7 +127,7 @@ class NodeShare:
     launches it again each time it exits (a peer failed, node 0 reset or drained the group, the rendezvous
     timed out), until `stop`: after `relaunch_backoff` seconds, doubled after each exit within
     RELAUNCH_STABLE_S of its launch (a share that cannot start: a crash, settings the machines disagree on);
-    `restart_budget` such exits in a row and it gives up, `fatal` saying why. It has no job store: node 0's
+    `relaunch_budget` such exits in a row and it gives up, `fatal` saying why. It has no job store: node 0's
     supervisor re-queues the jobs."""
 
     def __init__(self, config: ServeConfig):
@@ -149,7 +149,7 @@ class NodeShare:
             if self._stopping.is_set():
                 return
             quick = quick + 1 if time.monotonic() - started < RELAUNCH_STABLE_S else 0
-            if quick >= self.config.restart_budget:
+            if quick >= self.config.relaunch_budget:
                 self.fatal = (f"this node's share of the worker group exited {quick} times in a row within "
                               f"{RELAUNCH_STABLE_S:g} s of its launch, the last time with code {code} (its "
                               "error is above)")  # fmt: skip

@@ -96,7 +96,7 @@ def test_torchrun_joins_node_zeros_rendezvous():
 
 def test_a_node_without_the_api_relaunches_with_a_backoff_until_its_budget(monkeypatch):
     """Its share exits: launched again after 1, 2, 4 ... s while the exits come within a minute of their
-    launch; one that ran longer starts the count again; `--restart-budget` quick exits in a row end it."""
+    launch; one that ran longer starts the count again; `--relaunch-budget` quick exits in a row end it."""
     import server.supervisor as supervisor
 
     clock, ran = [0.0], [5, 5, 120, 5, 5, 5]  # seconds each launch runs before it exits
@@ -115,7 +115,7 @@ def test_a_node_without_the_api_relaunches_with_a_backoff_until_its_budget(monke
 
     monkeypatch.setattr(supervisor, "launch_group", lambda config, group_id: Exits())
     monkeypatch.setattr(supervisor.time, "monotonic", lambda: clock[0])
-    share = supervisor.NodeShare(_config(["--relaunch-backoff", "1", "--restart-budget", "3"]))
+    share = supervisor.NodeShare(_config(["--relaunch-backoff", "1", "--relaunch-budget", "3"]))
     share._stopping = pauses = Pauses()
     share.run()
     assert (share.starts, pauses, ran) == (6, [1, 2, 1, 1, 2], [])
