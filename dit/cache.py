@@ -9,6 +9,9 @@ the replica: the sequence-parallel ranks' shards (padding excluded) and, under C
 (the negative prompt's ranks add zeros), so every rank of every layout takes the same decision at every step
 (a decision from a rank's own shard would let the ranks diverge, and a collective skipped by some ranks
 would hang the others).
+
+A checkpoint (dit.checkpoint) keeps each rank's residuals (`StepCache.state`), so a resumed generation
+takes the decisions, and adds the residuals, that the uninterrupted one would have: bit for bit on the CPU.
 """
 
 from __future__ import annotations
@@ -100,6 +103,16 @@ class StepCache:
         self._rest[self.current] = out - h
         return out
 
+    def state(self) -> dict:
+        """This rank's residuals of the last full evaluation, copied to the CPU (a checkpoint's entry)."""
+        return {"first": _cpu(self._first), "rest": {name: _cpu(r) for name, r in self._rest.items()}}
+
+    def load(self, state: dict, device) -> None:
+        """Go on from `state()` of this rank at a checkpoint (its kinds checked by `malformed_states`; its
+        shapes at the next decision, on every rank of the replica at once)."""
+        self._first = None if state["first"] is None else state["first"].to(device)
+        self._rest = {name: r.to(device) for name, r in state["rest"].items()}
+
     def restart(self, real: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Another model takes over (its real tokens: `real`): the last full evaluation is forgotten, so the
         next step runs in full."""
@@ -109,11 +122,45 @@ class StepCache:
         if not self._rest:  # the first step: every rank of the replica evaluates in full
             return False
         mine = torch.zeros(2, dtype=torch.float64, device=residual.device)
-        if self.current == "cond":  # the negative prompt's ranks (CFG parallel) add zeros
+        if not self._fits(residual):  # a resumed checkpoint's residuals do not fit: all ranks evaluate
+            mine[0] = float("inf")
+        elif self.current == "cond":  # the negative prompt's ranks (CFG parallel) add zeros
             now, last = self.real(residual).double(), self.real(self._first).double()
             mine = torch.stack([(now - last).abs().sum(), last.abs().sum()])
         change, scale = self.reduce(mine).tolist()
         return change < self.threshold * scale
+
+    def _fits(self, residual: torch.Tensor) -> bool:
+        """The kept residuals can be compared with and added to this pass's (always, but after a resume from
+        a file, which could hold others)."""
+        kept = [*self._rest.values(), *([self._first] if self.current == "cond" else [])]
+        like = (residual.shape, residual.dtype, residual.device)
+        return self.current in self._rest and all(r is not None and (r.shape, r.dtype, r.device) == like
+                                                   for r in kept)  # fmt: skip
+
+
+def malformed_states(states, ranks: int) -> str | None:
+    """What in a checkpoint's step-cache states (one `StepCache.state()` per rank of a replica of `ranks`)
+    a resume could not load, or None."""
+    if not isinstance(states, list) or len(states) != ranks:
+        return f"the step cache does not hold one state for each of the {ranks} ranks"
+    for state in states:
+        if (
+            not isinstance(state, dict)
+            or state.keys() != {"first", "rest"}
+            or not isinstance(state["rest"], dict)
+        ):
+            return "a step-cache state is not its first block's residual and the others'"
+        if not state["rest"] or not state["rest"].keys() <= {"cond", "uncond"}:
+            return "a step-cache state holds no residuals of the prompt's or the negative prompt's pass"
+        kept = [*state["rest"].values(), *([] if state["first"] is None else [state["first"]])]
+        if not all(isinstance(r, torch.Tensor) and r.is_floating_point() for r in kept):
+            return "a step-cache residual is not a floating-point tensor"
+    return None
+
+
+def _cpu(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.detach().to("cpu", copy=True)
 
 
 def _transformer(model):

@@ -4,12 +4,13 @@ A `DenoiseState` holds the latents after `step` steps, the scheduler's whole sta
 config: the multistep history UniPC keeps, the step index, ...), the CPU generator's state (a renoise
 sampler's fresh noise comes from it) and the evaluations counted so far. Resumed with the same model, layout
 and request, the loop's remaining steps see exactly the numbers they would have seen: on the CPU the final
-latents are bit-identical. The one exception is the step cache (dit.cache): its residuals are per rank and
-are not kept, so a cached generation evaluates the first step after a resume in full.
+latents are bit-identical. A cached generation's state also holds every rank's step-cache residuals
+(dit.cache, gathered on the replica leader), so it resumes with the decisions it would have taken.
 
 Files hold the state with a `key` (a JSON-able description of the model, layout and request) and are read
 with `torch.load(weights_only=True)`: plain tensors, numbers and lists, never code. A file whose format or key
-differs, or that cannot be read, is refused with the reason: it is never trusted.
+differs, that cannot be read, or any of whose fields is not what a resume of the job can use (`Expected`:
+its steps, the latents' shape, its ranks) is refused with the reason: it is never trusted.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 import torch
+
+from dit.cache import malformed_states
 
 FORMAT = 1
 _PLAIN = (torch.Tensor, int, float, bool, str, type(None))
@@ -34,6 +37,17 @@ class DenoiseState:
     generator: torch.Tensor  # torch.Generator.get_state() of the CPU generator
     evaluated: int = 0
     skipped: int = 0
+    cache: list | None = None  # cached: each rank's StepCache.state(), in the replica's rank order
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a checkpoint of one job must hold beyond its key: a step before the last of `steps`, latents
+    of `latents`' shape and, when cached, one step-cache state per rank of its replica (`ranks`)."""
+
+    steps: int
+    latents: tuple[int, ...]
+    ranks: int = 1
 
 
 @dataclass
@@ -66,9 +80,10 @@ class Checkpointing:
 
 
 def capture(
-    step: int, latents: torch.Tensor, scheduler, generator: torch.Generator | None, counts
+    step: int, latents: torch.Tensor, scheduler, generator: torch.Generator | None, counts, cache=None
 ) -> DenoiseState:
-    """A copy of the loop's state after `step` steps (nothing in it is shared with the live loop)."""
+    """A copy of the loop's state after `step` steps (nothing in it is shared with the live loop); `cache`:
+    the replica's step-cache states, already copies."""
     return DenoiseState(
         step=step,
         latents=latents.detach().to("cpu", torch.float32, copy=True),
@@ -76,14 +91,15 @@ def capture(
         generator=(generator or torch.Generator()).get_state(),
         evaluated=counts.evaluated if counts is not None else 0,
         skipped=counts.skipped if counts is not None else 0,
+        cache=cache,
     )
 
 
 def restore(
-    state: DenoiseState, scheduler, generator: torch.Generator | None, counts, device
+    state: DenoiseState, scheduler, generator: torch.Generator | None, counts, device, cache=None, rank=0
 ) -> torch.Tensor:
-    """Put `state` back into a scheduler whose timesteps are set, the generator and the counts; returns the
-    latents on `device`."""
+    """Put `state` back into a scheduler whose timesteps are set, the generator, the counts and the step
+    `cache` (this rank's entry, `rank` in its replica); returns the latents on `device`."""
     for name, value in state.scheduler.items():
         now = getattr(scheduler, name, None)  # a schedule tensor goes back where set_timesteps put it
         setattr(scheduler, name, _copy(name, value, now.device if isinstance(now, torch.Tensor) else device))
@@ -92,6 +108,8 @@ def restore(
     if counts is not None:
         counts.evaluated += state.evaluated
         counts.skipped += state.skipped
+    if cache is not None and state.cache is not None:
+        cache.load(state.cache[rank], device)
     return state.latents.to(device)
 
 
@@ -115,9 +133,9 @@ def save_file(path: str, state: DenoiseState, key: dict) -> None:
     os.replace(tmp, path)
 
 
-def load_file(path: str, key: dict) -> tuple[DenoiseState | None, str | None]:
-    """(state, None) when `path` holds a checkpoint made under `key`; (None, why not) otherwise, and
-    (None, None) when there is no file."""
+def load_file(path: str, key: dict, expected: Expected) -> tuple[DenoiseState | None, str | None]:
+    """(state, None) when `path` holds a checkpoint made under `key` whose every field a resume of the job
+    (`expected`) can use; (None, why not) otherwise, and (None, None) when there is no file."""
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -126,11 +144,54 @@ def load_file(path: str, key: dict) -> tuple[DenoiseState | None, str | None]:
         return None, f"unreadable ({type(e).__name__}: {str(e)[:200]})"
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         return None, f"format {data.get('format') if isinstance(data, dict) else '?'} is not {FORMAT}"
-    theirs, key = json.loads(data["key"]), json.loads(json.dumps(key, sort_keys=True))  # tuples read as lists
+    try:
+        theirs = json.loads(data["key"])
+    except (KeyError, TypeError, ValueError):
+        return None, "malformed (no readable key)"
+    key = json.loads(json.dumps(key, sort_keys=True))  # tuples read as lists
+    if not isinstance(theirs, dict):
+        return None, "malformed (no readable key)"
     if theirs != key:
         differ = sorted(k for k in key.keys() | theirs.keys() if key.get(k) != theirs.get(k))
         return None, f"made for another {', '.join(differ)}"
-    try:
-        return DenoiseState(**data["state"]), None
-    except TypeError as e:
-        return None, f"malformed ({e})"
+    why = _malformed(data.get("state"), expected)
+    return (None, f"malformed ({why})") if why else (DenoiseState(**data["state"]), None)
+
+
+def _malformed(state, expected: Expected) -> str | None:
+    """What in a file's state a resume could not use, or None."""
+    names = {f.name for f in fields(DenoiseState)}
+    required = {f.name for f in fields(DenoiseState) if f.default is MISSING}
+    if not isinstance(state, dict) or not required <= state.keys() <= names:
+        return (
+            f"the state must hold {', '.join(sorted(required))} and no fields but {', '.join(sorted(names))}"
+        )
+    step, scheduler, generator = state["step"], state["scheduler"], torch.Generator().get_state()
+    if not _count(step) or not 0 < step < expected.steps:
+        return f"step {step!r} is not 1 to {expected.steps - 1}"
+    if not _tensor(state["latents"], torch.float32, expected.latents):
+        return f"the latents are not float32 of shape {tuple(expected.latents)}"
+    if not _tensor(state["generator"], generator.dtype, generator.shape):
+        return "the generator state is not a CPU generator's"
+    table = isinstance(scheduler, dict) and all(isinstance(k, str) for k in scheduler)
+    if not table or not _plain(list(scheduler.values())):
+        return "the scheduler state is not a table of plain values"
+    if not all(_count(state.get(name, 0)) for name in ("evaluated", "skipped")):
+        return "the evaluation counts are not counts"
+    if state.get("cache") is not None:
+        return malformed_states(state["cache"], expected.ranks)
+    return None
+
+
+def _tensor(value, dtype: torch.dtype, shape) -> bool:
+    return isinstance(value, torch.Tensor) and value.dtype == dtype and tuple(value.shape) == tuple(shape)
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _plain(value) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    return isinstance(value, _PLAIN)

@@ -193,6 +193,13 @@ def add_subcommands(subparsers) -> None:
         "chunks, one chunk's exchange overlapping another's attention)",
     )
     g.add_argument("--nproc", type=int, default=1, help="re-launch under torchrun with N CPU/GPU processes")
+    g.add_argument(
+        "--node-rank",
+        type=int,
+        default=0,
+        help="under torchrun across machines: this machine's number, 0 to NNODES-1 (node 0 holds rank 0, "
+        "which writes the video; the ranks are numbered by it, as `ithaca serve` numbers them)",
+    )
     g.add_argument("--save-latents", default=None, help="also torch.save the final latents and frames here")
     g.set_defaults(func=run_generate)
 
@@ -314,12 +321,21 @@ def run_generate(args) -> int:
     from dit.pipeline import GenerationRequest, load_pipeline
     from dit.shape import launch_layout
     from dit.video import write_mp4
+    from parallel.launch import number_ranks_by_node
 
     choice = launch_layout(args.model_path or args.preset, args.ulysses, args.ring, args.cfg,
                            sampler=args.sampler, timesteps=args.timesteps)  # fmt: skip
     if os.environ.get("RANK", "0") == "0" and choice.reason != "as given":
         print(choice.line(), file=sys.stderr)
     layout, backend = choice.layout, "gloo" if args.device == "cpu" else None
+    try:  # across machines: rank 0 on node 0; every machine gives its own node number and the same layout
+        number_ranks_by_node(
+            args.node_rank, {"ulysses": layout.ulysses, "ring": layout.ring, "cfg": layout.cfg}
+        )
+    except ValueError as e:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"ithaca generate: error: {e}", file=sys.stderr)
+        return 2
     mesh = parallel.init_parallel(ulysses=layout.ulysses, ring=layout.ring, cfg=layout.cfg, backend=backend)
     try:
         pipe = load_pipeline(_pipeline_config(args, args.comm), mesh)

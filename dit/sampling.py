@@ -159,10 +159,19 @@ def passes_per_step(mesh, guidance: float) -> int:
 
 def should_continue(callback: Callback | None, step: int, total: int, mesh) -> bool:
     """Ask the callback on the replica leader; every rank of the replica gets the same answer."""
-    keep = True
-    if mesh.is_replica_leader and callback is not None:
-        keep = callback(step, total) is not False
-    return mesh.broadcast_object(keep)
+    return after_step(callback, None, step, total, mesh)[0]
+
+
+def after_step(
+    callback: Callback | None, checkpoints: Checkpointing | None, step: int, total: int, mesh
+) -> tuple[bool, bool]:
+    """(go on, take a checkpoint now), asked on the replica leader: its callback and its `checkpoints`;
+    every rank of the replica gets the same answers, in one broadcast."""
+    keep, due = True, False
+    if mesh.is_replica_leader:
+        keep = callback is None or callback(step, total) is not False
+        due = checkpoints is not None and checkpoints.due(step, total)
+    return mesh.broadcast_object((keep, due))
 
 
 @dataclass
@@ -208,8 +217,9 @@ def denoise(
     want it: it runs no collective): every sampler here predicts a flow-matching velocity v, so
     x0 = x_t − σ_t · v, as diffusers' stochastic flow-match Euler computes it. It reads, never changes, the
     latents. `resume` (dit.checkpoint, on every rank) goes on from a checkpoint's step: its latents, scheduler
-    and generator state replace `latents` and the generator's; `checkpoints` (the replica leader's) hears
-    the state every `checkpoints.every` steps."""
+    and generator state replace `latents` and the generator's, this rank's residuals the cache's;
+    `checkpoints` (the replica leader's) hears the state when due, each rank of a cached replica adding its
+    residuals."""
     dtype = next(model.parameters()).dtype
     if sigmas is None:
         scheduler.set_timesteps(steps, device=latents.device)
@@ -223,23 +233,28 @@ def denoise(
     counts = cache.stats if cache is not None else evaluations
     start = 0 if resume is None else resume.step
     if resume is not None:
-        latents = restore(resume, scheduler, generator, counts, latents.device)
+        rank = mesh.rank - mesh.replica_leader  # this rank's step-cache entry
+        latents = restore(resume, scheduler, generator, counts, latents.device, cache, rank)
+
+    def expert_at(t) -> tuple[object, float]:
+        return (
+            (model, guidance) if second is None or t >= second.boundary else (second.model, second.guidance)
+        )
+
+    # the expert whose residuals the cache holds: after a resume past the switch, the second one
+    cached_for = model if start == 0 else expert_at(scheduler.timesteps[start - 1])[0]
     running = None
     with attached(model, cache), attached(second.model if second else None, cache):
         for i, t in enumerate(scheduler.timesteps):
             if i < start:
                 continue
-            expert, g = (
-                (model, guidance)
-                if second is None or t >= second.boundary
-                else (second.model, second.guidance)
-            )
+            expert, g = expert_at(t)
             if expert is not running:
-                if running is not None and cache is not None:
+                if expert is not cached_for and cache is not None:
                     cache.restart(real_tokens(expert))  # the residuals it keeps are the other expert's
                 if second is not None:
                     second.enter(expert)
-                running = expert
+                running = cached_for = expert
             timestep = t.expand(latents.shape[0])
             noise = guided_noise(expert, latents.to(dtype), timestep, cond, uncond, g, mesh, cache)
             if cache is None and evaluations is not None:
@@ -249,8 +264,23 @@ def denoise(
             latents = scheduler.step(noise, t, latents, return_dict=False, **noise_source)[0]
             if on_x0 is not None:
                 on_x0(i + 1, x0)
-            if checkpoints is not None and checkpoints.due(i + 1, steps):
-                checkpoints.take(partial(capture, i + 1, latents, scheduler, generator, counts))
-            if not should_continue(callback, i + 1, steps, mesh):
+            keep, due = after_step(callback, checkpoints, i + 1, steps, mesh)
+            if due:
+                snapshot = partial(capture, i + 1, latents, scheduler, generator, counts)
+                _checkpoint(checkpoints, snapshot, cache, mesh)
+            if not keep:
                 raise GenerationCancelled(i + 1, steps)
     return latents
+
+
+def _checkpoint(checkpoints: Checkpointing | None, snapshot, cache: StepCache | None, mesh) -> None:
+    """A due checkpoint, on every rank of the replica: `snapshot(cache states)` goes to the leader's
+    `checkpoints`, each rank of a cached replica handing its step cache's residuals to it first."""
+
+    def gathered():
+        return None if cache is None else mesh.gather_object(cache.state())
+
+    if checkpoints is not None:
+        checkpoints.take(lambda: snapshot(gathered()))
+    else:
+        gathered()

@@ -58,6 +58,14 @@ class ParallelMesh:
         dist.broadcast_object_list(box, src=self.replica_leader, group=self.control_group)
         return box[0]
 
+    def gather_object(self, obj):
+        """Every rank's obj, in rank order, on the replica leader (None on the others; gloo control group)."""
+        if self.control_group is None:
+            return [obj]
+        got = [None] * self.sp_size * self.cfg_size if self.is_replica_leader else None
+        dist.gather_object(obj, got, dst=self.replica_leader, group=self.control_group)
+        return got
+
     def barrier(self) -> None:
         if self.control_group is not None:
             dist.barrier(group=self.control_group)

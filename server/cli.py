@@ -82,6 +82,9 @@ def _serve_node_share(config: config_mod.ServeConfig, choice) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: share.stop())
     share.run()
+    if share.fatal:
+        print(f"ithaca serve: {share.fatal}", file=sys.stderr)
+        return 1
     log.info("stopped")
     return 0
 
@@ -201,7 +204,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """`ithaca` and its subcommands."""
     parser = _Parser(prog="ithaca", description="Text-to-video generation with sequence parallelism")
     subparsers = parser.add_subparsers(dest="command", required=True)
     try:
@@ -219,7 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     config_mod.add_arguments(serve_parser)
     serve_parser.set_defaults(func=serve)
     _add_plan(subparsers)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return args.func(args) or 0
 
 

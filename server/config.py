@@ -162,6 +162,17 @@ class ServeConfig:
     api: bool = _opt(
         True, "serve the HTTP API (--no-api: a node other than 0, which only runs its share of the group)"
     )
+    rdzv_timeout: float = _opt(
+        600.0, "with --nnodes > 1: seconds a launch of the group waits for every machine to join it"
+    )
+    relaunch_backoff: float = _opt(
+        1.0,
+        "--no-api: seconds before this node launches its share again after it exited, doubled after each "
+        "exit in a row that came within a minute of its launch (up to 60)",
+    )
+    relaunch_budget: int = _opt(
+        5, "--no-api: exits in a row, each within a minute of its launch, before this node gives up (exit 1)"
+    )
     max_attempts: int = _opt(
         2, "runs a job interrupted by a crash or a restart may get before it is failed (each resumes)"
     )
@@ -306,7 +317,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, worker_only: bool = False)
     for f in dataclasses.fields(ServeConfig):
         if worker_only and not f.metadata["worker"]:
             continue
-        help_text = f"{f.metadata['help']} [env {env_name(f.name)}; default {f.default}]"
+        # argparse expands %-formats in help ("%(default)s"): a literal "%" must be doubled
+        help_text = f"{f.metadata['help']} [env {env_name(f.name)}; default {f.default}]".replace("%", "%%")
         if f.type in ("bool", bool):
             parser.add_argument(
                 _flag(f.name), action=argparse.BooleanOptionalAction, default=None, help=help_text

@@ -47,7 +47,8 @@ log = logging.getLogger("ithaca.supervisor")
 FRESH_HEARTBEAT_S = 5.0
 ORPHAN_SWEEP_S = 5.0
 RDZV_ID = "ithaca"  # the rendezvous of a group across machines: one per --rdzv-endpoint (node 0's store)
-RELAUNCH_DELAY_S = 1.0  # a worker-only node's pause before it joins the next rendezvous
+RELAUNCH_STABLE_S = 60.0  # a worker-only node's share that ran this long did not fail to start
+RELAUNCH_MAX_S = 60.0  # the longest pause of its backoff
 
 
 def group_ready(store: JobStore, *, group_id: str | None = None) -> bool:
@@ -84,7 +85,7 @@ def torchrun_argv(config: ServeConfig) -> list[str]:
     return [
         "--nnodes", str(config.nnodes), "--node-rank", str(config.node_rank), "--nproc-per-node",
         str(config.nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", config.rdzv_endpoint,
-        "--rdzv-id", RDZV_ID, "--rdzv-conf", f"is_host={host}",
+        "--rdzv-id", RDZV_ID, "--rdzv-conf", f"is_host={host},join_timeout={config.rdzv_timeout:g}",
         *(["--local-addr", config.node_addr] if config.node_addr else []),
     ]  # fmt: skip
 
@@ -94,7 +95,7 @@ def launch_group(config: ServeConfig, group_id: str) -> subprocess.Popen:
     The ranks learn their node from ITHACA_NODE_RANK (the worker numbers them by it, see
     `parallel.launch.number_ranks_by_node`); ITHACA_GROUP_ID finds them again (`kill_group`)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_argv(config), "--max-restarts", "0",
-           "-m", "server.worker", *config.worker_argv()]  # fmt: skip
+           "-m", "server.lifetime", "server.worker", *config.worker_argv()]  # fmt: skip
     log.info("starting worker group %s: %s", group_id, " ".join(cmd))
     env = os.environ | {
         "ITHACA_GROUP_ID": group_id,
@@ -124,26 +125,40 @@ def kill_group(proc: subprocess.Popen | None, group_id: str | None, sig=signal.S
 class NodeShare:
     """`ithaca serve --no-api` on a node other than 0: launches this machine's share of the group and
     launches it again each time it exits (a peer failed, node 0 reset or drained the group, the rendezvous
-    timed out), until `stop`. It has no job store: node 0's supervisor re-queues the jobs."""
+    timed out), until `stop`: after `relaunch_backoff` seconds, doubled after each exit within
+    RELAUNCH_STABLE_S of its launch (a share that cannot start: a crash, settings the machines disagree on);
+    `relaunch_budget` such exits in a row and it gives up, `fatal` saying why. It has no job store: node 0's
+    supervisor re-queues the jobs."""
 
     def __init__(self, config: ServeConfig):
         self.config = config
         self.group_id: str | None = None
         self.starts = 0
+        self.fatal: str | None = None
         self._proc: subprocess.Popen | None = None
         self._stopping = threading.Event()
 
     def run(self) -> None:
+        quick = 0  # exits in a row within RELAUNCH_STABLE_S of their launch
         while not self._stopping.is_set():
             self.group_id = uuid.uuid4().hex[:12]
             self._proc = launch_group(self.config, self.group_id)
             self.starts += 1
+            started = time.monotonic()
             code = self._proc.wait()
             if self._stopping.is_set():
                 return
-            log.warning("this node's share of the worker group (%s) exited with code %s; starting it again",
-                        self.group_id, code)  # fmt: skip
-            self._stopping.wait(RELAUNCH_DELAY_S)
+            quick = quick + 1 if time.monotonic() - started < RELAUNCH_STABLE_S else 0
+            if quick >= self.config.relaunch_budget:
+                self.fatal = (f"this node's share of the worker group exited {quick} times in a row within "
+                              f"{RELAUNCH_STABLE_S:g} s of its launch, the last time with code {code} (its "
+                              "error is above)")  # fmt: skip
+                log.critical("%s; giving up", self.fatal)
+                return
+            pause = min(self.config.relaunch_backoff * 2 ** max(quick - 1, 0), RELAUNCH_MAX_S)
+            log.warning("this node's share of the worker group (%s) exited with code %s; starting it again "
+                        "in %g s", self.group_id, code, pause)  # fmt: skip
+            self._stopping.wait(pause)
 
     def stop(self, sig=signal.SIGTERM) -> None:
         """End this node's ranks (from a signal handler: no waiting here; `run` returns once they are gone).

@@ -48,7 +48,7 @@ import uuid
 import numpy as np
 
 import parallel
-from dit.checkpoint import Checkpointing, DenoiseState, load_file
+from dit.checkpoint import Checkpointing, DenoiseState, Expected, load_file
 from dit.image import fit, read
 from dit.shape import launch_layout
 from dit.video import write_mp4
@@ -173,7 +173,9 @@ class Worker:
 
     def _resume(self, job: Job, spec: dict, key: dict) -> DenoiseState | None:
         """The job's checkpoint, when it has one made under `key`; it is recorded on the job."""
-        state, why = load_file(videos.checkpoint_path(self.config.videos_dir, job.id), key)
+        size = self.pipe.latent_shape(self.module.GenerationRequest(**spec))  # reads the video's size alone
+        expected = Expected(spec["num_inference_steps"], size, ranks=self.mesh.sp_size * self.mesh.cfg_size)
+        state, why = load_file(videos.checkpoint_path(self.config.videos_dir, job.id), key, expected)
         if why is not None:
             log.warning("job %s: its checkpoint is ignored, starting from the first step: %s", job.id, why)
         elif state is not None:
@@ -384,7 +386,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _start(config: ServeConfig, group_id: str) -> Worker:
     # across machines: global rank 0, the replica leader (the one rank using the job store), on node 0
-    number_ranks_by_node(config.node_rank)
+    degrees = {"model": config.model, "ulysses": config.ulysses, "ring": config.ring, "cfg": config.cfg}
+    number_ranks_by_node(config.node_rank, degrees)  # every machine the same, each its own node number
     module = importlib.import_module(config.pipeline_module)
     # auto degrees (`ithaca serve` passes them resolved) from the model and this launch's ranks
     choice = launch_layout(config.model, config.ulysses, config.ring, config.cfg, sampler=config.sampler,

@@ -51,6 +51,9 @@ class FakePipeline:
         self.step_s = float(os.environ.get("ITHACA_FAKE_STEP_S", "0"))
         self.decode_s = float(os.environ.get("ITHACA_FAKE_DECODE_S", "0"))
 
+    def latent_shape(self, req: GenerationRequest) -> tuple[int, ...]:
+        return (1,)  # the zero latents its checkpoints hold
+
     def choose_comm(self, allow_lossy: bool, timeout_s: float) -> None:
         """No exchange to time: it keeps the configured one."""
         return None

@@ -174,3 +174,21 @@ def test_help_describes_every_option_with_its_default():
             assert action.help, (name, action.dest)
             if action.default not in (None, False, argparse.SUPPRESS):
                 assert f"(default: {action.default})" in text, (name, action.dest)
+
+
+def test_help_of_every_command_and_subcommand_prints():
+    """`--help` formats every help string (a bare "%" in one once crashed `ithaca serve --help`)."""
+    from server.cli import build_parser
+    from server.config import add_arguments
+
+    parser = build_parser()
+    (subparsers,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    helps = {"ithaca": parser.format_help()}
+    helps |= {name: sub.format_help() for name, sub in subparsers.choices.items()}
+    worker = argparse.ArgumentParser(prog="python -m server.worker")  # as server.worker.main builds it
+    add_arguments(worker, worker_only=True)
+    helps["worker"] = worker.format_help()
+    assert set(helps) == {"ithaca", "generate", "parity", "serve", "plan", "worker"}
+    assert "under 1 % of the job's time" in " ".join(helps["serve"].split())
+    for name, text in helps.items():
+        assert "usage:" in text, name

@@ -19,7 +19,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 
@@ -88,27 +88,96 @@ def test_torchrun_joins_node_zeros_rendezvous():
     argv = torchrun_argv(node1)
     assert " ".join(argv) == (
         "--nnodes 2 --node-rank 1 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint h0:29400 "
-        "--rdzv-id ithaca --rdzv-conf is_host=0 --local-addr h1"
+        "--rdzv-id ithaca --rdzv-conf is_host=0,join_timeout=600 --local-addr h1"
     )
-    node0 = _config(["--nproc", "2", "--nnodes", "2", "--rdzv-endpoint", "h0:29400"])
-    assert "is_host=1" in torchrun_argv(node0) and "--local-addr" not in torchrun_argv(node0)
+    node0 = _config(["--nproc", "2", "--nnodes", "2", "--rdzv-endpoint", "h0:29400", "--rdzv-timeout", "30"])
+    assert "is_host=1,join_timeout=30" in torchrun_argv(node0) and "--local-addr" not in torchrun_argv(node0)
 
 
-def test_ranks_are_numbered_by_node():
+def test_a_node_without_the_api_relaunches_with_a_backoff_until_its_budget(monkeypatch):
+    """Its share exits: launched again after 1, 2, 4 ... s while the exits come within a minute of their
+    launch; one that ran longer starts the count again; `--relaunch-budget` quick exits in a row end it."""
+    import server.supervisor as supervisor
+
+    clock, ran = [0.0], [5, 5, 120, 5, 5, 5]  # seconds each launch runs before it exits
+
+    class Exits:
+        def wait(self):
+            clock[0] += ran.pop(0)
+            return 1
+
+    class Pauses(list):
+        def is_set(self):
+            return False
+
+        def wait(self, seconds):
+            self.append(seconds)
+
+    monkeypatch.setattr(supervisor, "launch_group", lambda config, group_id: Exits())
+    monkeypatch.setattr(supervisor.time, "monotonic", lambda: clock[0])
+    share = supervisor.NodeShare(_config(["--relaunch-backoff", "1", "--relaunch-budget", "3"]))
+    share._stopping = pauses = Pauses()
+    share.run()
+    assert (share.starts, pauses, ran) == (6, [1, 2, 1, 1, 2], [])
+    assert share.fatal == ("this node's share of the worker group exited 3 times in a row within 60 s of its "
+                           "launch, the last time with code 1 (its error is above)")  # fmt: skip
+
+
+def _number(node_ranks: list[int], agree: list[dict]) -> list[str]:
+    """`number_ranks_by_node` on one thread per machine (one rank each, torchrun's order: machine i has rank
+    i) through a store as torchrun's: each one's new RANK, or its error."""
+    from torch.distributed import TCPStore
+
     from parallel.launch import number_ranks_by_node
 
-    # torchrun's rendezvous put this machine (the operator's node 0) second: its ranks were 2 and 3
-    env = {"GROUP_WORLD_SIZE": "2", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "1",
-           "RANK": "3", "GROUP_RANK": "1"}  # fmt: skip
-    number_ranks_by_node(0, env)
-    assert (env["RANK"], env["GROUP_RANK"], env["ROLE_RANK"]) == ("1", "0", "1")
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    n, said = len(node_ranks), [""] * len(node_ranks)
+
+    def rank(i: int) -> None:
+        env = {"GROUP_WORLD_SIZE": str(n), "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": "1", "LOCAL_RANK": "0",
+               "RANK": str(i), "GROUP_RANK": str(i), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(store.port)}  # fmt: skip
+        try:
+            number_ranks_by_node(node_ranks[i], agree[i], env, timeout=30)
+            said[i] = env["RANK"]
+        except ValueError as e:
+            said[i] = str(e)
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return said
+
+
+def test_ranks_are_numbered_by_node_and_the_machines_checked_before_the_group_forms():
+    from parallel.launch import number_ranks_by_node
+
+    # torchrun's rendezvous put the operator's node 0 second, node 1 first: their ranks swap
+    assert _number([1, 0], [{"ring": 2}] * 2) == ["1", "0"]
+    # a node number given twice, degrees that differ: every rank says so at once (no rendezvous timeout)
+    twice = _number([0, 1, 1], [{}] * 3)
+    assert len(set(twice)) == 1 and twice[0].startswith("--node-rank 1 is given on 2 machines"), twice
+    differ = _number([0, 1], [{"ring": 2}, {"ring": 1}])
+    assert [line.split(": give")[0] for line in differ] == [
+        "the machines disagree on ring: 2 on node 0, 1 on node 1",
+        "the machines disagree on ring: 1 on node 1, 2 on node 0",
+    ]
+    env = {
+        "GROUP_WORLD_SIZE": "2",
+        "WORLD_SIZE": "4",
+        "LOCAL_WORLD_SIZE": "2",
+        "LOCAL_RANK": "1",
+        "RANK": "3",
+    }
     one = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "1", "RANK": "1"}
-    number_ranks_by_node(0, one)
+    number_ranks_by_node(0, environ=one)
     assert one["RANK"] == "1"  # one machine: untouched
     with pytest.raises(ValueError, match="give every machine the same --nproc"):
-        number_ranks_by_node(0, env | {"WORLD_SIZE": "3"})
+        number_ranks_by_node(0, environ=env | {"WORLD_SIZE": "3"})
     with pytest.raises(ValueError, match="node rank 2 is not one of the 2 machines"):
-        number_ranks_by_node(2, env)
+        number_ranks_by_node(2, environ=env)
 
 
 # -- two hosts ------------------------------------------------------------------------------------------
@@ -145,8 +214,8 @@ def test_parity_two_hosts_hybrid_with_one_rank(hosts, tmp_path):
              "--save-latents", str(tmp_path / "two.pt")]  # fmt: skip
     logs = [open(tmp_path / f"host{i}.log", "w") for i in range(2)]
     procs = [
-        subprocess.Popen(_torchrun(hosts, i, ["-m", "server.cli", *group], "parity"), cwd=REPO,
-                         env=os.environ | TIMEOUTS, stdout=logs[i], stderr=subprocess.STDOUT)
+        subprocess.Popen(_torchrun(hosts, i, ["-m", "server.cli", *group, "--node-rank", str(i)], "parity"),
+                         cwd=REPO, env=os.environ | TIMEOUTS, stdout=logs[i], stderr=subprocess.STDOUT)
         for i in range(2)
     ]  # fmt: skip
     try:
@@ -258,8 +327,8 @@ def test_host_lost_mid_job_resumes_when_it_returns(hosts, group):
         _wait_step(api, job["id"], 3)
         group["node1"].stop(signal.SIGKILL)
         wait_until(lambda: api.client.get("/ready").status_code == 503, 30, "the group without host 1")
-        time.sleep(1)
-        assert api.client.get(f"/jobs/{job['id']}").json()["status"] == "queued"  # re-queued, waiting
+        status = lambda: api.client.get(f"/jobs/{job['id']}").json()["status"]  # noqa: E731
+        wait_until(lambda: status() == "queued", 30, "the job re-queued, waiting for the group")
         group["node1"] = Node1(hosts, group["node1_dir"], group["flags"])
         done = api.wait_job(job["id"], timeout=90)
         assert done["status"] == "completed" and done["attempts"] == 2, done

@@ -1,7 +1,7 @@
 """Jobs that resume where they stopped, the server side: the store records `resumed_from_step`, the sweep
 keeps only the checkpoints of jobs that may run again, and a server killed mid-job (API and group together)
 is followed by one that resumes the job from its checkpoint and ignores, with a log line, a checkpoint made
-for another request. Real servers (uvicorn, torchrun, 1 rank) running the FAKE INSTANT PIPELINE
+for another request or malformed. Real servers (uvicorn, torchrun, 1 rank) running the FAKE INSTANT PIPELINE
 (tests/fake_pipeline.py, slowed by ITHACA_FAKE_STEP_S); tests/test_server_faults.py kills a rank of the real
 tiny model and compares the resumed video's frames with an uninterrupted run's."""
 
@@ -63,6 +63,7 @@ def test_a_killed_server_resumes_its_job_and_ignores_a_foreign_checkpoint(tmp_pa
         first.wait()
         job = first.submit(prompt="resume me", num_inference_steps=12)
         other = first.submit(prompt="queued behind it", num_inference_steps=4)
+        torn = first.submit(prompt="a malformed checkpoint", num_inference_steps=2)
         path = videos.checkpoint_path(folder, job["id"])
         wait_until(lambda: first.client.get(f"/jobs/{job['id']}").json()["step"] >= 5, 30, "step 5")
         saved = torch.load(path, weights_only=True)["state"]["step"]
@@ -71,13 +72,14 @@ def test_a_killed_server_resumes_its_job_and_ignores_a_foreign_checkpoint(tmp_pa
             step=3, latents=torch.zeros(1), scheduler={}, generator=torch.Generator().get_state()
         )
         save_file(videos.checkpoint_path(folder, other["id"]), stranger, {"model": "another"})
+        torch.save({"format": 1, "state": {}}, videos.checkpoint_path(folder, torn["id"]))  # loads: no key
     finally:
         first.stop(signal.SIGKILL)  # the API and its group, mid-job
 
     second = ServerProcess(tmp_path, *FLAGS, env=SLOW)
     try:
         second.wait()
-        resumed, fresh = (second.wait_job(j["id"]) for j in (job, other))
+        resumed, fresh, started_over = (second.wait_job(j["id"]) for j in (job, other, torn))
         assert resumed["status"] == "completed" and resumed["attempts"] == 2
         assert (
             resumed["resumed_from_step"] >= saved
@@ -85,6 +87,10 @@ def test_a_killed_server_resumes_its_job_and_ignores_a_foreign_checkpoint(tmp_pa
         )
         assert fresh["status"] == "completed" and fresh["resumed_from_step"] is None
         assert "its checkpoint is ignored, starting from the first step: made for another" in second.log()
+        assert started_over["status"] == "completed" and started_over["resumed_from_step"] is None
+        assert "its checkpoint is ignored, starting from the first step: malformed (no readable key)" in (
+            second.log()
+        )
         assert not os.listdir(os.path.join(folder, "checkpoints"))  # each went with its job
 
         running = second.submit(prompt="cancel me", num_inference_steps=40)

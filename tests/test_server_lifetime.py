@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -44,6 +46,30 @@ def test_a_killed_torchrun_or_api_takes_its_ranks_along(tmp_path):
         print(f"torchrun and ranks gone {took:.2f} s after kill -9 of the API")
     finally:
         srv.stop()
+
+
+def test_a_rank_goes_with_its_torchrun_even_one_killed_before_the_rank_could_ask():
+    """`python -m server.lifetime MODULE` (how the supervisor starts each rank): with its parent killed, it
+    goes too; with its parent gone before it could ask for the signal (a torchrun killed while its ranks
+    were starting), it does not even start MODULE. `sh` stands for torchrun, this test for the server."""
+    rank = f"{sys.executable} -m server.lifetime timeit -n 1 -r 1 \"print('running', flush=True); " \
+           "import time; time.sleep(60)\""  # fmt: skip
+    env = os.environ | {"ITHACA_SUPERVISOR_PID": str(os.getpid())}
+    for script, starts in ((f"{rank} & echo $!; wait", True), (f"(sleep 0.5; exec {rank}) & echo $!", False)):
+        torchrun = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+        try:
+            pid = int(torchrun.stdout.readline())
+            if starts:
+                assert torchrun.stdout.readline() == "running\n"
+                os.kill(torchrun.pid, signal.SIGKILL)
+            took = wait_until(lambda p=pid: not _alive(p), 10, "the rank exits")
+            print(
+                f"rank gone {took:.2f} s after its parent ({'killed' if starts else 'gone before it asked'})"
+            )
+            assert torchrun.stdout.read() == ""  # nothing more: the second one never ran MODULE
+        finally:
+            torchrun.kill()
+            torchrun.wait()
 
 
 @pytest.fixture(scope="module")
