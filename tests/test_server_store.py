@@ -13,7 +13,7 @@ import time
 import pytest
 
 from server import limits, logs, videos
-from server.store import PHASE_TIMINGS, SCHEMA_VERSION, JobStore, StoreBusy, StoreError, open_store
+from server.store import PHASE_TIMINGS, SCHEMA_VERSION, JobStore, QueueFull, StoreBusy, StoreError, open_store
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -49,6 +49,30 @@ def test_claims_are_atomic_and_in_order(store):
         t.join()
     assert sorted(claimed) == sorted(ids) and len(set(claimed)) == len(ids)
     assert store.counts()["in_progress"] == 40
+
+
+def test_a_full_queue_is_counted_in_the_insert_and_queue_positions_are_unique(new_url):
+    url = new_url()
+    open_store(url)
+    barrier, results = threading.Barrier(20), []
+
+    def submit(i: int) -> None:
+        own = open_store(url)
+        barrier.wait()
+        try:
+            results.append(own.create({"prompt": f"p{i}"}, max_queued=16)[0])
+        except QueueFull as e:
+            results.append(e)
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    jobs = [r for r in results if not isinstance(r, QueueFull)]
+    assert len(jobs) == 16 and [r.queued for r in results if isinstance(r, QueueFull)] == [16] * 4
+    store = open_store(url)
+    assert sorted(store.queue_position(store.get(job.id)) for job in jobs) == list(range(16))
 
 
 def test_idempotency_cancel_and_progress(store):
