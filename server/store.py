@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 from server.store_file import OUR_COLUMNS, StoreBusy, StoreError
 
-__all__ = ["IdempotencyConflict", "QueueFull", "Job", "JobStore", "StoreBusy", "StoreError", "open_store", "backend_for"]
+__all__ = ["IdempotencyConflict", "QueueFull", "Job", "JobStore", "StoreBusy", "StoreError", "open_store",
+           "backend_for"]  # fmt: skip
 log = logging.getLogger("ithaca.jobs")
 
 ACTIVE = ("queued", "in_progress")
