@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from server import metrics
 from server.api_jobs import svc
 from server.openai_errors import responses
+from server.store import StoreBusy
 
 router = APIRouter()
 
@@ -26,6 +27,10 @@ def ready(request: Request):
     services = svc(request)
     ok = services.ready()
     supervisor = services.supervisor
+    try:
+        comm = services.worker_info().get("comm")
+    except StoreBusy:  # the reason below says why
+        comm = None
     body = {
         "ready": ok,
         "group": supervisor.group_id if supervisor else None,
@@ -33,7 +38,7 @@ def ready(request: Request):
         "fatal": supervisor.fatal if supervisor else None,
         "reason": None if ok else _unready_reason(supervisor),
         # the exchange the workers use and, with --comm auto, the start-up probe's rows (ms None: ruled out)
-        "comm": services.worker_info().get("comm"),
+        "comm": comm,
     }
     return JSONResponse(body, status_code=200 if ok else 503)
 
