@@ -1,4 +1,5 @@
-"""Operations routes: /health (process alive), /ready (worker group loaded and answering), /metrics."""
+"""Operations routes: /health (process alive; "degraded" with the reason while the supervisor cannot reach
+its job store), /ready (worker group loaded and answering, and the store reachable), /metrics."""
 
 from __future__ import annotations
 
@@ -8,14 +9,17 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from server import metrics
 from server.api_jobs import svc
 from server.openai_errors import responses
+from server.store import StoreBusy
 
 router = APIRouter()
 
 
 @router.get("/health")
 @router.head("/health")
-async def health():  # no store: it answers while another process holds the store's lock
-    return {"status": "ok"}
+async def health(request: Request):  # no store: it answers while another process holds the store's lock
+    supervisor = svc(request).supervisor
+    reason = supervisor.degraded() if supervisor else None
+    return {"status": "ok"} if reason is None else {"status": "degraded", "reason": reason}
 
 
 @router.get("/ready", responses={503: {"description": "Not ready (the same body)"}} | responses(401))
@@ -23,15 +27,25 @@ def ready(request: Request):
     services = svc(request)
     ok = services.ready()
     supervisor = services.supervisor
+    try:
+        comm = services.worker_info().get("comm")
+    except StoreBusy:  # the reason below says why
+        comm = None
     body = {
         "ready": ok,
         "group": supervisor.group_id if supervisor else None,
         "restarts": supervisor.restarts if supervisor else 0,
         "fatal": supervisor.fatal if supervisor else None,
+        "reason": None if ok else _unready_reason(supervisor),
         # the exchange the workers use and, with --comm auto, the start-up probe's rows (ms None: ruled out)
-        "comm": services.worker_info().get("comm"),
+        "comm": comm,
     }
     return JSONResponse(body, status_code=200 if ok else 503)
+
+
+def _unready_reason(supervisor) -> str:
+    outage = supervisor and (supervisor.fatal or supervisor.outage.describe())
+    return outage or "the worker group is not serving (loading, or starting again after it exited)"
 
 
 @router.get("/metrics", response_class=PlainTextResponse, responses=responses(401, 503))

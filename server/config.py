@@ -142,6 +142,13 @@ class ServeConfig:
     store_busy_timeout: float = _opt(
         2.0, "seconds a request waits for another process's lock on the job store before it answers 503"
     )
+    store_outage_grace: float = _opt(
+        60.0,
+        "seconds the supervisor and the workers retry a job store that does not answer (PostgreSQL "
+        "restarting or unreachable, connections cut, a lock held) before a call gives up; a running job "
+        "waits meanwhile",
+        worker=True,
+    )
     job_timeout: float = _opt(3600.0, "seconds a job may run before it fails and the group is reset")
     shutdown_grace: float = _opt(300.0, "seconds the running job may take to finish after SIGTERM")
     instance: str = _opt(socket.gethostname(), "name of this server in a shared job store", worker=True)

@@ -29,7 +29,7 @@ _REASONS = {
     415: "Unsupported Content-Type",
     422: "A field is invalid; the reply names it and the allowed values",
     429: "The queue is full; retry after Retry-After seconds",
-    503: "The job store is busy (another process holds its write lock); retry after Retry-After seconds",
+    503: "The job store is locked, busy or unreachable (the message says); retry after Retry-After seconds",
 }
 ECHO_CHARS = 100  # of a client's value quoted back in a validation error
 STORE_BUSY = "the job store is busy (another process holds its write lock); retry shortly"
@@ -91,8 +91,8 @@ def _validation_errors(errors) -> list[dict]:
 
 
 def install(app: FastAPI) -> None:
-    def busy(request: Request) -> SafeJSONResponse:
-        return error_response(request.scope["path"], 503, STORE_BUSY, {"Retry-After": "1"})
+    def busy(request: Request, message: str = STORE_BUSY) -> SafeJSONResponse:
+        return error_response(request.scope["path"], 503, message, {"Retry-After": "1"})
 
     def internal(request: Request) -> SafeJSONResponse:
         return error_response(request.scope["path"], 500, "internal server error")
@@ -107,7 +107,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StoreBusy)
     async def _busy(request: Request, exc: StoreBusy):
-        return busy(request)
+        return busy(request, str(exc))  # locked, busy or unreachable, and why
 
     @app.exception_handler(sqlite3.OperationalError)
     async def _sqlite(request: Request, exc: sqlite3.OperationalError):

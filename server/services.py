@@ -21,7 +21,7 @@ from server import limits as limits_mod
 from server import videos
 from server.config import ServeConfig
 from server.jsonsafe import shown
-from server.store import IdempotencyConflict, Job, JobStore
+from server.store import IdempotencyConflict, Job, JobStore, QueueFull
 from server.supervisor import Supervisor, group_ready
 
 log = logging.getLogger("ithaca.server")
@@ -142,13 +142,9 @@ class Services:
             raise HTTPException(422, [_error(image_field if f == "image" else f, m) for f, m in errors])
         if idempotency_key is not None and len(idempotency_key) > 255:
             raise HTTPException(400, "Idempotency-Key is longer than 255 characters")
-        queued = self.store.queued_count()
+        queued = self.store.queued_count()  # early, before the image is decoded; `create` counts for sure
         if queued >= self.config.max_queue:
-            raise HTTPException(
-                429,
-                f"the queue is full ({queued} jobs waiting); retry later",
-                headers={"Retry-After": str(self.retry_after(queued))},
-            )
+            raise self._queue_full(queued)
         if image is not None:  # decoded only now: cheaper refusals come first
             png, described = self._input_image(image_field, image)
             spec, body = spec | {"image": described}, body | {"image": described}
@@ -159,8 +155,11 @@ class Services:
             videos.write_input(self.config.videos_dir, job_id, png)
         try:
             job, created = self.store.create(
-                spec, meta=meta, idempotency_key=key, request_hash=digest, job_id=job_id
-            )
+                spec, meta=meta, idempotency_key=key, request_hash=digest, job_id=job_id,
+                max_queued=self.config.max_queue,
+            )  # fmt: skip
+        except QueueFull as exc:
+            raise self._queue_full(exc.queued) from None
         except IdempotencyConflict as exc:
             raise HTTPException(
                 409,
@@ -186,6 +185,13 @@ class Services:
             "height": height,
             "sha256": hashlib.sha256(data).hexdigest(),
         }
+
+    def _queue_full(self, queued: int) -> HTTPException:
+        return HTTPException(
+            429,
+            f"the queue is full ({queued} jobs waiting); retry later",
+            headers={"Retry-After": str(self.retry_after(queued))},
+        )
 
     def retry_after(self, queued: int) -> int:
         """Seconds until the queue has room, from the mean job duration so far (1 s when unknown)."""

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 from server.store_file import OUR_COLUMNS, StoreBusy, StoreError
 
-__all__ = ["IdempotencyConflict", "Job", "JobStore", "StoreBusy", "StoreError", "open_store", "backend_for"]
+__all__ = ["IdempotencyConflict", "QueueFull", "Job", "JobStore", "StoreBusy", "StoreError", "open_store",
+           "backend_for"]  # fmt: skip
 log = logging.getLogger("ithaca.jobs")
 
 ACTIVE = ("queued", "in_progress")
@@ -44,6 +45,19 @@ PHASE_PROGRESS = {"decoding": DENOISED, "writing": 97}
 
 class IdempotencyConflict(ValueError):
     """An idempotency key came back with a different request; `args[0]` is the id of the key's job."""
+
+
+class QueueFull(Exception):
+    """`create` found `max_queued` jobs waiting already; `queued`: how many."""
+
+    def __init__(self, queued: int):
+        super().__init__(f"{queued} jobs are queued")
+        self.queued = queued
+
+
+# Keys of the backend's `lock` (PostgreSQL: advisory locks; SQLite's one writer needs none)
+MIGRATIONS_LOCK = 0x17A_C0DE
+CREATE_LOCK = 0x17A_C0DF  # creations one at a time: the queue's count is exact, ids numbered in commit order
 
 
 # {pk}, {float}: the backend's column types (`types`)
@@ -218,7 +232,7 @@ class JobStore:
         if self._schema_state(self._db) == (SCHEMA_VERSION, True):
             return
         with self._write() as db:
-            backend.lock_migrations(db)
+            backend.lock(db, MIGRATIONS_LOCK)  # two processes would collide on DDL
             version, complete = self._schema_state(db)  # again: another process may have migrated meanwhile
             for step in range(version + 1, SCHEMA_VERSION + 1):
                 _MIGRATIONS[step](backend, db)
@@ -286,22 +300,16 @@ class JobStore:
         idempotency_key: str | None = None,
         request_hash: str | None = None,
         job_id: str | None = None,
+        max_queued: int | None = None,
     ) -> tuple[Job, bool]:
         """Insert a queued job (its id `job_id`, or a fresh one: a caller names it to write the job's files
         before the job can be claimed). A known idempotency key returns its job instead (created=False), or
         raises IdempotencyConflict when it came with another request (`request_hash`). A deleted job's key
-        is free again."""
-        try:
-            return self._create(spec, meta, idempotency_key, request_hash, job_id)
-        except self._backend.unique_violation:
-            if idempotency_key is None:
-                raise
-            # PostgreSQL: another process inserted the key between this one's look-up and insert (SQLite's
-            # one writer never lets that happen); the look-up now finds it
-            return self._create(spec, meta, idempotency_key, request_hash, job_id)
-
-    def _create(self, spec, meta, idempotency_key, request_hash, job_id) -> tuple[Job, bool]:
+        is free again. QueueFull when `max_queued` jobs wait already: counted in the inserting transaction,
+        with creations one at a time (`CREATE_LOCK`), so concurrent submits never overshoot it and jobs are
+        numbered in the order they commit (queue positions are unique)."""
         with self._write() as db:
+            self._backend.lock(db, CREATE_LOCK)
             if idempotency_key is not None:
                 row = db.execute(
                     "SELECT * FROM jobs WHERE idempotency_key = ?", (idempotency_key,)
@@ -312,7 +320,11 @@ class JobStore:
                     if row["request_hash"] not in (None, request_hash):  # None: kept before hashes were
                         raise IdempotencyConflict(row["id"])
                     return _job(row), False
-            row = db.execute(  # PostgreSQL: a key inserted meanwhile by another process fails (see create)
+            if max_queued is not None:
+                queued = db.execute("SELECT COUNT(*) FROM jobs WHERE status = 'queued'").fetchone()[0]
+                if queued >= max_queued:
+                    raise QueueFull(queued)
+            row = db.execute(
                 "INSERT INTO jobs (id, idempotency_key, request_hash, status, spec, meta, created_at) "
                 "VALUES (?, ?, ?, 'queued', ?, ?, ?) RETURNING *",
                 (

@@ -17,7 +17,10 @@ _FIX = "move it aside (or restore a backup) and start again; a new, empty store 
 
 
 class StoreBusy(RuntimeError):
-    """Another process held the store's write lock past this store's busy timeout: the API answers 503."""
+    """The store did not answer in time: "locked" (another process held SQLite's write lock past the busy
+    timeout), "busy" (a PostgreSQL lock wait or deadlock) or "unreachable" (no connection to PostgreSQL), as
+    its message says; the API answers 503 with it, the supervisor and the workers retry
+    (server/store_retry.py)."""
 
 
 class StoreError(RuntimeError):
@@ -47,7 +50,7 @@ class Connection(sqlite3.Connection):
 def _busy_or(error: sqlite3.OperationalError) -> Exception:
     message = str(error)
     if "locked" in message or "busy" in message:
-        return StoreBusy(f"the job store is busy ({message}); retry shortly")
+        return StoreBusy(f"the job store is locked by another process ({message}); retry shortly")
     return error
 
 

@@ -147,21 +147,15 @@ class PostgresBackend:
         self.url, self.busy_timeout = url, busy_timeout
         self.where = redact(url)
 
-    @property
-    def unique_violation(self):
-        import psycopg.errors
-
-        return psycopg.errors.UniqueViolation
-
     def connect(self) -> Connection:
         return Connection(self.url, self.busy_timeout)
 
     def prepare(self, db: Connection) -> None:
         pass
 
-    def lock_migrations(self, db: Connection) -> None:
-        """Inside the migration transaction: one process at a time migrates (two would collide on DDL)."""
-        db.execute("SELECT pg_advisory_xact_lock(?)", (0x17A_C0DE,))
+    def lock(self, db: Connection, key: int) -> None:
+        """Inside a write transaction: one process at a time past this point for `key`, until it commits."""
+        db.execute("SELECT pg_advisory_xact_lock(?)", (key,))
 
     def columns(self, db: Connection, table: str) -> set[str]:
         rows = db.execute(

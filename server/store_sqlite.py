@@ -21,7 +21,6 @@ class SqliteBackend:
     begin = "BEGIN IMMEDIATE"
     skip_locked = ""  # one writer at a time: nothing to skip
     types = {"pk": "INTEGER PRIMARY KEY AUTOINCREMENT", "float": "REAL"}
-    unique_violation = sqlite3.IntegrityError
 
     def __init__(self, path: str, busy_timeout: float):
         self.path, self.busy_timeout = path, busy_timeout
@@ -44,7 +43,7 @@ class SqliteBackend:
     def prepare(self, db: sqlite3.Connection) -> None:
         db.execute("PRAGMA journal_mode=WAL")  # outside a transaction; kept in the file
 
-    def lock_migrations(self, db: sqlite3.Connection) -> None:
+    def lock(self, db: sqlite3.Connection, key: int) -> None:
         pass  # BEGIN IMMEDIATE already holds the one write lock
 
     def columns(self, db: sqlite3.Connection, table: str) -> set[str]:

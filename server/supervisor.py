@@ -24,6 +24,9 @@
   and jobs this instance left in_progress in a previous run are re-queued (or failed after max_attempts).
   While running, jobs of any server sharing the store whose worker sent no heartbeat for `orphan_timeout`
   seconds are re-queued the same way (a replica that vanished for good), and such workers' rows are pruned.
+- A job-store outage costs a wait: every store call is retried up to --store-outage-grace
+  (server/store_retry.py), a round that still fails is tried again, and the orphan sweep waits
+  `orphan_timeout` after the store is back (the workers' heartbeats could not land meanwhile).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from server import videos
 from server.config import ServeConfig
 from server.lifetime import die_with_parent
 from server.store import JobStore, StoreBusy
+from server.store_retry import PatientStore, StoreOutage
 
 log = logging.getLogger("ithaca.supervisor")
 FRESH_HEARTBEAT_S = 5.0
@@ -168,13 +172,23 @@ class NodeShare:
 
 
 class Supervisor:
+    """Every store call rides out an outage (`PatientStore`, up to --store-outage-grace each); a round that
+    still fails is logged and tried again, so the supervisor thread never ends on an error (torchrun would
+    die with it), and a watchdog starts it again should it end anyway. While the store does not answer,
+    /ready is 503 and /health says degraded, with the reason (`outage`)."""
+
     def __init__(self, config: ServeConfig, store: JobStore, on_fatal):
-        self.config, self.store, self.on_fatal = config, store, on_fatal
+        self.config, self.on_fatal = config, on_fatal
+        self.outage = StoreOutage(config.store_outage_grace, "supervisor")
+        self.store = PatientStore(store, self.outage)
         self.restarts = 0
         self._last_sweep = 0.0
         self.group_id: str | None = None
         self.fatal: str | None = None
         self._proc: subprocess.Popen | None = None
+        self._group_ready = False  # as the last round found it: every replica of the group serving
+        self._was_ready = False  # the running group was ready once
+        self._failures_in_a_row = 0
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="supervisor", daemon=True)
 
@@ -184,10 +198,19 @@ class Supervisor:
         for job in self.store.in_progress(instance=self.config.instance):
             self._requeue(job, "interrupted when the server stopped while it ran")
         self._thread.start()
+        threading.Thread(target=self._watchdog, name="supervisor-watchdog", daemon=True).start()
 
     def ready(self) -> bool:
         proc = self._proc
-        return proc is not None and proc.poll() is None and group_ready(self.store, group_id=self.group_id)
+        return proc is not None and proc.poll() is None and self._group_ready and self.outage.since is None
+
+    def degraded(self) -> str | None:
+        """Why the server cannot do its work now (None: it can), for /health: no secrets, no store URL."""
+        if self.outage.since is not None:
+            return self.outage.describe(detail=False)
+        if not self._thread.is_alive() and not self._stopping.is_set() and self.fatal is None:
+            return "the supervisor thread ended; the watchdog starts it again"
+        return None
 
     def _worker_prefix(self) -> str:
         return f"{self.config.instance}/{self.group_id}/"
@@ -199,53 +222,81 @@ class Supervisor:
     def _kill_group(self, sig=signal.SIGKILL) -> None:
         kill_group(self._proc, self.group_id, sig)
 
+    def _watchdog(self) -> None:
+        """Start the supervisor thread again whenever it ends while the server runs: torchrun died with it,
+        so the new thread's first round re-queues the group's job and launches another group."""
+        while True:
+            self._thread.join()
+            if self._stopping.is_set() or self.fatal is not None:
+                return
+            log.critical("the supervisor thread ended unexpectedly; starting it again")
+            self._thread = threading.Thread(target=self._loop, name="supervisor", daemon=True)
+            self._thread.start()
+
     def _loop(self) -> None:
-        failures_in_a_row = 0
         while not self._stopping.is_set():
+            try:
+                if self._round():
+                    return
+            except StoreBusy:
+                pass  # logged by the outage; the same round again: nothing is skipped, nothing done twice
+            except Exception:
+                log.exception("supervisor: a round failed; trying again")
+            self._stopping.wait(0.2)
+        if self._proc is not None:
+            self._proc.wait()  # `stop` ends the group; torchrun would die with this thread
+
+    def _round(self) -> bool:
+        """Launch the group, watch it, or deal with its exit; True: the server must end."""
+        if self._proc is None:
             self._launch()
-            was_ready = False
-            while self._proc.poll() is None and not self._stopping.is_set():
-                if not was_ready and self.ready():
-                    was_ready, failures_in_a_row = True, 0
-                    log.info("worker group %s is ready", self.group_id)
-                try:
-                    self._enforce_time_limit()
-                    self._sweep_orphans()
-                except StoreBusy as e:  # try again next round; this thread must outlive the group
-                    log.warning("supervisor: %s", e)
-                time.sleep(0.2)
-            if self._stopping.is_set():
-                self._proc.wait()  # `stop` ends the group; torchrun would die with this thread
-                return
-            code = self._proc.wait()
-            error = self.store.group_error(self.group_id)
-            for job in self.store.in_progress(worker_prefix=self._worker_prefix()):
-                self._requeue(job, f"the worker group exited (code {code}) while running it"
-                              + (f": {error}" if error else ""))  # fmt: skip
-            self.restarts += 1
-            failures_in_a_row += 0 if was_ready else 1
-            self.store.forget_group(self.group_id)
-            log.error(
-                "worker group %s exited with code %s (restart %d)%s",
-                self.group_id, code, self.restarts, f": {error}" if error else "",
-            )  # fmt: skip
-            if failures_in_a_row >= self.config.restart_budget:
-                self.fatal = (
-                    f"the worker group failed {failures_in_a_row} times in a row before becoming ready; "
-                    f"the last time: {error or f'exit code {code}, see the log above'}"
-                )
-                log.critical("%s; stopping the server", self.fatal)
-                self.on_fatal()
-                return
+        if self._proc.poll() is None:
+            self._watch_group()
+        elif not self._stopping.is_set():
+            return self._group_exited(self._proc.returncode)
+        return False
+
+    def _watch_group(self) -> None:
+        self._group_ready = group_ready(self.store, group_id=self.group_id)
+        if self._group_ready and not self._was_ready:
+            self._was_ready, self._failures_in_a_row = True, 0
+            log.info("worker group %s is ready", self.group_id)
+        self._enforce_time_limit()
+        self._sweep_orphans()
+
+    def _group_exited(self, code: int) -> bool:
+        """Re-queue the exited group's jobs and forget it (a round that fails here does it all again: the
+        restart is counted once the store has it all); True: it failed too often, the server must end."""
+        self._group_ready = False
+        error = self.store.group_error(self.group_id)
+        for job in self.store.in_progress(worker_prefix=self._worker_prefix()):
+            self._requeue(job, f"the worker group exited (code {code}) while running it"
+                          + (f": {error}" if error else ""))  # fmt: skip
+        self.store.forget_group(self.group_id)
+        self.restarts += 1
+        self._failures_in_a_row += 0 if self._was_ready else 1
+        self._proc, self._was_ready = None, False
+        log.error(
+            "worker group %s exited with code %s (restart %d)%s",
+            self.group_id, code, self.restarts, f": {error}" if error else "",
+        )  # fmt: skip
+        if self._failures_in_a_row < self.config.restart_budget:
+            return False
+        self.fatal = (
+            f"the worker group failed {self._failures_in_a_row} times in a row before becoming ready; "
+            f"the last time: {error or f'exit code {code}, see the log above'}"
+        )
+        log.critical("%s; stopping the server", self.fatal)
+        self.on_fatal()
+        return True
 
     def _sweep_orphans(self) -> None:
         """Re-queue (or fail) running jobs whose worker stopped answering, also those another server sharing
         the store claimed and then vanished with: otherwise they would stay in_progress forever."""
-        now = time.monotonic()
-        if now - self._last_sweep < ORPHAN_SWEEP_S:
-            return
+        now, stale = time.monotonic(), self.config.orphan_timeout
+        if now - self._last_sweep < ORPHAN_SWEEP_S or now - self.outage.back_at < stale:
+            return  # after an outage, the workers get `stale` seconds to write their buffered heartbeats
         self._last_sweep = now
-        stale = self.config.orphan_timeout
         self.store.prune_workers(stale_after=stale)
         for job in self.store.orphans(stale_after=stale):
             log.warning(

@@ -20,6 +20,10 @@ cancel leaves the group's state unknown: every rank exits non-zero, so torchrun 
 supervisor re-queues the job (up to --max-attempts) and starts a fresh group; the first rank to fail records
 its error in the store for the supervisor's log and the job's final error.
 
+A job-store outage (server/store_retry.py) is not a failure: the leader's writes at a job's edges (claim,
+phases, the end) wait for the store for up to --store-outage-grace, its steps and heartbeats are kept (the
+newest) and written once the store answers, and an idle leader polls on slowly, so the job goes on.
+
 Every `--checkpoint-every` steps the leader hands the sampler's state to another thread
 (`server.writers.CheckpointWriter`), which saves it beside the job; when it claims a job that has a
 checkpoint made for the same model, settings, layout and request, the replica goes on from it (the job
@@ -57,7 +61,8 @@ from server import limits as limits_mod
 from server import logs, metrics, videos
 from server.config import ServeConfig, add_arguments, from_args
 from server.lifetime import die_with_parent
-from server.store import Job, open_store
+from server.store import Job, StoreBusy, open_store
+from server.store_retry import MAX_RETRY_S, LatestStep, PatientStore, StoreOutage
 from server.writers import CheckpointWriter, PreviewWriter
 
 HEARTBEAT_S = 1.0
@@ -78,8 +83,13 @@ class Worker:
         self._beat_lock = threading.Lock()
         self.supervisor_pid = int(os.environ.get("ITHACA_SUPERVISOR_PID", "0"))
         self.state, self.job_id = "ready", None
-        self.store = open_store(config) if mesh.is_replica_leader else None
+        # the leader's store calls ride out an outage: those at a job's edges wait for it (up to the grace),
+        # heartbeats and steps are single attempts whose newest value is written once the store answers
+        self.outage = StoreOutage(config.store_outage_grace, f"worker {self.name}")
+        self.store = PatientStore(open_store(config), self.outage) if mesh.is_replica_leader else None
         leader = self.store is not None
+        self.steps = LatestStep(self.store, self.name) if leader else None
+        # its thread waits out an outage, then records the newest preview
         self.previews = PreviewWriter(self.store, config.videos_dir, self.name) if leader else None
         self.checkpoints = CheckpointWriter(config.videos_dir) if leader else None
         described = limits_mod.describe(pipe.limits, config.image_limits)
@@ -100,18 +110,25 @@ class Worker:
     # -- leader side ----------------------------------------------------------------------------------------
 
     def _beat(self) -> None:
+        """One heartbeat; never raises: the next one carries the newest state (and an error being handled
+        stays the one the group reports)."""
         # state is read under the lock, so the final "stopped"/"failed" write is the last one
         with self._beat_lock:
-            self.store.heartbeat(
-                self.name,
-                instance=self.config.instance,
-                group_id=self.group_id,
-                state=self.state,
-                info=self.info | {"job": self.job_id},
-            )
+            try:
+                self.store.once.heartbeat(
+                    self.name,
+                    instance=self.config.instance,
+                    group_id=self.group_id,
+                    state=self.state,
+                    info=self.info | {"job": self.job_id},
+                )
+            except Exception as e:  # StoreBusy: the outage logged it
+                if not isinstance(e, StoreBusy):
+                    log.warning("heartbeat not written: %s: %s", type(e).__name__, e)
 
     def _heartbeat_loop(self) -> None:
         while self.state != "stopped":
+            self.steps.write()
             self._beat()
             time.sleep(HEARTBEAT_S)
 
@@ -119,26 +136,32 @@ class Worker:
         """Leader: block until there is something to broadcast (a job, a keep-alive None, or 'stop')."""
         idle_since = last_check = time.monotonic()
         while True:
-            now = time.monotonic()
-            if self.store.has_queued():
-                if self._should_stop():  # right before every claim, so no queued job is taken after it
+            now, pause = time.monotonic(), self.config.poll_interval
+            try:
+                queued = self.store.once.has_queued()
+                # right before every claim, so no queued job is taken after a stop; idle: soon, without a
+                # second read every poll
+                if queued or now - last_check > STOP_CHECK_S:
+                    last_check = now
+                    if self._should_stop():
+                        return "stop"
+            except StoreBusy:  # idle, nothing to lose: poll on, slowly (the outage logged it)
+                queued, pause = False, MAX_RETRY_S
+                if not _alive(self.supervisor_pid) or self.stopping.is_set():
                     return "stop"
+            if queued:
                 job = self.store.claim(self.name, self.config.instance)
                 spec = job and self._validated(job)
                 if spec:
                     key = self._checkpoint_key(job, spec)
                     return {"id": job.id, "spec": spec, "key": key, "resume": self._resume(job, spec, key)}
-            elif now - last_check > STOP_CHECK_S:  # idle: stop soon, without a second read every poll
-                last_check = now
-                if self._should_stop():
-                    return "stop"
             if now - idle_since > KEEPALIVE_S:
                 return None
-            time.sleep(self.config.poll_interval)
+            time.sleep(pause)
 
     def _should_stop(self) -> bool:
         """SIGTERM, a drain request, or a server that is gone (its supervisor was killed)."""
-        if self.store.drain_requested(self.group_id) or not _alive(self.supervisor_pid):
+        if self.store.once.drain_requested(self.group_id) or not _alive(self.supervisor_pid):
             self.stopping.set()
         return self.stopping.is_set()
 
@@ -222,7 +245,7 @@ class Worker:
             now = time.perf_counter()
             step_times.append(now - last[0])
             last[0] = now
-            return not self.store.progress(job_id, self.name, step, total)
+            return not self.steps.record(job_id, step, total)
 
         def on_phase(phase: str) -> None:
             phases.enter(phase)

@@ -45,10 +45,28 @@ class Cluster:
         if trust_net:
             with open(os.path.join(self.data, "pg_hba.conf"), "a") as f:
                 f.write(f"host all all {trust_net} trust\n")
-        options = f"-k {self.dir} -c listen_addresses='{listen}' -c fsync=off -c full_page_writes=off"
+        self.start()
+
+    def start(self) -> None:
+        options = f"-k {self.dir} -c listen_addresses='{self.listen}' -c fsync=off -c full_page_writes=off"
         self._run(
             "pg_ctl", "-D", self.data, "-o", options, "-w", "-l", os.path.join(self.dir, "log"), "start"
         )
+
+    def pause(self) -> None:
+        """Stop the server as an operator would (`pg_ctl -m fast stop`: every connection closed); `start`
+        serves the same data again."""
+        self._run("pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
+
+    def cut_connections(self, url: str) -> None:
+        """End every other connection to `url`'s database (`pg_terminate_backend`), as a failover does."""
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as db:
+            db.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
 
     def _run(self, tool: str, *args: str) -> None:
         argv = self.wrap([*self.prefix, os.path.join(self.bin_dir, tool), *args])

@@ -81,10 +81,13 @@ class ServerProcess:
         self, job_id: str, timeout: float = 120.0, done=("completed", "failed", "cancelled")
     ) -> dict:
         deadline = time.monotonic() + timeout
+        job = {"status": "unknown"}
         while time.monotonic() < deadline:
-            job = self.client.get(f"/jobs/{job_id}").json()
-            if job["status"] in done:
-                return job
+            reply = self.client.get(f"/jobs/{job_id}")
+            if reply.status_code != 503:  # the job store did not answer (Retry-After): as a client, retry
+                job = reply.json()
+                if job["status"] in done:
+                    return job
             time.sleep(0.05)
         raise TimeoutError(f"job {job_id} still {job['status']} after {timeout} s:\n{self.log()[-4000:]}")
 

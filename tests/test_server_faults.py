@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -142,3 +143,35 @@ def test_a_damaged_store_ends_serve_with_one_line(tmp_path):
         assert str(tmp_path / "jobs.db") in lines[0] and "move it aside" in lines[0]
     finally:
         srv.stop()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread ended
+def test_the_supervisor_thread_outlives_any_error_and_a_watchdog_starts_it_again(tmp_path, monkeypatch):
+    """An error in a round is logged and the round tried again; a thread that ends anyway is started again
+    and goes on supervising the same group. (The group here: a `sleep`, no ranks.)"""
+    from server import supervisor as supervisor_mod
+    from server.config import ServeConfig
+    from tests.server_process import wait_until
+
+    monkeypatch.setattr(supervisor_mod, "launch_group", lambda *_: subprocess.Popen(["sleep", "60"]))
+    config = ServeConfig(data_dir=str(tmp_path))
+    supervisor = supervisor_mod.Supervisor(config, JobStore(config.db_path), on_fatal=lambda: None)
+    watch = supervisor._watch_group
+
+    def fail_once(error: BaseException):
+        def failing():
+            supervisor._watch_group = watch
+            raise error
+
+        supervisor._watch_group = failing
+
+    fail_once(RuntimeError("a bug"))
+    supervisor.start()
+    first = supervisor._thread
+    wait_until(lambda: supervisor._watch_group == watch, 10, "the failing round")
+    fail_once(SystemExit())  # ends the thread, past the catch-all
+    wait_until(lambda: supervisor._thread is not first and supervisor._thread.is_alive(), 10, "the watchdog")
+    group = supervisor._proc
+    assert group.poll() is None and supervisor.restarts == 0  # the same group, supervised again
+    supervisor.stop(grace=0)
+    assert group.poll() is not None

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from server import limits, logs, videos
-from server.store import PHASE_TIMINGS, SCHEMA_VERSION, JobStore, StoreBusy, StoreError, open_store
+from server.store import PHASE_TIMINGS, SCHEMA_VERSION, JobStore, QueueFull, StoreBusy, StoreError, open_store
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -49,6 +49,30 @@ def test_claims_are_atomic_and_in_order(store):
         t.join()
     assert sorted(claimed) == sorted(ids) and len(set(claimed)) == len(ids)
     assert store.counts()["in_progress"] == 40
+
+
+def test_a_full_queue_is_counted_in_the_insert_and_queue_positions_are_unique(new_url):
+    url = new_url()
+    open_store(url)
+    barrier, results = threading.Barrier(20), []
+
+    def submit(i: int) -> None:
+        own = open_store(url)
+        barrier.wait()
+        try:
+            results.append(own.create({"prompt": f"p{i}"}, max_queued=16)[0])
+        except QueueFull as e:
+            results.append(e)
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    jobs = [r for r in results if not isinstance(r, QueueFull)]
+    assert len(jobs) == 16 and [r.queued for r in results if isinstance(r, QueueFull)] == [16] * 4
+    store = open_store(url)
+    assert sorted(store.queue_position(store.get(job.id)) for job in jobs) == list(range(16))
 
 
 def test_idempotency_cancel_and_progress(store):
@@ -347,10 +371,7 @@ def test_a_lost_postgres_connection_is_busy_once_then_connects_again(postgres_cl
     url = postgres_cluster.new_database()
     store = open_store(url)
     job, _ = store.create({"prompt": "a"})
-    open_store(url)._db.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-    )
+    postgres_cluster.cut_connections(url)
     with pytest.raises(StoreBusy, match="unreachable"):
         store.get(job.id)
     assert store.get(job.id).id == job.id
@@ -418,5 +439,52 @@ def test_a_server_runs_a_job_on_a_postgres_store(postgres_cluster, tmp_path):
             )
         missing = server.client.get(f"/jobs/{'f' * 32}/video")
         assert missing.status_code == 404 and "other-box" in missing.text and "shared" in missing.text
+    finally:
+        server.stop()
+
+
+def test_a_postgres_outage_costs_a_wait_never_a_job(postgres_cluster, tmp_path):
+    """PostgreSQL stopped mid-job and started again, then every connection cut twice mid-job: the running
+    jobs complete on their first attempt, the queued ones run after, with no restart of the server; while
+    the store is down /ready and the API say it is unreachable and /health says degraded."""
+    from tests.server_process import FAKE, ServerProcess, wait_until
+
+    url = postgres_cluster.new_database()
+    server = ServerProcess(tmp_path / "data", "--pipeline-module", FAKE, "--nproc", "1", "--store", url,
+                           env={"ITHACA_FAKE_STEP_S": "0.1"})  # fmt: skip
+    client = server.client
+
+    def mid_job(job_id: str) -> bool:
+        return client.get(f"/jobs/{job_id}").json()["step"] >= 3
+
+    try:
+        server.wait()
+        running = server.submit(prompt="a fox", num_inference_steps=40)["id"]
+        queued = [server.submit(prompt=f"fox {i}", num_inference_steps=2)["id"] for i in range(3)]
+        wait_until(lambda: mid_job(running), 60, "the first job's steps")
+        postgres_cluster.pause()
+        try:
+            wait_until(lambda: client.get("/health").json()["status"] == "degraded", 30, "/health degraded")
+            assert "unreachable" in client.get("/health").json()["reason"]
+            ready, jobs = client.get("/ready"), client.get(f"/jobs/{running}")
+            assert ready.status_code == 503 and "unreachable" in ready.json()["reason"]
+            assert jobs.status_code == 503 and "unreachable" in jobs.text
+            time.sleep(2)  # the outage: steps go on meanwhile
+        finally:
+            postgres_cluster.start()
+        for job_id in [running, *queued]:
+            job = server.wait_job(job_id)
+            assert (job["status"], job["attempts"]) == ("completed", 1), job
+        wait_until(lambda: client.get("/ready").status_code == 200, 30, "/ready after the outage")
+        assert client.get("/health").json() == {"status": "ok"}
+
+        running = server.submit(prompt="a hare", num_inference_steps=40)["id"]
+        wait_until(lambda: mid_job(running), 60, "the second job's steps")
+        for _ in range(2):
+            postgres_cluster.cut_connections(url)
+            time.sleep(1)
+        job = server.wait_job(running)
+        assert (job["status"], job["attempts"]) == ("completed", 1), job
+        assert server.proc.poll() is None and client.get("/ready").status_code == 200
     finally:
         server.stop()

@@ -1,0 +1,158 @@
+"""Riding out a job-store outage: a PostgreSQL restart, connections cut, an SQLite lock held too long.
+
+`StoreOutage` is one process side's view of its store (the supervisor's, a worker leader's): since when its
+calls have failed with `StoreBusy` and why (None while the store answers), logged once when the store stops
+answering and once when it answers again; /health and /ready read it. `PatientStore` wraps a `JobStore`: every
+method is retried with capped backoff for up to `grace` seconds after its first failure, so an outage inside
+the grace costs a wait, never a job; past it the call raises `StoreBusy` for its caller to handle. `.once`
+makes single attempts that still keep the outage state (for writes whose newest value supersedes the last:
+heartbeats, `LatestStep`'s progress). A write whose reply was lost may have committed: the retries of a claim
+and of a job's end find what it did instead of doing it twice (`_AGAIN`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+
+from server.store_file import StoreBusy
+
+log = logging.getLogger("ithaca.store")
+FIRST_RETRY_S = 0.1
+MAX_RETRY_S = 2.0  # a store that returns is noticed within this
+
+
+class StoreOutage:
+    def __init__(self, grace: float, who: str):
+        self.grace, self.who = grace, who
+        self.since: float | None = None  # time.time() of the first failure in a row
+        self.reason: str | None = None
+        self.back_at = -float("inf")  # time.monotonic() when the store last answered again after failing
+        self._lock = threading.Lock()
+
+    def describe(self, *, detail: bool = True) -> str | None:
+        """What /ready says while the store does not answer (None: it answers); without `detail` (for the
+        unauthenticated /health) only whether it is locked, busy or unreachable, not the store's address."""
+        since, reason = self.since, self.reason or ""
+        if since is None:
+            return None
+        return f"{reason if detail else reason.split(' (')[0]} (for {time.time() - since:.0f} s)"
+
+    def failed(self, error: StoreBusy) -> None:
+        with self._lock:
+            first = self.since is None
+            if first:
+                self.since = time.time()
+            self.reason = str(error)
+        if first:
+            log.warning("%s: %s (each call is retried for up to %g s)", self.who, error, self.grace)
+
+    def answered(self) -> None:
+        if self.since is None:
+            return
+        with self._lock:
+            since, self.since, self.reason = self.since, None, None
+        if since is not None:
+            self.back_at = time.monotonic()
+            log.info("%s: the job store answers again, after %.1f s", self.who, time.time() - since)
+
+    def attempt(self, fn, *args, **kwargs):
+        """`fn(*args, **kwargs)` once; its outcome updates the state (StoreBusy is raised again)."""
+        try:
+            result = fn(*args, **kwargs)
+        except StoreBusy as e:
+            self.failed(e)
+            raise
+        self.answered()
+        return result
+
+    def call(self, fn, *args, again=None, **kwargs):
+        """`fn(*args, **kwargs)`, retried on StoreBusy with backoff (0.1 s doubling up to 2 s) until `grace`
+        seconds after its first failure; then StoreBusy. `again`: what the retries call instead, for a write
+        whose commit may have landed before its connection was lost (the retry must find it)."""
+        deadline, pause = None, FIRST_RETRY_S
+        while True:
+            try:
+                return self.attempt(fn, *args, **kwargs)
+            except StoreBusy as e:
+                now = time.monotonic()
+                deadline = deadline or now + self.grace
+                if now >= deadline:
+                    log.error("%s: the job store did not answer for %g s: %s", self.who, self.grace, e)
+                    raise
+                time.sleep(min(pause, deadline - now))
+                pause = min(2 * pause, MAX_RETRY_S)
+                fn = again or fn
+
+
+def _claim_again(store, worker: str, instance: str):
+    """A claim retried: the job it claimed if it did (the group would hold it forever, heartbeating), or a
+    new claim."""
+    mine = [job for job in store.in_progress(worker_prefix=worker) if job.worker == worker]
+    return mine[0] if mine else store.claim(worker, instance)
+
+
+def _finish_again(store, job_id: str, worker: str | None, status: str, **fields):
+    """A job's end retried: the job as this worker ended it if it did (None would take a completed job's video
+    away), or `finish` again."""
+    job = store.get(job_id, include_deleted=True)
+    if worker is not None and job is not None and job.terminal and job.worker == worker:
+        return job
+    return store.finish(job_id, worker, status, **fields)
+
+
+_AGAIN = {"claim": _claim_again, "finish": _finish_again}
+
+
+class PatientStore:
+    """A JobStore whose every method rides out an outage (`StoreOutage.call`); `raw` is the store itself."""
+
+    def __init__(self, store, outage: StoreOutage, *, once: bool = False):
+        self.raw, self.outage, self._once = store, outage, once
+
+    @functools.cached_property
+    def once(self) -> PatientStore:
+        """The same store making single attempts (the outage state still kept)."""
+        return PatientStore(self.raw, self.outage, once=True)
+
+    def __getattr__(self, name: str):
+        method = getattr(self.raw, name)
+        if not callable(method):
+            return method
+        if self._once:
+            return functools.partial(self.outage.attempt, method)
+        again = _AGAIN.get(name)
+        return functools.partial(self.outage.call, method, again=again and functools.partial(again, self.raw))
+
+
+class LatestStep:
+    """A running job's steps as the leader records them: written at once, or while the store does not answer
+    kept (the newest only) for `write` to put in once it does (the heartbeat thread calls it), so a step
+    never waits on an outage."""
+
+    def __init__(self, store: PatientStore, worker: str):
+        self.store, self.worker = store, worker
+        self._pending: tuple[str, int, int] | None = None  # (job, step, steps) not written yet
+        self._lock = threading.Lock()  # one write at a time, so an older step never lands last
+        self._stop: str | None = None  # a write found this job cancelled, or no longer this worker's
+
+    def record(self, job_id: str, step: int, total: int) -> bool:
+        """True: the job must stop (`JobStore.progress`), as far as the last write that landed knows."""
+        self._pending = (job_id, step, total)
+        if self.store.outage.since is None:
+            self.write()
+        return self._stop == job_id
+
+    def write(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, None
+            if pending is None:
+                return
+            try:
+                if self.store.once.progress(pending[0], self.worker, *pending[1:]):
+                    self._stop = pending[0]
+            except StoreBusy:
+                if self._pending is None:  # none newer meanwhile
+                    self._pending = pending
