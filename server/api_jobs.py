@@ -23,8 +23,8 @@ from starlette.datastructures import Headers, UploadFile
 from starlette.routing import Match
 
 from dit.cache import CacheConfig
+from server import images, videos
 from server import limits as limits_mod
-from server import videos
 from server.jsonsafe import SafeJSONResponse, render, shown
 from server.openai_errors import responses
 from server.services import MAX_PROMPT_CHARS, Services, unprocessable
@@ -138,9 +138,11 @@ async def generate_body(request: Request) -> None:
 
 
 async def form_fields(request: Request, file_field: str) -> dict:
-    """A form's fields, text as it came; `file_field` alone may be a file part (its bytes). The body limit
-    (`--max-body-bytes`) is the one limit on a part: a data URL may be far longer than Starlette's 1 MB."""
-    form = await request.form(max_part_size=svc(request).config.max_body_bytes)
+    """A form's fields, text as it came; `file_field` alone may be a file part (its bytes). A text part may
+    be as long as the body (a data URL in it, URL-encoded up to thrice its length in a urlencoded form): the
+    middleware bounds the body, the fields' own rules the other fields."""
+    config = svc(request).config
+    form = await request.form(max_part_size=config.max_body_bytes + images.room(config.max_image_bytes))
     fields = {}
     for key, item in form.multi_items():
         if isinstance(item, UploadFile):
