@@ -39,16 +39,30 @@ VIDEO = {200: {"content": {"video/mp4": {"schema": {"type": "string", "format": 
 PREVIEW = {200: {"content": {"image/webp": {"schema": {"type": "string", "format": "binary"}}}}}
 MULTIPART = "multipart/form-data"
 _GENERATE_TYPES = ("application/json", MULTIPART)
-# The multipart body in the OpenAPI document (the JSON one FastAPI writes from GenerateBody)
+# The multipart body in the OpenAPI document (the JSON one FastAPI writes from GenerateBody; GenerateForm is
+# made from it in `schema_with_limits`)
 _FORM_BODY = {
     "requestBody": {
         "content": {
             MULTIPART: {
-                "schema": {"$ref": "#/components/schemas/GenerateBody"},
+                "schema": {"$ref": "#/components/schemas/GenerateForm"},
                 "encoding": {"image": {"contentType": "image/png, image/jpeg, image/webp"}},
             }
         }
     }
+}
+# Each Server-Sent Event of /jobs/{id}/events (an OpenAPI 3.1 event-stream schema describes one event)
+_EVENT = {
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"enum": ["progress", "preview", "done"]},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {"type": "object"},
+        },
+    },
 }
 
 
@@ -78,6 +92,7 @@ class GenerateBody(BaseModel):
     cache: str | None = Field(
         None,
         max_length=32,
+        pattern=r"^(off|fbcache)(:(0(\.[0-9]{1,6})?|1(\.0{1,6})?|\.[0-9]{1,6}))?$",  # what the document says
         description="step caching: off | fbcache[:THRESHOLD], threshold 0–1 (default: the server's)",
         examples=["fbcache:0.05"],
     )
@@ -87,16 +102,32 @@ class GenerateBody(BaseModel):
         "(data:image/png;base64,...), or in multipart/form-data a file part",
     )
 
+    @field_validator("num_frames", "height", "width", "num_inference_steps", "seed", "fps", mode="before")
+    @classmethod
+    def _integral(cls, value):
+        """JSON's 9.0 is an integer (JSON Schema says so); strict pydantic would refuse it."""
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+
     @field_validator("cache")
     @classmethod
     def _cache(cls, value: str | None) -> str | None:
         return None if value is None else str(CacheConfig.parse(value))  # ValueError → 422 naming the field
 
 
+# The text rules (services.text_field) as the document states them: no NUL, and a prompt not blank
+# (Python's whitespace: str.strip)
+TEXT_PATTERN = r"^[^\x00]*$"
+_NOT_SPACE = r"[^\x00\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+PROMPT_PATTERN = rf"^[^\x00]*{_NOT_SPACE}[^\x00]*$"
+
+
 def schema_with_limits(document: dict, limits: dict) -> dict:
     """The OpenAPI document with the published limits of the loaded model on /generate's fields."""
     document = copy.deepcopy(document)
+    # pydantic's own schema: FastAPI's turns 2**63 - 1 (seed's maximum) into a float, 2**63
+    document["components"]["schemas"]["GenerateBody"] = GenerateBody.model_json_schema()
     fields = document["components"]["schemas"]["GenerateBody"]["properties"]
+    fields["prompt"]["pattern"], fields["negative_prompt"]["pattern"] = PROMPT_PATTERN, TEXT_PATTERN
     for name, spec in limits.items():
         for branch in fields.get(name, {}).get("anyOf", []):
             if branch.get("type") not in ("integer", "number"):
@@ -104,15 +135,35 @@ def schema_with_limits(document: dict, limits: dict) -> dict:
             branch |= {
                 key: spec[bound] for bound, key in (("min", "minimum"), ("max", "maximum")) if bound in spec
             }
-            if spec.get("multiple_of") and spec.get("min", 0) % spec["multiple_of"] == 0:
-                branch["multipleOf"] = spec["multiple_of"]  # frames (4k+1) are not a multiple of anything
+            step, lo = spec.get("multiple_of"), spec.get("min", 0)
+            if step and lo % step == 0:
+                branch["multipleOf"] = step
+            elif step and "max" in spec:  # frames (4k+1) are not a multiple of anything: each value
+                branch["enum"] = list(range(lo, spec["max"] + 1, step))
         if "max_tokens" in spec and name in fields:
             fields[name]["description"] = f"at most {spec['max_tokens']} tokens (the model's tokenizer)"
         if "timesteps" in spec and name in fields:
             fields[name]["description"] = limits_mod.fixed_steps(spec)
-    if "image" in limits:
+    if "guidance_scale" in limits and "guidance_scale_2" not in limits:  # a model of one expert refuses it
+        del fields["guidance_scale_2"]
+    if "image" in limits and not limits_mod.accepts_image(limits["image"]):  # a text-to-video model's
+        del fields["image"]
+    elif "image" in limits:
         fields["image"]["description"] = limits_mod.image_rule(limits["image"])
+    schemas = document["components"]["schemas"]
+    schemas["GenerateForm"] = _form_schema(schemas["GenerateBody"])
     return document
+
+
+def _form_schema(body: dict) -> dict:
+    """GenerateBody as form parts: text, so no null (a field left out takes its default); `image` a file."""
+    fields = {}
+    for name, spec in body["properties"].items():
+        kinds = [branch for branch in spec.get("anyOf", [spec]) if branch.get("type") != "null"]
+        fields[name] = {k: v for k, v in spec.items() if k != "anyOf" and v is not None} | kinds[0]
+    if "image" in fields:
+        fields["image"] |= {"format": "binary"}
+    return body | {"properties": fields, "title": "GenerateForm"}
 
 
 def svc(request: Request) -> Services:
@@ -275,7 +326,11 @@ def video_file(request: Request, job_id: str) -> FileResponse:
     return FileResponse(services.video_path(job), media_type="video/mp4", filename=f"{job.id}.mp4")
 
 
-@router.get("/jobs/{job_id}/video", response_class=FileResponse, responses=VIDEO | responses(401, 404, 503))
+_VIDEO_ROUTE = {"response_class": FileResponse, "responses": VIDEO | responses(401, 404, 503)}
+
+
+@router.get("/jobs/{job_id}/video", **_VIDEO_ROUTE)
+@router.head("/jobs/{job_id}/video", **_VIDEO_ROUTE)  # a download's size and type before the download
 def get_video(request: Request, job_id: str):
     return video_file(request, job_id)
 
@@ -288,7 +343,11 @@ def preview_file(request: Request, job_id: str) -> Response:
     return Response(webp, media_type="image/webp", headers={"Cache-Control": "no-store"})
 
 
-@router.get("/jobs/{job_id}/preview", response_class=Response, responses=PREVIEW | responses(401, 404, 503))
+_PREVIEW_ROUTE = {"response_class": Response, "responses": PREVIEW | responses(401, 404, 503)}
+
+
+@router.get("/jobs/{job_id}/preview", **_PREVIEW_ROUTE)
+@router.head("/jobs/{job_id}/preview", **_PREVIEW_ROUTE)
 def get_preview(request: Request, job_id: str):
     return preview_file(request, job_id)
 
@@ -301,8 +360,7 @@ def _current_view(services: Services, job_id: str) -> dict | None:
 @router.get(
     "/jobs/{job_id}/events",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}}
-    | responses(401, 404, 503),
+    responses={200: {"content": {"text/event-stream": {"schema": _EVENT}}}} | responses(401, 404, 503),
 )
 def job_events(request: Request, job_id: str):
     """Server-Sent Events: a `progress` event whenever the job changes, a `preview` event ({"step", "url"})

@@ -52,7 +52,9 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
 
     def openapi() -> dict:
         """FastAPI's document (built once) with the limits the workers published, as of this request."""
-        return api_jobs.schema_with_limits(FastAPI.openapi(app), services.worker_info().get("limits", {}))
+        limits = services.worker_info().get("limits", {})
+        document = api_jobs.schema_with_limits(FastAPI.openapi(app), limits)
+        return api_openai.schema_with_limits(document, limits)
 
     app.openapi = openapi
     app.add_middleware(
