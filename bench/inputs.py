@@ -1,10 +1,12 @@
 """What large request bodies cost the API process (`ithaca serve --no-workers`: the API alone, uvicorn, the
 SQLite store; an image-to-video model's limits published as a worker would, so images are taken).
 
-    python bench/inputs.py [--bodies 4] [--mb 27] [--side 6000] [--json]
+    python bench/inputs.py [--bodies 4] [--mb 27] [--rounds 20] [--side 6000] [--json]
 
-- big bodies: N concurrent POSTs (curl) to /generate of a JSON body of `--mb` MB without an image (a long
-  prompt), while one client polls /health: its p50/p99/max latency, the replies, the API's peak RSS growth.
+- big bodies: `--rounds` bursts of N concurrent POSTs (curl) to /generate of a JSON body of `--mb` MB
+  without an image (a long prompt), while one client polls /health: its p50/p99/max latency, the replies,
+  the API's peak RSS growth.
+- big image bodies: the same with an image in each (a noise PNG of 3/4 of `--mb`, as a data URL).
 - big image: one `--side`×`--side` JPEG (noise: a camera photo's size) to /generate: the API's CPU
   seconds (user + system, from /proc) for the request, and the bytes it keeps on disk for the job.
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import collections
 import dataclasses
 import io
 import json
@@ -58,11 +61,39 @@ def _rss_mb(pid: int) -> float:
     return int(line.split()[1]) / 1024
 
 
-def big_bodies(srv: ServerProcess, bodies: int, mb: float, data_dir: str) -> dict:
-    """The bodies go from `curl` processes, so this process's GIL times only /health."""
+def _noise_png(megabytes: float) -> bytes:
+    side = int((megabytes * 1e6 / 3) ** 0.5)  # noise does not compress: 3 bytes a pixel
+    out = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (side, side, 3), np.uint8)).save(out, "PNG")
+    return out.getvalue()
+
+
+def _burst(srv: ServerProcess, bodies: int, path: str) -> list[int]:
+    curls = [
+        subprocess.Popen(
+            ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", "content-type: application/json"]
+            + ["-H", "Expect:"]  # send the body at once, not after a 100 Continue (the worst case)
+            + ["--data-binary", f"@{path}", f"{srv.url}/generate"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(bodies)
+    ]
+    return [int(p.communicate()[0] or 0) for p in curls]
+
+
+def big_bodies(
+    srv: ServerProcess, bodies: int, mb: float, data_dir: str, image: bool = False, rounds: int = 1
+) -> dict:
+    """The bodies go from `curl` processes, so this process's GIL times only /health. `image`: each body
+    carries an image of `mb` × 3/4 MB as a data URL (taken: 202), not a long prompt."""
     path = os.path.join(data_dir, "body.json")
     with open(path, "wb") as f:
-        f.write(b'{"prompt": "' + b"x" * int(mb * 1e6) + b'"}')
+        if image:
+            url = b"data:image/png;base64," + base64.b64encode(_noise_png(mb * 0.75))
+            f.write(b'{"prompt": "a photo", "image": "' + url + b'"}')
+        else:
+            f.write(b'{"prompt": "' + b"x" * int(mb * 1e6) + b'"}')
     base_rss, peak = _rss_mb(srv.proc.pid), [0.0]
     done, latencies = threading.Event(), []
 
@@ -77,25 +108,18 @@ def big_bodies(srv: ServerProcess, bodies: int, mb: float, data_dir: str) -> dic
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    start = time.perf_counter()
-    curls = [
-        subprocess.Popen(
-            ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", "content-type: application/json"]
-            + ["--data-binary", f"@{path}", f"{srv.url}/generate"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(bodies)
-    ]
-    statuses = [int(p.communicate()[0] or 0) for p in curls]
+    start, statuses = time.perf_counter(), []
+    for _ in range(rounds):
+        statuses += _burst(srv, bodies, path)
     elapsed = time.perf_counter() - start
     done.set()
     watcher.join()
     ms = sorted(1000 * s for s in latencies)
     return {
         "bodies": bodies,
+        "rounds": rounds,
         "body_mb": os.path.getsize(path) / 1e6,
-        "statuses": sorted(statuses),
+        "statuses": dict(collections.Counter(statuses)),
         "seconds": round(elapsed, 2),
         "health_polls": len(ms),
         "health_ms_p50": round(statistics.median(ms), 1),
@@ -117,7 +141,8 @@ def big_image(srv: ServerProcess, side: int) -> dict:
     wall, cpu = time.perf_counter() - start, _cpu_s(srv.proc.pid) - before
     assert r.status_code == 202, r.text
     inputs = os.path.join(srv.data_dir, "videos", "inputs")
-    stored = sum(os.path.getsize(os.path.join(inputs, n)) for n in os.listdir(inputs))
+    job = r.json()["id"]
+    stored = sum(os.path.getsize(os.path.join(inputs, n)) for n in os.listdir(inputs) if n.startswith(job))
     return {
         "side": side,
         "upload_mb": round(len(jpeg) / 1e6, 2),
@@ -132,6 +157,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bodies", type=int, default=4)
     parser.add_argument("--mb", type=float, default=27.0)
+    parser.add_argument("--rounds", type=int, default=20, help="bursts of big bodies without an image")
     parser.add_argument("--side", type=int, default=6000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -142,7 +168,8 @@ def main() -> None:
             srv.wait("/health")
             srv.client.post("/generate", json={"prompt": "warm up"})  # loads the tokenizer (imports torch)
             results = {
-                "big_bodies": big_bodies(srv, args.bodies, args.mb, data_dir),
+                "big_bodies": big_bodies(srv, args.bodies, args.mb, data_dir, rounds=args.rounds),
+                "big_image_bodies": big_bodies(srv, args.bodies, args.mb, data_dir, image=True),
                 "big_image": big_image(srv, args.side),
             }
         finally:

@@ -2,25 +2,24 @@
 /jobs/{id}/preview.
 
 /generate takes JSON (the first-frame image of an image-to-video model as a data URL in `image`), or
-multipart/form-data with the same fields and `image` as a file part. The two are two routes on one path:
-the multipart one matches multipart bodies only (`_FormRoute`), so JSON keeps FastAPI's own parsing and
-error replies."""
+multipart/form-data with the same fields and `image` as a file part. It reads either body itself, off the
+event loop (a JSON one with its data URL cut out: images.parse_json), and answers in FastAPI's shape; the
+document describes both bodies (`_GENERATE_BODY`)."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import os
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
+from fastapi import APIRouter, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response, StreamingResponse
-from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers, UploadFile
-from starlette.routing import Match
 
 from dit.cache import CacheConfig
 from server import images, videos
@@ -39,16 +38,17 @@ VIDEO = {200: {"content": {"video/mp4": {"schema": {"type": "string", "format": 
 PREVIEW = {200: {"content": {"image/webp": {"schema": {"type": "string", "format": "binary"}}}}}
 MULTIPART = "multipart/form-data"
 _GENERATE_TYPES = ("application/json", MULTIPART)
-# The multipart body in the OpenAPI document (the JSON one FastAPI writes from GenerateBody; GenerateForm is
-# made from it in `schema_with_limits`)
-_FORM_BODY = {
+# /generate's bodies in the OpenAPI document; `schema_with_limits` writes both schemas
+_GENERATE_BODY = {
     "requestBody": {
+        "required": True,
         "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/GenerateBody"}},
             MULTIPART: {
                 "schema": {"$ref": "#/components/schemas/GenerateForm"},
                 "encoding": {"image": {"contentType": "image/png, image/jpeg, image/webp"}},
-            }
-        }
+            },
+        },
     }
 }
 # Each Server-Sent Event of /jobs/{id}/events (an OpenAPI 3.1 event-stream schema describes one event)
@@ -124,7 +124,7 @@ PROMPT_PATTERN = rf"^[^\x00]*{_NOT_SPACE}[^\x00]*$"
 def schema_with_limits(document: dict, limits: dict) -> dict:
     """The OpenAPI document with the published limits of the loaded model on /generate's fields."""
     document = copy.deepcopy(document)
-    # pydantic's own schema: FastAPI's turns 2**63 - 1 (seed's maximum) into a float, 2**63
+    # the route reads its body itself; pydantic's schema is exact (FastAPI's made seed's 2**63 - 1 a float)
     document["components"]["schemas"]["GenerateBody"] = GenerateBody.model_json_schema()
     fields = document["components"]["schemas"]["GenerateBody"]["properties"]
     fields["prompt"]["pattern"], fields["negative_prompt"]["pattern"] = PROMPT_PATTERN, TEXT_PATTERN
@@ -184,10 +184,6 @@ def media_type(request: Request, *allowed: str) -> str:
     return kind
 
 
-async def generate_body(request: Request) -> None:
-    media_type(request, *_GENERATE_TYPES)  # a multipart body never gets here: `_FormRoute` takes it
-
-
 async def form_fields(request: Request, file_field: str) -> dict:
     """A form's fields, text as it came; `file_field` alone may be a file part (its bytes). A text part may
     be as long as the body (a data URL in it, URL-encoded up to thrice its length in a urlencoded form): the
@@ -233,47 +229,37 @@ def _preview_url(job_id: str) -> str:
     return f"/jobs/{job_id}/preview"
 
 
-class _FormRoute(APIRoute):
-    """Matches multipart bodies only; any other request goes on to the next route of its path."""
-
-    def matches(self, scope):
-        match, child_scope = super().matches(scope)
-        if match == Match.FULL and _media_type(Headers(scope=scope)) != MULTIPART:
-            return Match.NONE, {}
-        return match, child_scope
-
-
-async def generate_form(request: Request, idempotency_key: Annotated[str | None, Header()] = None):
-    fields = await form_fields(request, "image")
-    image = fields.pop("image", None)  # a file's bytes, or a data URL as text
-    try:
-        body = GenerateBody.model_validate(fields, strict=False)  # form values are text: "17" is 17
-    except ValidationError as e:  # in FastAPI's own shape, as the JSON route answers
-        errors = e.errors(include_url=False)
-        raise RequestValidationError([err | {"loc": ("body", *err["loc"])} for err in errors]) from None
-    return await run_in_threadpool(_generate, svc(request), body, image, idempotency_key)
-
-
-# before the JSON route, which takes whatever this one does not match
-router.add_api_route(
-    "/generate",
-    generate_form,
-    methods=["POST"],
-    status_code=202,
-    include_in_schema=False,
-    route_class_override=_FormRoute,
-)
-
-
 @router.post(
     "/generate",
     status_code=202,
-    dependencies=[Depends(generate_body)],
     responses=responses(400, 401, 409, 413, 415, 422, 429, 503),
-    openapi_extra=_FORM_BODY,
+    openapi_extra=_GENERATE_BODY,
 )
-def generate(request: Request, body: GenerateBody, idempotency_key: Annotated[str | None, Header()] = None):
-    return _generate(svc(request), body, body.image, idempotency_key)
+async def generate(request: Request, idempotency_key: Annotated[str | None, Header()] = None):
+    form = media_type(request, *_GENERATE_TYPES) == MULTIPART
+    if form:
+        fields = await form_fields(request, "image")
+        image = fields.pop("image", None)  # a file's bytes, or a data URL as text
+    else:
+        fields = await _json_fields(request)
+    try:
+        body = GenerateBody.model_validate(fields, strict=not form)  # form values are text: "17" is 17
+    except ValidationError as e:  # in FastAPI's own shape
+        errors = e.errors(include_url=False)
+        raise RequestValidationError([err | {"loc": ("body", *err["loc"])} for err in errors]) from None
+    image = image if form else body.image
+    return await run_in_threadpool(_generate, svc(request), body, image, idempotency_key)
+
+
+async def _json_fields(request: Request):
+    """The JSON body, parsed off the event loop; unreadable JSON is a 422 as FastAPI words it."""
+    try:
+        return await run_in_threadpool(images.parse_json, await request.body())
+    except json.JSONDecodeError as e:
+        error = {"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error", "input": {}}
+        raise RequestValidationError([error]) from None
+    except (UnicodeDecodeError, RecursionError):  # not UTF-8/16/32, or nested past Python's recursion limit
+        raise HTTPException(400, "There was an error parsing the body") from None
 
 
 def _generate(services: Services, body: GenerateBody, image: bytes | str | None, idempotency_key: str | None):

@@ -11,7 +11,6 @@ part (what the SDK sends) or a data URL, checked as /generate checks `image`.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from typing import Annotated, Literal
@@ -20,6 +19,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
+from server import images
 from server import limits as limits_mod
 from server.api_jobs import (
     PREVIEW,
@@ -165,8 +165,8 @@ async def _create_fields(request: Request) -> dict:
     if media_type(request, "application/json", *_FORMS) in _FORMS:
         fields = await form_fields(request, _IMAGE)
     else:
-        try:
-            fields = json.loads(await request.body())
+        try:  # off the event loop, the data URL cut out (images.parse_json)
+            fields = await run_in_threadpool(images.parse_json, await request.body())
         except (ValueError, RecursionError):  # RecursionError: nested past Python's recursion limit
             raise HTTPException(400, "body must be a JSON object (valid JSON, not nested deeply)") from None
         if not isinstance(fields, dict):

@@ -16,13 +16,14 @@ _FORMS = (b"multipart/form-data", b"application/x-www-form-urlencoded")
 
 
 class _DataUrlRoom:
-    """Whether a JSON body owes all it has past `plain` bytes to one string value starting `"data:`, of at
-    most `room` bytes: the rest must fit in `plain`. Fed the body as it grows; scans each byte once."""
+    """Whether a JSON body owes all it has past `plain` bytes to one string value starting `"data:`: the
+    rest must fit in `plain` (the guard's total limit bounds the string). Fed the body as it grows; scans
+    each byte once."""
 
     _START = re.compile(rb':\s*"data:')  # a value: inside a JSON string the quote would be escaped
 
-    def __init__(self, plain: int, room: int):
-        self.plain, self.room = plain, room
+    def __init__(self, plain: int):
+        self.plain = plain
         self.start = self.end = None  # the data URL's quotes
         self.scanned = 0
 
@@ -38,10 +39,9 @@ class _DataUrlRoom:
             end = body.find(b'"', self.scanned + 1)
             if end == -1:
                 self.scanned = len(body) - 1
-                return len(body) - self.start <= self.room
+                return True
             self.end = end
-        string = self.end + 1 - self.start
-        return string <= self.room and len(body) - string <= self.plain
+        return len(body) - (self.end + 1 - self.start) <= self.plain
 
 
 class GuardMiddleware:
@@ -95,7 +95,7 @@ class GuardMiddleware:
             return await _send_json(scope, send, 413, f"request body is larger than {limit} bytes")
         form = headers.get(b"content-type", b"").split(b";")[0].strip().lower() in _FORMS
         plain = self.max_body_bytes
-        room = None if form or limit == plain else _DataUrlRoom(plain, self.upload_bytes)
+        room = None if form or limit == plain else _DataUrlRoom(plain)
         if length is not None and (room is None or int(length) <= plain):
             return await self.app(scope, receive, send)
         if length is None and scope["method"] in ("GET", "HEAD", "DELETE"):

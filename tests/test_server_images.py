@@ -154,6 +154,28 @@ def test_a_json_body_may_pass_the_body_limit_by_its_image_alone(i2v):
             assert r.status_code == 413 and "only an image" in r.text, (path, r.text)
 
 
+def test_a_large_json_body_is_parsed_with_its_data_url_cut_out(monkeypatch):
+    """The parser walks the fields around a large body's data URL, not the image: json.loads' result."""
+    url = "data:image/png;base64," + "A" * 2_000_000
+    parsed, loads = [], json.loads
+    monkeypatch.setattr(images.json, "loads", lambda text: parsed.append(len(text)) or loads(text))
+    for body in (
+        {"prompt": "fox", "image": url, "seed": 1},
+        {"image": url},
+        {"prompt": 'a: "data:' + "x" * 1000 + '"', "image": url},  # a quoted data: inside a string first
+        {"input_reference": url, "model": "m"},
+    ):
+        text = json.dumps(body).encode()
+        assert images.parse_json(text) == body and max(parsed[-1:]) < 2000, body
+    for text in (  # escaped, not ASCII, nested, not an object: parsed whole, still right
+        json.dumps({"image": url.replace("base64,", "base64\\/,")}).encode(),
+        json.dumps({"image": url + "ÿ"}, ensure_ascii=False).encode(),
+        json.dumps({"image": [url]}).encode(),
+        json.dumps([url]).encode(),
+    ):
+        assert images.parse_json(text) == json.loads(text)
+
+
 def test_a_large_body_without_an_image_is_refused_unread():
     """The guard reads a JSON body without an image up to the plain limit and a chunk, not the 27 MB."""
     reads, sent = [], []

@@ -138,9 +138,10 @@ def test_bad_seconds_on_v1(client, value):
 
 
 @pytest.mark.parametrize("path", ["/generate", "/v1/videos"])
-def test_deeply_nested_json(client, path):
-    r = _raw(client, path, b'{"prompt": "fox", "seconds": ' + b"[" * 1000 + b"]" * 1000 + b"}")
-    assert r.status_code in (400, 422) and r.headers["content-type"] == "application/json", r.text
+def test_deeply_nested_or_undecodable_json(client, path):
+    for body in (b'{"prompt": "fox", "seconds": ' + b"[" * 1000 + b"]" * 1000 + b"}", b"\x80", b"\0" * 9):
+        r = _raw(client, path, body)
+        assert r.status_code in (400, 422) and r.headers["content-type"] == "application/json", r.text
 
 
 def test_an_unexpected_error_is_a_json_500_in_the_route_shape(client, monkeypatch):
