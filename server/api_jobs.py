@@ -2,29 +2,28 @@
 /jobs/{id}/preview.
 
 /generate takes JSON (the first-frame image of an image-to-video model as a data URL in `image`), or
-multipart/form-data with the same fields and `image` as a file part. The two are two routes on one path:
-the multipart one matches multipart bodies only (`_FormRoute`), so JSON keeps FastAPI's own parsing and
-error replies."""
+multipart/form-data with the same fields and `image` as a file part. It reads either body itself, off the
+event loop (a JSON one with its data URL cut out: images.parse_json), and answers in FastAPI's shape; the
+document describes both bodies (`_GENERATE_BODY`)."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import os
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
+from fastapi import APIRouter, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response, StreamingResponse
-from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers, UploadFile
-from starlette.routing import Match
 
 from dit.cache import CacheConfig
+from server import images, videos
 from server import limits as limits_mod
-from server import videos
 from server.jsonsafe import SafeJSONResponse, render, shown
 from server.openai_errors import responses
 from server.services import MAX_PROMPT_CHARS, Services, unprocessable
@@ -39,16 +38,31 @@ VIDEO = {200: {"content": {"video/mp4": {"schema": {"type": "string", "format": 
 PREVIEW = {200: {"content": {"image/webp": {"schema": {"type": "string", "format": "binary"}}}}}
 MULTIPART = "multipart/form-data"
 _GENERATE_TYPES = ("application/json", MULTIPART)
-# The multipart body in the OpenAPI document (the JSON one FastAPI writes from GenerateBody)
-_FORM_BODY = {
+# /generate's bodies in the OpenAPI document; `schema_with_limits` writes both schemas
+_GENERATE_BODY = {
     "requestBody": {
+        "required": True,
         "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/GenerateBody"}},
             MULTIPART: {
-                "schema": {"$ref": "#/components/schemas/GenerateBody"},
+                "schema": {"$ref": "#/components/schemas/GenerateForm"},
                 "encoding": {"image": {"contentType": "image/png, image/jpeg, image/webp"}},
-            }
-        }
+            },
+        },
     }
+}
+# Each Server-Sent Event of /jobs/{id}/events (an OpenAPI 3.1 event-stream schema describes one event)
+_EVENT = {
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"enum": ["progress", "preview", "done"]},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {"type": "object"},
+        },
+    },
 }
 
 
@@ -78,6 +92,7 @@ class GenerateBody(BaseModel):
     cache: str | None = Field(
         None,
         max_length=32,
+        pattern=r"^(off|fbcache)(:(0(\.[0-9]{1,6})?|1(\.0{1,6})?|\.[0-9]{1,6}))?$",  # what the document says
         description="step caching: off | fbcache[:THRESHOLD], threshold 0–1 (default: the server's)",
         examples=["fbcache:0.05"],
     )
@@ -87,16 +102,32 @@ class GenerateBody(BaseModel):
         "(data:image/png;base64,...), or in multipart/form-data a file part",
     )
 
+    @field_validator("num_frames", "height", "width", "num_inference_steps", "seed", "fps", mode="before")
+    @classmethod
+    def _integral(cls, value):
+        """JSON's 9.0 is an integer (JSON Schema says so); strict pydantic would refuse it."""
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+
     @field_validator("cache")
     @classmethod
     def _cache(cls, value: str | None) -> str | None:
         return None if value is None else str(CacheConfig.parse(value))  # ValueError → 422 naming the field
 
 
+# The text rules (services.text_field) as the document states them: no NUL, and a prompt not blank
+# (Python's whitespace: str.strip)
+TEXT_PATTERN = r"^[^\x00]*$"
+_NOT_SPACE = r"[^\x00\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+PROMPT_PATTERN = rf"^[^\x00]*{_NOT_SPACE}[^\x00]*$"
+
+
 def schema_with_limits(document: dict, limits: dict) -> dict:
     """The OpenAPI document with the published limits of the loaded model on /generate's fields."""
     document = copy.deepcopy(document)
+    # the route reads its body itself; pydantic's schema is exact (FastAPI's made seed's 2**63 - 1 a float)
+    document["components"]["schemas"]["GenerateBody"] = GenerateBody.model_json_schema()
     fields = document["components"]["schemas"]["GenerateBody"]["properties"]
+    fields["prompt"]["pattern"], fields["negative_prompt"]["pattern"] = PROMPT_PATTERN, TEXT_PATTERN
     for name, spec in limits.items():
         for branch in fields.get(name, {}).get("anyOf", []):
             if branch.get("type") not in ("integer", "number"):
@@ -104,15 +135,35 @@ def schema_with_limits(document: dict, limits: dict) -> dict:
             branch |= {
                 key: spec[bound] for bound, key in (("min", "minimum"), ("max", "maximum")) if bound in spec
             }
-            if spec.get("multiple_of") and spec.get("min", 0) % spec["multiple_of"] == 0:
-                branch["multipleOf"] = spec["multiple_of"]  # frames (4k+1) are not a multiple of anything
+            step, lo = spec.get("multiple_of"), spec.get("min", 0)
+            if step and lo % step == 0:
+                branch["multipleOf"] = step
+            elif step and "max" in spec:  # frames (4k+1) are not a multiple of anything: each value
+                branch["enum"] = list(range(lo, spec["max"] + 1, step))
         if "max_tokens" in spec and name in fields:
             fields[name]["description"] = f"at most {spec['max_tokens']} tokens (the model's tokenizer)"
         if "timesteps" in spec and name in fields:
             fields[name]["description"] = limits_mod.fixed_steps(spec)
-    if "image" in limits:
+    if "guidance_scale" in limits and "guidance_scale_2" not in limits:  # a model of one expert refuses it
+        del fields["guidance_scale_2"]
+    if "image" in limits and not limits_mod.accepts_image(limits["image"]):  # a text-to-video model's
+        del fields["image"]
+    elif "image" in limits:
         fields["image"]["description"] = limits_mod.image_rule(limits["image"])
+    schemas = document["components"]["schemas"]
+    schemas["GenerateForm"] = _form_schema(schemas["GenerateBody"])
     return document
+
+
+def _form_schema(body: dict) -> dict:
+    """GenerateBody as form parts: text, so no null (a field left out takes its default); `image` a file."""
+    fields = {}
+    for name, spec in body["properties"].items():
+        kinds = [branch for branch in spec.get("anyOf", [spec]) if branch.get("type") != "null"]
+        fields[name] = {k: v for k, v in spec.items() if k != "anyOf" and v is not None} | kinds[0]
+    if "image" in fields:
+        fields["image"] |= {"format": "binary"}
+    return body | {"properties": fields, "title": "GenerateForm"}
 
 
 def svc(request: Request) -> Services:
@@ -133,14 +184,12 @@ def media_type(request: Request, *allowed: str) -> str:
     return kind
 
 
-async def generate_body(request: Request) -> None:
-    media_type(request, *_GENERATE_TYPES)  # a multipart body never gets here: `_FormRoute` takes it
-
-
 async def form_fields(request: Request, file_field: str) -> dict:
-    """A form's fields, text as it came; `file_field` alone may be a file part (its bytes). The body limit
-    (`--max-body-bytes`) is the one limit on a part: a data URL may be far longer than Starlette's 1 MB."""
-    form = await request.form(max_part_size=svc(request).config.max_body_bytes)
+    """A form's fields, text as it came; `file_field` alone may be a file part (its bytes). A text part may
+    be as long as the body (a data URL in it, URL-encoded up to thrice its length in a urlencoded form): the
+    middleware bounds the body, the fields' own rules the other fields."""
+    config = svc(request).config
+    form = await request.form(max_part_size=config.max_body_bytes + images.room(config.max_image_bytes))
     fields = {}
     for key, item in form.multi_items():
         if isinstance(item, UploadFile):
@@ -180,47 +229,37 @@ def _preview_url(job_id: str) -> str:
     return f"/jobs/{job_id}/preview"
 
 
-class _FormRoute(APIRoute):
-    """Matches multipart bodies only; any other request goes on to the next route of its path."""
-
-    def matches(self, scope):
-        match, child_scope = super().matches(scope)
-        if match == Match.FULL and _media_type(Headers(scope=scope)) != MULTIPART:
-            return Match.NONE, {}
-        return match, child_scope
-
-
-async def generate_form(request: Request, idempotency_key: Annotated[str | None, Header()] = None):
-    fields = await form_fields(request, "image")
-    image = fields.pop("image", None)  # a file's bytes, or a data URL as text
-    try:
-        body = GenerateBody.model_validate(fields, strict=False)  # form values are text: "17" is 17
-    except ValidationError as e:  # in FastAPI's own shape, as the JSON route answers
-        errors = e.errors(include_url=False)
-        raise RequestValidationError([err | {"loc": ("body", *err["loc"])} for err in errors]) from None
-    return await run_in_threadpool(_generate, svc(request), body, image, idempotency_key)
-
-
-# before the JSON route, which takes whatever this one does not match
-router.add_api_route(
-    "/generate",
-    generate_form,
-    methods=["POST"],
-    status_code=202,
-    include_in_schema=False,
-    route_class_override=_FormRoute,
-)
-
-
 @router.post(
     "/generate",
     status_code=202,
-    dependencies=[Depends(generate_body)],
     responses=responses(400, 401, 409, 413, 415, 422, 429, 503),
-    openapi_extra=_FORM_BODY,
+    openapi_extra=_GENERATE_BODY,
 )
-def generate(request: Request, body: GenerateBody, idempotency_key: Annotated[str | None, Header()] = None):
-    return _generate(svc(request), body, body.image, idempotency_key)
+async def generate(request: Request, idempotency_key: Annotated[str | None, Header()] = None):
+    form = media_type(request, *_GENERATE_TYPES) == MULTIPART
+    if form:
+        fields = await form_fields(request, "image")
+        image = fields.pop("image", None)  # a file's bytes, or a data URL as text
+    else:
+        fields = await _json_fields(request)
+    try:
+        body = GenerateBody.model_validate(fields, strict=not form)  # form values are text: "17" is 17
+    except ValidationError as e:  # in FastAPI's own shape
+        errors = e.errors(include_url=False)
+        raise RequestValidationError([err | {"loc": ("body", *err["loc"])} for err in errors]) from None
+    image = image if form else body.image
+    return await run_in_threadpool(_generate, svc(request), body, image, idempotency_key)
+
+
+async def _json_fields(request: Request):
+    """The JSON body, parsed off the event loop; unreadable JSON is a 422 as FastAPI words it."""
+    try:
+        return await run_in_threadpool(images.parse_json, await request.body())
+    except json.JSONDecodeError as e:
+        error = {"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error", "input": {}}
+        raise RequestValidationError([error]) from None
+    except (UnicodeDecodeError, RecursionError):  # not UTF-8/16/32, or nested past Python's recursion limit
+        raise HTTPException(400, "There was an error parsing the body") from None
 
 
 def _generate(services: Services, body: GenerateBody, image: bytes | str | None, idempotency_key: str | None):
@@ -273,7 +312,11 @@ def video_file(request: Request, job_id: str) -> FileResponse:
     return FileResponse(services.video_path(job), media_type="video/mp4", filename=f"{job.id}.mp4")
 
 
-@router.get("/jobs/{job_id}/video", response_class=FileResponse, responses=VIDEO | responses(401, 404, 503))
+_VIDEO_ROUTE = {"response_class": FileResponse, "responses": VIDEO | responses(401, 404, 503)}
+
+
+@router.get("/jobs/{job_id}/video", **_VIDEO_ROUTE)
+@router.head("/jobs/{job_id}/video", **_VIDEO_ROUTE)  # a download's size and type before the download
 def get_video(request: Request, job_id: str):
     return video_file(request, job_id)
 
@@ -286,7 +329,11 @@ def preview_file(request: Request, job_id: str) -> Response:
     return Response(webp, media_type="image/webp", headers={"Cache-Control": "no-store"})
 
 
-@router.get("/jobs/{job_id}/preview", response_class=Response, responses=PREVIEW | responses(401, 404, 503))
+_PREVIEW_ROUTE = {"response_class": Response, "responses": PREVIEW | responses(401, 404, 503)}
+
+
+@router.get("/jobs/{job_id}/preview", **_PREVIEW_ROUTE)
+@router.head("/jobs/{job_id}/preview", **_PREVIEW_ROUTE)
 def get_preview(request: Request, job_id: str):
     return preview_file(request, job_id)
 
@@ -299,8 +346,7 @@ def _current_view(services: Services, job_id: str) -> dict | None:
 @router.get(
     "/jobs/{job_id}/events",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}}
-    | responses(401, 404, 503),
+    responses={200: {"content": {"text/event-stream": {"schema": _EVENT}}}} | responses(401, 404, 503),
 )
 def job_events(request: Request, job_id: str):
     """Server-Sent Events: a `progress` event whenever the job changes, a `preview` event ({"step", "url"})

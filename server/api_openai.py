@@ -11,7 +11,6 @@ part (what the SDK sends) or a data URL, checked as /generate checks `image`.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from typing import Annotated, Literal
@@ -20,7 +19,19 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
-from server.api_jobs import PREVIEW, VIDEO, form_fields, media_type, preview_file, svc, video_file
+from server import images
+from server import limits as limits_mod
+from server.api_jobs import (
+    PREVIEW,
+    PROMPT_PATTERN,
+    TEXT_PATTERN,
+    VIDEO,
+    form_fields,
+    media_type,
+    preview_file,
+    svc,
+    video_file,
+)
 from server.jsonsafe import shown
 from server.openai_errors import responses
 from server.services import MAX_PROMPT_CHARS, Services, text_field, unprocessable
@@ -32,16 +43,18 @@ _FIELDS = {"prompt", "model", "seconds", "size", _IMAGE}
 # ASCII digits only, the whole string (`\d` takes any script's digits; `$` lets a final newline through).
 _SIZE = re.compile(r"([0-9]{1,5})x([0-9]{1,5})")
 _SECONDS = re.compile(r"[0-9]{1,4}(\.[0-9]{1,6})?")
+# The document's `seconds`: what `_seconds` takes, (0, 3600] (not 0, below 3600 or 3600 itself)
+_SECONDS_RULE = r"^(?!0+(\.0+)?$)(([0-9]{1,3}|[0-2][0-9]{3}|3[0-5][0-9]{2})(\.[0-9]{1,6})?|3600(\.0{1,6})?)$"
 MAX_MODEL_CHARS = 256
 _FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")
 _FORM_SCHEMA = {
     "type": "object",
     "required": ["prompt"],
     "properties": {
-        "prompt": {"type": "string", "minLength": 1, "maxLength": MAX_PROMPT_CHARS},
-        "model": {"type": "string", "maxLength": MAX_MODEL_CHARS},
-        "seconds": {"type": "string", "pattern": f"^{_SECONDS.pattern}$"},
-        "size": {"type": "string", "pattern": f"^{_SIZE.pattern}$"},
+        "prompt": {"type": "string", "maxLength": MAX_PROMPT_CHARS, "pattern": PROMPT_PATTERN},
+        "model": {"type": "string", "maxLength": MAX_MODEL_CHARS, "pattern": TEXT_PATTERN},
+        "seconds": {"type": "string", "pattern": _SECONDS_RULE},
+        "size": {"type": "string", "pattern": f"^(?!0+x)(?!.*x0+$){_SIZE.pattern}$"},  # no side of 0
         _IMAGE: {"type": "string", "format": "binary", "description": "PNG, JPEG or WebP; or a data URL"},
     },
     "additionalProperties": False,
@@ -49,7 +62,12 @@ _FORM_SCHEMA = {
 _JSON_SCHEMA = _FORM_SCHEMA | {
     "properties": _FORM_SCHEMA["properties"]
     | {
-        "seconds": {"anyOf": [_FORM_SCHEMA["properties"]["seconds"], {"type": "number"}]},
+        "seconds": {
+            "anyOf": [
+                _FORM_SCHEMA["properties"]["seconds"],
+                {"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
+            ]
+        },
         _IMAGE: {"type": "string", "description": "a data URL: data:image/png;base64,..."},
     }
 }
@@ -58,6 +76,17 @@ _CREATE_BODY = {
     "content": {"application/json": {"schema": _JSON_SCHEMA}}
     | {kind: {"schema": _FORM_SCHEMA} for kind in _FORMS},
 }
+
+
+def schema_with_limits(document: dict, limits: dict) -> dict:
+    """The OpenAPI document (a copy: api_jobs.schema_with_limits) without `input_reference` when the loaded
+    model is text-to-video and refuses one."""
+    if "image" in limits and not limits_mod.accepts_image(limits["image"]):
+        for media in document["paths"]["/v1/videos"]["post"]["requestBody"]["content"].values():
+            media["schema"] = media["schema"] | {
+                "properties": {k: v for k, v in media["schema"]["properties"].items() if k != _IMAGE}
+            }
+    return document
 
 
 def _snap(value: float, spec: dict) -> int:
@@ -136,8 +165,8 @@ async def _create_fields(request: Request) -> dict:
     if media_type(request, "application/json", *_FORMS) in _FORMS:
         fields = await form_fields(request, _IMAGE)
     else:
-        try:
-            fields = json.loads(await request.body())
+        try:  # off the event loop, the data URL cut out (images.parse_json)
+            fields = await run_in_threadpool(images.parse_json, await request.body())
         except (ValueError, RecursionError):  # RecursionError: nested past Python's recursion limit
             raise HTTPException(400, "body must be a JSON object (valid JSON, not nested deeply)") from None
         if not isinstance(fields, dict):
@@ -208,12 +237,15 @@ def delete_video(request: Request, video_id: str):
     return {"id": job.id, "object": "video.deleted", "deleted": True}
 
 
-@router.get(
-    "/{video_id}/content",
-    response_class=FileResponse,
-    responses={200: {"content": VIDEO[200]["content"] | PREVIEW[200]["content"]}}
+_CONTENT_ROUTE = {
+    "response_class": FileResponse,
+    "responses": {200: {"content": VIDEO[200]["content"] | PREVIEW[200]["content"]}}
     | responses(401, 404, 422, 503, openai=True),
-)
+}
+
+
+@router.get("/{video_id}/content", **_CONTENT_ROUTE)
+@router.head("/{video_id}/content", **_CONTENT_ROUTE)
 def video_content(request: Request, video_id: str, variant: Literal["video", "thumbnail"] = "video"):
     """`variant=thumbnail`: the latest live preview as a WebP, while the job runs and after it ends."""
     if variant == "thumbnail":

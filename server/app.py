@@ -8,7 +8,7 @@ import threading
 
 from fastapi import FastAPI
 
-from server import api_jobs, api_openai, api_ops, api_web, openai_errors, videos
+from server import api_jobs, api_openai, api_ops, api_web, images, openai_errors, videos
 from server.config import ServeConfig
 from server.jsonsafe import SafeJSONResponse
 from server.middleware import GuardMiddleware
@@ -52,16 +52,16 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
 
     def openapi() -> dict:
         """FastAPI's document (built once) with the limits the workers published, as of this request."""
-        return api_jobs.schema_with_limits(FastAPI.openapi(app), services.worker_info().get("limits", {}))
+        limits = services.worker_info().get("limits", {})
+        document = api_jobs.schema_with_limits(FastAPI.openapi(app), limits)
+        return api_openai.schema_with_limits(document, limits)
 
     app.openapi = openapi
-    # an image rides in the submit routes' bodies: as a data URL it is 4/3 of its bytes, plus form headers
-    upload = -(-4 * config.max_image_bytes // 3) + 4096
     app.add_middleware(
         GuardMiddleware,
         api_key=config.api_key,
         max_body_bytes=config.max_body_bytes,
-        upload_bytes=upload,
+        upload_bytes=images.room(config.max_image_bytes),  # an image rides in the submit routes' bodies
         upload_paths=("/generate", "/v1/videos"),
         public_paths=("/health", *api_web.PAGE_FILES),  # the page loads without a key; its API calls need one
     )

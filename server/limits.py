@@ -77,9 +77,7 @@ def fixed_steps(spec: dict) -> str:
 
 
 def image_rule(spec: dict) -> str:
-    """What a published `image` entry asks of a request, in words."""
-    if not _accepts_image(spec):
-        return "not accepted: the model is text-to-video"
+    """What a published `image` entry of a model that takes one asks of a request, in words."""
     need = "required" if spec["required"] else "optional (without one the model generates from the text)"
     return (
         f"{need}: the model's first frame, {', '.join(spec['formats'])} of at most {spec['max_bytes']} "
@@ -87,7 +85,7 @@ def image_rule(spec: dict) -> str:
     )
 
 
-def _accepts_image(spec: dict) -> bool:
+def accepts_image(spec: dict) -> bool:
     return spec["required"] or spec.get("optional", False)  # limits published before `optional` lack it
 
 
@@ -114,6 +112,6 @@ def check(request: dict, limits: dict) -> list[tuple[str, str]]:
     image, given = limits.get("image"), request.get("image") is not None
     if image is not None and image["required"] and not given:
         errors.append(("image", "the model generates from a first-frame image: send one (PNG, JPEG or WebP)"))
-    elif image is not None and given and not _accepts_image(image):
+    elif image is not None and given and not accepts_image(image):
         errors.append(("image", "the model is text-to-video: it takes no image"))
     return errors

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import re
 
 from server.openai_errors import error_response
 
@@ -11,11 +12,45 @@ async def _send_json(scope, send, status: int, detail: str, headers: dict | None
     await error_response(scope["path"], status, detail, headers)(scope, None, send)
 
 
+_FORMS = (b"multipart/form-data", b"application/x-www-form-urlencoded")
+
+
+class _DataUrlRoom:
+    """Whether a JSON body owes all it has past `plain` bytes to one string value starting `"data:`: the
+    rest must fit in `plain` (the guard's total limit bounds the string). Fed the body as it grows; scans
+    each byte once."""
+
+    _START = re.compile(rb':\s*"data:')  # a value: inside a JSON string the quote would be escaped
+
+    def __init__(self, plain: int):
+        self.plain = plain
+        self.start = self.end = None  # the data URL's quotes
+        self.scanned = 0
+
+    def fits(self, body: bytearray) -> bool:
+        if len(body) <= self.plain:
+            return True
+        if self.start is None:
+            match = self._START.search(body, 0, self.plain + 16)
+            if match is None:
+                return False
+            self.start = self.scanned = match.end() - len(b'"data:')
+        if self.end is None:
+            end = body.find(b'"', self.scanned + 1)
+            if end == -1:
+                self.scanned = len(body) - 1
+                return True
+            self.end = end
+        return len(body) - (self.end + 1 - self.start) <= self.plain
+
+
 class GuardMiddleware:
     """Every route but `public_paths` (/health, the web page's files) needs `Authorization: Bearer <key>`
     when a key is set; larger bodies get 413.
     A POST to one of `upload_paths` (the submit routes, which may carry an image) may be `upload_bytes`
-    larger.
+    larger, for the image alone: a form's parser bounds each part (api_jobs.form_fields), any other body
+    (JSON) is read here and may pass `max_body_bytes` only by one data URL string (`_DataUrlRoom`), so a
+    large body without an image is refused after `max_body_bytes`, never read or parsed whole.
 
     A body without Content-Length is read here up to the limit and handed on, so the app never sees an
     oversized body whatever the client declares.
@@ -54,26 +89,34 @@ class GuardMiddleware:
                 )
         limit = self._limit(scope)
         length = headers.get(b"content-length")
-        if length is not None:
-            if not length.isdigit():
-                return await _send_json(scope, send, 400, "invalid Content-Length")
-            if int(length) > limit:
-                return await _send_json(scope, send, 413, f"request body is larger than {limit} bytes")
+        if length is not None and not length.isdigit():
+            return await _send_json(scope, send, 400, "invalid Content-Length")
+        if length is not None and int(length) > limit:
+            return await _send_json(scope, send, 413, f"request body is larger than {limit} bytes")
+        form = headers.get(b"content-type", b"").split(b";")[0].strip().lower() in _FORMS
+        plain = self.max_body_bytes
+        room = None if form or limit == plain else _DataUrlRoom(plain)
+        if length is not None and (room is None or int(length) <= plain):
             return await self.app(scope, receive, send)
-        if scope["method"] in ("GET", "HEAD", "DELETE"):
+        if length is None and scope["method"] in ("GET", "HEAD", "DELETE"):
             return await self.app(scope, receive, send)
-        chunks, size = [], 0
+        body = bytearray()
         while True:
             message = await receive()
             if message["type"] != "http.request":
                 return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > limit:
+            body += message.get("body", b"")
+            if len(body) > limit:
                 return await _send_json(scope, send, 413, f"request body is larger than {limit} bytes")
+            if room is not None and not room.fits(body):
+                detail = (
+                    f"request body is larger than {plain} bytes; only an image, one data URL "
+                    f"(data:image/png;base64,...), may take it up to {limit}"
+                )
+                return await _send_json(scope, send, 413, detail)
             if not message.get("more_body"):
                 break
-        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+        replay = [{"type": "http.request", "body": bytes(body), "more_body": False}]
 
         async def replay_receive():
             return replay.pop() if replay else await receive()

@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from server.jsonsafe import SafeJSONResponse
 from server.store import StoreBusy
@@ -90,6 +91,21 @@ def _validation_errors(errors) -> list[dict]:
     return out
 
 
+def _allowed_methods(request: Request) -> str:
+    """Every method some route takes on the request's path."""
+    methods = set()
+    for route in _routes(request.app.router.routes):
+        if route.matches(request.scope)[0] != Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
+
+
+def _routes(routes):
+    for route in routes:
+        router = getattr(route, "original_router", None)  # FastAPI's include_router keeps the router whole
+        yield from (route,) if router is None else _routes(router.routes)
+
+
 def install(app: FastAPI) -> None:
     def busy(request: Request, message: str = STORE_BUSY) -> SafeJSONResponse:
         return error_response(request.scope["path"], 503, message, {"Retry-After": "1"})
@@ -99,7 +115,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException):
-        return error_response(request.scope["path"], exc.status_code, exc.detail, exc.headers)
+        headers = exc.headers
+        if exc.status_code == 405:  # Starlette's Allow names the first route of the path only
+            headers = (headers or {}) | {"Allow": _allowed_methods(request)}
+        return error_response(request.scope["path"], exc.status_code, exc.detail, headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from fastapi import HTTPException
 
-from dit.image import ImageError, ImageTooLarge, UnsupportedFormat, decode, encode_png, from_data_url
+from dit.image import ImageError, ImageTooLarge, UnsupportedFormat
+from server import images, videos
 from server import limits as limits_mod
-from server import videos
 from server.config import ServeConfig
 from server.jsonsafe import shown
 from server.store import IdempotencyConflict, Job, JobStore, QueueFull
@@ -133,7 +133,7 @@ class Services:
         body: dict,
     ) -> tuple[Job, bool]:
         """Queue a job for `spec` with its first-frame `image` (a file's bytes or a data URL; errors name
-        `image_field`), kept as a PNG beside the job and described in its request. An Idempotency-Key
+        `image_field`), kept as sent beside the job and described in its request. An Idempotency-Key
         belongs to its route family (`scope`) and to the request `body` (and image) it first came with: the
         same body replays the job, another one is a 409."""
         self.check_prompts(spec)
@@ -146,13 +146,13 @@ class Services:
         if queued >= self.config.max_queue:
             raise self._queue_full(queued)
         if image is not None:  # decoded only now: cheaper refusals come first
-            png, described = self._input_image(image_field, image)
+            data, media_type, described = self._input_image(image_field, image)
             spec, body = spec | {"image": described}, body | {"image": described}
         key = None if idempotency_key is None else f"{scope}:{idempotency_key}"
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
         job_id, created = uuid.uuid4().hex, False
         if image is not None:  # in place before the job exists, so no worker claims it without its image
-            videos.write_input(self.config.videos_dir, job_id, png)
+            videos.write_input(self.config.videos_dir, job_id, data, media_type)
         try:
             job, created = self.store.create(
                 spec, meta=meta, idempotency_key=key, request_hash=digest, job_id=job_id,
@@ -171,20 +171,13 @@ class Services:
                 videos.remove_input(self.config.videos_dir, job_id)
         return job, created
 
-    def _input_image(self, name: str, image: bytes | str) -> tuple[bytes, dict]:
-        """A client's image checked and decoded (413: too many bytes or pixels, 415: not PNG, JPEG or WebP,
-        422: not an image, naming `name`) → (its pixels as PNG, what the job's request shows instead)."""
+    def _input_image(self, name: str, image: bytes | str) -> tuple[bytes, str, dict]:
+        """`images.take`; 413: too many bytes or pixels, 415: not PNG, JPEG or WebP, 422: not an image,
+        naming `name`."""
         try:
-            data = image if isinstance(image, bytes) else from_data_url(image)
-            pixels = decode(data, self.config.image_limits)
+            return images.take(image, self.config.image_limits)
         except ImageError as e:
             raise HTTPException(_IMAGE_STATUS.get(type(e), 422), [_error(name, str(e))]) from None
-        height, width, _ = pixels.shape
-        return encode_png(pixels), {
-            "width": width,
-            "height": height,
-            "sha256": hashlib.sha256(data).hexdigest(),
-        }
 
     def _queue_full(self, queued: int) -> HTTPException:
         return HTTPException(

@@ -1,6 +1,7 @@
 """The results folder: finished MP4s named `<job id>.mp4`, written as `<job id>.partial.mp4` first, and in its
-`inputs/` folder the first-frame image of each image-to-video job, `<job id>.png`, written before the job is
-queued and kept beside it (the worker reads it when it claims the job, again if the job is re-queued).
+`inputs/` folder the first-frame image of each image-to-video job, the bytes the client sent as
+`<job id>.png`, `.jpg` or `.webp`, written before the job is queued and kept beside it (the worker reads it
+when it claims the job, again if the job is re-queued).
 
 At start-up `sweep` removes what no route can reach or remove any more: the MP4 of a job that was deleted or
 did not complete (a worker that died between writing the file and recording the job), partial files of
@@ -27,6 +28,8 @@ import os
 from server.store import Job, JobStore
 
 PARTIAL_SUFFIX = ".partial.mp4"
+_INPUT_SUFFIXES = {"image/png": ".png", "image/jpeg": ".jpg", "image/webp": ".webp"}  # PNG first: earlier
+# versions kept every input as a PNG
 log = logging.getLogger("ithaca.videos")
 
 
@@ -48,16 +51,23 @@ def missing_video(config, job: Job) -> str:
 
 
 def input_path(videos_dir: str, job_id: str) -> str:
-    return os.path.join(videos_dir, "inputs", f"{job_id}.png")
+    """The job's input image; its PNG name when it has none (gone, or not written yet)."""
+    paths = [_input_name(videos_dir, job_id, suffix) for suffix in _INPUT_SUFFIXES.values()]
+    return next((path for path in paths if os.path.exists(path)), paths[0])
 
 
-def write_input(videos_dir: str, job_id: str, png: bytes) -> None:
-    path = input_path(videos_dir, job_id)
-    _write_atomic(path, path + ".partial", png)  # the worker never reads a half-written file
+def write_input(videos_dir: str, job_id: str, data: bytes, media_type: str) -> None:
+    path = _input_name(videos_dir, job_id, _INPUT_SUFFIXES[media_type])
+    _write_atomic(path, path + ".partial", data)  # the worker never reads a half-written file
 
 
 def remove_input(videos_dir: str, job_id: str) -> None:
-    _remove(input_path(videos_dir, job_id))
+    for suffix in _INPUT_SUFFIXES.values():
+        _remove(_input_name(videos_dir, job_id, suffix))
+
+
+def _input_name(videos_dir: str, job_id: str, suffix: str) -> str:
+    return os.path.join(videos_dir, "inputs", job_id + suffix)
 
 
 def preview_path(videos_dir: str, job_id: str) -> str:
@@ -129,7 +139,13 @@ def sweep(store: JobStore, videos_dir: str) -> list[str]:
     known = not store.is_empty()
     return (
         _sweep(store, videos_dir, ".mp4", "MP4(s)", _unreachable_video)
-        + _sweep(store, os.path.join(videos_dir, "inputs"), ".png", "input image(s)", _unreachable_input)
+        + _sweep(
+            store,
+            os.path.join(videos_dir, "inputs"),
+            tuple(_INPUT_SUFFIXES.values()),
+            "input image(s)",
+            _unreachable_input,
+        )
         + _sweep(
             store, os.path.join(videos_dir, "previews"), ".webp", "preview(s)", _unreachable_preview, known
         )
@@ -145,7 +161,7 @@ def sweep(store: JobStore, videos_dir: str) -> list[str]:
 
 
 def _sweep(
-    store: JobStore, folder: str, suffix: str, kind: str, unreachable, drop_unknown=False
+    store: JobStore, folder: str, suffix: str | tuple, kind: str, unreachable, drop_unknown=False
 ) -> list[str]:
     try:
         names = sorted(n for n in os.listdir(folder) if n.endswith(suffix))
@@ -153,7 +169,8 @@ def _sweep(
         return []
     removed, unknown = [], []
     for name in names:
-        job_id = name.removesuffix(PARTIAL_SUFFIX if name.endswith(PARTIAL_SUFFIX) else suffix)
+        partial = name.endswith(PARTIAL_SUFFIX)
+        job_id = name.removesuffix(PARTIAL_SUFFIX) if partial else os.path.splitext(name)[0]
         job = store.get(job_id, include_deleted=True)
         if job is None and not drop_unknown:
             unknown.append(name)

@@ -1,9 +1,8 @@
-"""dit/image.py: the first-frame image of an image-to-video model, decoded from a client's bytes (formats,
-orientation, modes, limits, decompression bombs) and fitted to a video's size."""
+"""dit/image.py: the first-frame image of an image-to-video model, checked or decoded from a client's bytes
+(formats, orientation, modes, limits, decompression bombs, broken files) and fitted to a video's size."""
 
 from __future__ import annotations
 
-import base64
 import io
 import struct
 import warnings
@@ -18,10 +17,9 @@ from dit.image import (
     ImageLimits,
     ImageTooLarge,
     UnsupportedFormat,
+    check,
     decode,
-    encode_png,
     fit,
-    from_data_url,
     read,
 )
 
@@ -139,41 +137,42 @@ def test_not_an_image(data):
         decode(data, LIMITS)
 
 
-def test_a_truncated_image_fails_when_decoded():
-    data = _bytes(Image.fromarray(_gradient(64, 64)), "PNG")
-    with pytest.raises(ImageError, match="cannot be decoded"):
-        decode(data[: len(data) // 2], LIMITS)
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])  # a WebP is read whole when opened: "not an image"
+def test_a_truncated_image_fails_when_checked_or_decoded(fmt):
+    data = _bytes(Image.fromarray(_gradient(256, 256)), fmt)  # cut in its pixels, past the header
+    for step in (check, decode):
+        with pytest.raises(ImageError, match="cannot be decoded"):
+            step(data[: len(data) // 2], LIMITS)
 
 
-def test_png_round_trip_and_read(tmp_path):
+def test_check_tells_what_decode_would_make():
+    exif = Image.Exif()
+    exif[0x0112] = 6  # a quarter turn: 40×20 as stored, 20×40 upright
+    for fmt, media_type, options in [
+        ("PNG", "image/png", {}),
+        ("WEBP", "image/webp", {}),
+        ("JPEG", "image/jpeg", {"exif": exif}),
+        ("MPO", "image/jpeg", {}),
+    ]:
+        data = _bytes(Image.fromarray(_gradient(20, 40)), fmt, **options)
+        height, width, _ = decode(data, LIMITS).shape
+        assert check(data, LIMITS) == (media_type, width, height), fmt
+    with pytest.raises(ImageTooLarge, match="at most 99 pixels"):
+        check(_bytes(Image.new("RGB", (10, 10)), "PNG"), ImageLimits(max_pixels=99))
+    with pytest.raises(UnsupportedFormat, match="GIF"):
+        check(_bytes(Image.new("RGB", (8, 8)), "GIF"), LIMITS)
+
+
+def test_read(tmp_path):
     pixels = _gradient(30, 50)
     path = tmp_path / "a.png"
-    path.write_bytes(encode_png(pixels))
+    path.write_bytes(_bytes(Image.fromarray(pixels), "PNG"))
     assert np.array_equal(read(path), pixels)
     with pytest.raises(ImageError, match="cannot read .*missing.png: No such file"):
         read(tmp_path / "missing.png")
     path.write_bytes(b"junk")
     with pytest.raises(ImageError, match="cannot read .*a.png: the data is not an image"):
         read(path)
-
-
-def test_data_urls():
-    data = _bytes(Image.new("RGB", (4, 4)), "PNG")
-    encoded = base64.b64encode(data).decode()
-    assert from_data_url(f"data:image/png;base64,{encoded}") == data
-    assert from_data_url(f"DATA:Image/JPEG;base64,{encoded}") == data  # the media type is only checked
-    with pytest.raises(UnsupportedFormat, match="image/gif"):
-        from_data_url(f"data:image/gif;base64,{encoded}")
-    for bad, says in [
-        ("https://example.com/a.png", "must be a data URL"),
-        (b"data:image/png;base64,AAAA", "must be a data URL"),
-        ("data:image/png,rawtext", "base64-encoded"),
-        ("data:image/png;base64,@@@@", "invalid base64"),
-        ("data:image/png;base64,AAA", "invalid base64"),  # bad padding
-    ]:
-        with pytest.raises(ImageError, match=says) as e:
-            from_data_url(bad)
-        assert type(e.value) is ImageError
 
 
 def test_fit_covers_then_centre_crops():

@@ -1,16 +1,18 @@
 """The first-frame image of an image-to-video model through the server: /generate (multipart file part or a
 data URL in JSON) and /v1/videos (`input_reference`), the checks at the door (413, 415, 422 naming the
-field), the PNG kept beside the job and removed with it, and the worker handing the pixels to every rank.
-In-process (the ASGI app, no worker group, an image-to-video model's limits published as a worker would)
-for the routes; one real server running the FAKE PIPELINE as an image-to-video model (ITHACA_FAKE_I2V=1) for
-the worker's side."""
+field), the image kept as sent beside the job and removed with it, and the worker handing the pixels to
+every rank. In-process (the ASGI app, no worker group, an image-to-video model's limits published as a
+worker would) for the routes; one real server running the FAKE PIPELINE as an image-to-video model
+(ITHACA_FAKE_I2V=1) for the worker's side."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import hashlib
 import io
+import json
 import os
 
 import numpy as np
@@ -18,12 +20,13 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from dit.image import ImageLimits, read
+from dit.image import ImageError, ImageLimits, UnsupportedFormat, read
 from dit.pipeline import TINY_LIMITS
 from dit.video import read_mp4
-from server import limits, videos
+from server import images, limits, videos
 from server.app import create_app
 from server.config import ServeConfig
+from server.middleware import GuardMiddleware
 from server.store import JobStore
 from tests.server_process import FAKE, ServerProcess, wait_until
 
@@ -89,7 +92,7 @@ def _error(r) -> tuple[str, str]:
 # -- submitting an image -------------------------------------------------------------------------------------
 
 
-def test_multipart_and_data_url_submits_keep_a_png_and_describe_it(i2v, tmp_path):
+def test_multipart_and_data_url_submits_keep_the_image_and_describe_it(i2v, tmp_path):
     form = i2v.post("/generate", data={"prompt": "fox", "num_frames": "9"}, files={"image": ("a.png", PNG)})
     assert form.status_code == 202, form.text
     assert form.json()["request"] == {
@@ -120,16 +123,124 @@ def test_the_submit_routes_leave_room_for_an_image_in_the_body(i2v, tmp_path):
     assert r.status_code in (200, 202), r.text
     r = i2v.post("/jobs/x/cancel", content=b"x" * 70000, headers={"content-type": "application/json"})
     assert r.status_code == 413, r.text
+    # a data URL in a form's text part, as long as one (Starlette's own limit on a part is 1 MB, ours 64 KiB)
+    r = i2v.post("/generate", files={"prompt": (None, "fox"), "image": (None, _data_url(big))})
+    assert r.status_code == 202 and r.json()["request"]["image"]["width"] == 180, r.text
+    for form in (
+        {"data": {"prompt": "fox", "input_reference": _data_url(big)}},
+        {"files": {"prompt": (None, "fox"), "input_reference": (None, _data_url(big))}},
+    ):
+        r = i2v.post("/v1/videos", **form)
+        assert r.status_code == 200, r.text
 
 
-def test_jpeg_and_webp_are_taken_and_stored_as_png(i2v, tmp_path):
-    for fmt, media_type in (("JPEG", "image/jpeg"), ("WEBP", "image/webp")):
-        r = i2v.post(
-            "/generate", json={"prompt": "fox", "image": _data_url(_encoded(_stripes(), fmt), media_type)}
-        )
+def test_a_json_body_may_pass_the_body_limit_by_its_image_alone(i2v):
+    """Past --max-body-bytes (64 KiB), a JSON body owes the rest to one data URL, wherever it stands."""
+    url = _data_url(_encoded(np.random.default_rng(3).integers(0, 256, (180, 180, 3), dtype=np.uint8)))
+    assert len(url) > 65536
+    for body in (
+        {"prompt": "fox", "image": url, "seed": 1},
+        {"image": url, "prompt": "fox"},
+    ):
+        assert i2v.post("/generate", json=body).status_code == 202
+    assert i2v.post("/v1/videos", json={"prompt": "fox", "input_reference": url}).status_code == 200
+    for body in (
+        {"prompt": "x" * 70_000},  # no image
+        {"prompt": "fox", "image": url, "negative_prompt": "y" * 66_000},  # an image, and more
+        {"prompt": 'a: "data:' + "x" * 70_000 + '"'},  # quoted inside a string: no value of its own
+    ):
+        for path in ("/generate", "/v1/videos"):
+            r = i2v.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
+            assert r.status_code == 413 and "only an image" in r.text, (path, r.text)
+
+
+def test_a_large_json_body_is_parsed_with_its_data_url_cut_out(monkeypatch):
+    """The parser walks the fields around a large body's data URL, not the image: json.loads' result."""
+    url = "data:image/png;base64," + "A" * 2_000_000
+    parsed, loads = [], json.loads
+    monkeypatch.setattr(images.json, "loads", lambda text: parsed.append(len(text)) or loads(text))
+    for body in (
+        {"prompt": "fox", "image": url, "seed": 1},
+        {"image": url},
+        {"prompt": 'a: "data:' + "x" * 1000 + '"', "image": url},  # a quoted data: inside a string first
+        {"input_reference": url, "model": "m"},
+    ):
+        text = json.dumps(body).encode()
+        assert images.parse_json(text) == body and max(parsed[-1:]) < 2000, body
+    for text in (  # escaped, not ASCII, nested, not an object: parsed whole, still right
+        json.dumps({"image": url.replace("base64,", "base64\\/,")}).encode(),
+        json.dumps({"image": url + "ÿ"}, ensure_ascii=False).encode(),
+        json.dumps({"image": [url]}).encode(),
+        json.dumps([url]).encode(),
+    ):
+        assert images.parse_json(text) == json.loads(text)
+
+
+def test_a_large_body_without_an_image_is_refused_unread():
+    """The guard reads a JSON body without an image up to the plain limit and a chunk, not the 27 MB."""
+    reads, sent = [], []
+
+    async def receive():
+        reads.append(1)
+        return {"type": "http.request", "body": b'{"prompt": "' + b"x" * 65536, "more_body": True}
+
+    async def send(message):
+        sent.append(message)
+
+    async def app(scope, receive, send):
+        raise AssertionError("the app got the body")
+
+    guard = GuardMiddleware(
+        app, api_key=None, max_body_bytes=65536, upload_bytes=28_000_000, upload_paths=("/generate",)
+    )
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/generate",
+        "headers": [(b"content-length", b"27000000"), (b"content-type", b"application/json")],
+    }
+    asyncio.run(guard(scope, receive, send))
+    assert sent[0]["status"] == 413 and len(reads) == 1  # its first 64 KiB chunk passes the limit
+
+
+def test_jpeg_and_webp_are_kept_as_sent(i2v, tmp_path):
+    """The bytes the client sent, named for their format: never re-encoded (a camera JPEG stays its size)."""
+    for fmt, media_type, suffix in (("JPEG", "image/jpeg", ".jpg"), ("WEBP", "image/webp", ".webp")):
+        data = _encoded(_stripes(), fmt)
+        r = i2v.post("/generate", json={"prompt": "fox", "image": _data_url(data, media_type)})
         assert r.status_code == 202, r.text
-        stored = read(videos.input_path(str(tmp_path / "videos"), r.json()["id"]))
+        path = videos.input_path(str(tmp_path / "videos"), r.json()["id"])
+        assert path.endswith(r.json()["id"] + suffix) and open(path, "rb").read() == data
+        stored = read(path)
         assert stored.shape == (40, 160, 3) and np.abs(stored.astype(int) - _stripes()).mean() < 10
+
+
+def test_data_urls():
+    data = _encoded(np.zeros((4, 4, 3), np.uint8))
+    encoded = base64.b64encode(data).decode()
+    assert images.from_data_url(f"data:image/png;base64,{encoded}") == data
+    assert images.from_data_url(f"DATA:Image/JPEG;base64,{encoded}") == data  # the media type is only checked
+    with pytest.raises(UnsupportedFormat, match="image/gif"):
+        images.from_data_url(f"data:image/gif;base64,{encoded}")
+    for bad, says in [
+        ("https://example.com/a.png", "must be a data URL"),
+        (b"data:image/png;base64,AAAA", "must be a data URL"),
+        ("data:image/png,rawtext", "base64-encoded"),
+        ("data:image/png;base64,@@@@", "invalid base64"),
+        ("data:image/png;base64,AAA", "invalid base64"),  # bad padding
+        ("data:image/png;base64,ÿÿÿÿ", "invalid base64"),  # not ASCII
+    ]:
+        with pytest.raises(ImageError, match=says) as e:
+            images.from_data_url(bad)
+        assert type(e.value) is ImageError
+
+
+def test_data_urls_are_decoded_in_pieces(monkeypatch):
+    monkeypatch.setattr(images, "_B64_CHUNK", 8)
+    data = bytes(range(256)) * 3 + b"x"  # ends in padding
+    assert images.from_data_url("data:image/png;base64," + base64.b64encode(data).decode()) == data
+    with pytest.raises(ImageError, match="invalid base64"):  # padding inside: one image's end, then more
+        images.from_data_url("data:image/png;base64,QUFBQQ==QUFB")  # each piece alone is valid
 
 
 def test_the_idempotency_key_covers_the_image(i2v, tmp_path):
@@ -155,6 +266,7 @@ WIDE = _encoded(np.zeros((400, 600, 3), np.uint8))  # 240 000 pixels in a few hu
         ("data:image/png;base64,aGVsbG8=", 422, "not an image"),
         ("https://example.com/a.png", 422, "must be a data URL"),
         ("data:image/png;base64,@@@", 422, "invalid base64"),
+        ("data:image/png;base64,ÿÿÿÿ", 422, "invalid base64"),
         ("data:image/gif;base64,R0lGODlh", 415, "send PNG, JPEG or WebP"),
         (GIF, 415, "the image is GIF"),
         (_data_url(NOISE), 413, "at most 100000 are accepted"),
@@ -163,10 +275,11 @@ WIDE = _encoded(np.zeros((400, 600, 3), np.uint8))  # 240 000 pixels in a few hu
 )
 def test_bad_images_are_refused_naming_the_field(i2v, tmp_path, image, status, says):
     """The same check on both routes and both ways of sending, in each route's error shape."""
-    raw = base64.b64decode(image.split(",")[1]) if image.startswith("data:image/png;base64,") else None
+    png_url = image.startswith("data:image/png;base64,") and says != "invalid base64"
+    raw = base64.b64decode(image.split(",")[1]) if png_url else None
     requests = [("/generate", {"json": {"prompt": "fox", "image": image}}, "image")]
     requests.append(("/v1/videos", {"json": {"prompt": "fox", "input_reference": image}}, "input_reference"))
-    if raw is not None and says != "invalid base64":
+    if raw is not None:
         requests.append(("/generate", {"data": {"prompt": "fox"}, "files": {"image": ("a", raw)}}, "image"))
         files = {"input_reference": ("a.png", raw)}
         requests.append(("/v1/videos", {"data": {"prompt": "fox"}, "files": files}, "input_reference"))
@@ -254,10 +367,11 @@ def test_sweep_removes_the_inputs_of_deleted_jobs_that_are_over(tmp_path):
     store.finish(gone.id, "w", "completed", video=f"{gone.id}.mp4")
     for job in (gone, running):
         store.cancel(job.id, delete=True)  # the running one may still be re-queued: its input stays
-    for job_id in (done.id, gone.id, running.id, "0" * 32):
-        videos.write_input(folder, job_id, b"png")
-    assert videos.sweep(store, folder) == [f"{gone.id}.png"]
-    assert _inputs(tmp_path) == sorted([f"{done.id}.png", f"{running.id}.png", "0" * 32 + ".png"])
+    for job_id, media_type in ((done.id, "image/png"), (gone.id, "image/jpeg"), (running.id, "image/webp")):
+        videos.write_input(folder, job_id, b"image", media_type)
+    videos.write_input(folder, "0" * 32, b"png", "image/png")
+    assert videos.sweep(store, folder) == [f"{gone.id}.jpg"]
+    assert _inputs(tmp_path) == sorted([f"{done.id}.png", f"{running.id}.webp", "0" * 32 + ".png"])
 
 
 def test_openapi_shows_the_image_field_and_its_rule(i2v):
@@ -323,7 +437,7 @@ def test_a_missing_or_corrupt_input_fails_the_job_not_the_group(server):
     folder = os.path.join(server.data_dir, "videos")
     restarts = server.client.get("/ready").json()["restarts"]
     corrupt = "c" * 32
-    videos.write_input(folder, corrupt, b"not a png")
+    videos.write_input(folder, corrupt, b"not a png", "image/png")
     store.create({"prompt": "fox", "image": DESCRIBED}, job_id=corrupt)
     missing, _ = store.create({"prompt": "fox", "image": DESCRIBED})
     for job_id, says in ((corrupt, "the data is not an image"), (missing.id, "No such file")):
