@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -205,6 +206,18 @@ def test_a_mistake_is_one_line_and_exit_code_2(tmp_path, argv, env, says):
     assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
     assert proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
     assert list(tmp_path.iterdir()) == []  # no server data dir, no video
+
+
+def test_serve_on_a_port_in_use_says_so_before_starting_workers(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = [ITHACA, "serve", "--host", "127.0.0.1", "--port", str(port)]
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"ithaca serve: error: --host 127.0.0.1 --port {port}: Address already in use\n"
+    assert list(tmp_path.iterdir()) == []  # no data dir: nothing started
 
 
 def test_degrees_are_checked_before_torchrun_starts(monkeypatch, capsys):
