@@ -112,6 +112,7 @@ def test_a_copied_model_folder_keeps_its_defaults(tmp_path, capsys):
         assert line.startswith(f"{folder / 'ithaca.json'}: ") and says in line, line
 
 
+@pytest.mark.slow
 def test_parity_two_ranks_prints_each_row_as_its_run_ends(tmp_path):
     argv = ["parity", "--nproc", "2", "--modes", "alltoall,cfg,hybrid", "--steps", "2", "--frames", "5",
             "--height", "32", "--width", "48", "--json"]  # fmt: skip
