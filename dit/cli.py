@@ -228,7 +228,9 @@ def add_subcommands(subparsers) -> None:
 def _pipeline_config(args, comm: str):
     from dit.pipeline import PipelineConfig
 
+    # preview_every 0: no one watches this run's previews, so the VAE is not decoded to fit their colour map
     return PipelineConfig(
+        preview_every=0,
         model=args.model_path or args.preset,
         device=args.device,
         dtype=args.dtype,
@@ -285,12 +287,32 @@ def _preflight(args, command: str, *, ulysses=None, ring=1, cfg=1, comm="alltoal
             ring=ring,
             cfg=cfg,
             loras=tuple(getattr(args, "lora", None) or ()),
+            request=_request(args),
         )
     except ValueError as e:
         if os.environ.get("RANK", "0") == "0":
             print(f"ithaca {command}: error: {e}", file=sys.stderr)
         return False
     return True
+
+
+def _request(args):
+    """The request the arguments ask for (the image apart: `read_image` reads it after the checks)."""
+    from dit.pipeline import GenerationRequest
+
+    return GenerationRequest(
+        prompt=args.prompt,
+        negative_prompt=args.negative_prompt,
+        num_frames=args.frames,
+        height=args.height,
+        width=args.width,
+        num_inference_steps=args.steps,
+        guidance_scale=args.guidance,
+        guidance_scale_2=args.guidance_2,
+        seed=args.seed,
+        fps=args.fps,
+        cache=args.cache,
+    )
 
 
 def read_image(path: str):
@@ -318,7 +340,7 @@ def run_generate(args) -> int:
     from tqdm import tqdm
 
     import parallel
-    from dit.pipeline import GenerationRequest, load_pipeline
+    from dit.pipeline import load_pipeline
     from dit.shape import launch_layout
     from dit.video import write_mp4
     from parallel.launch import number_ranks_by_node
@@ -339,19 +361,7 @@ def run_generate(args) -> int:
     mesh = parallel.init_parallel(ulysses=layout.ulysses, ring=layout.ring, cfg=layout.cfg, backend=backend)
     try:
         pipe = load_pipeline(_pipeline_config(args, args.comm), mesh)
-        request = GenerationRequest(
-            prompt=args.prompt,
-            negative_prompt=args.negative_prompt,
-            num_frames=args.frames,
-            height=args.height,
-            width=args.width,
-            num_inference_steps=args.steps,
-            guidance_scale=args.guidance,
-            guidance_scale_2=args.guidance_2,
-            seed=args.seed,
-            fps=args.fps,
-            cache=args.cache,
-        )
+        request = _request(args)
         try:
             if args.image is not None:
                 request = replace(request, image=read_image(args.image))

@@ -14,17 +14,17 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from diffusers import SchedulerMixin
 from torch import nn
 
 from dit import i2v
 from dit import vae as wan_vae
 from dit.loading import model_names, presets
-from dit.presets import SHIPPED, resolve
+from dit.model_card import apply_card
+from dit.presets import resolve
 from dit.sampling import (
     FIXED_SCHEDULE_SAMPLERS,
     SAMPLERS,
@@ -35,6 +35,9 @@ from dit.sampling import (
     sampler_of,
 )
 from dit.text_encoder import load_text_encoder, load_tokenizer
+
+if TYPE_CHECKING:
+    from diffusers import SchedulerMixin
 
 
 @dataclass(frozen=True)
@@ -95,9 +98,6 @@ TINY_LIMITS = Limits(
     max_steps=50,
     default_steps=8,
 )
-# The trained tiny model: the same freedom, its defaults what it was trained on (64×64, 17 frames) and the
-# step count and guidance measured best by bench/quality.py.
-TRAINED_TINY_LIMITS = replace(TINY_LIMITS, default_frames=17, default_steps=12, default_guidance=3.0)
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,21 @@ def pick_scheduler(
     flow_shift: float | None = None,
     timesteps: str | None = None,
 ) -> tuple[str, float, SchedulerMixin, FixedSchedule | None]:
-    """(sampler, flow shift, scheduler, fixed schedule or None) of a pipeline, decided here only. The sampler
+    """(sampler, flow shift, scheduler, fixed schedule or None) of a pipeline: `pick_sampling`'s choice with
+    its scheduler made (diffusers loads here)."""
+    sampler, flow_shift, own, schedule = pick_sampling(family, folder, sampler, flow_shift, timesteps)
+    return sampler, flow_shift, make_scheduler(sampler, flow_shift, own), schedule
+
+
+def pick_sampling(
+    family: PipelineFamily,
+    folder: Path | None,
+    sampler: str | None = None,
+    flow_shift: float | None = None,
+    timesteps: str | None = None,
+) -> tuple[str, float, dict | None, FixedSchedule | None]:
+    """(sampler, flow shift, the folder's scheduler config when its class is the one sampled else None, fixed
+    schedule or None) of a pipeline, decided here only (from JSON: no scheduler is made). The sampler
     is the user's, else the folder's `scheduler/` class (flow-match Euler with diffusers'
     `stochastic_sampling`: renoise), else the family's; the shift is the user's, else the folder's (UniPC
     calls it `flow_shift`, flow-match Euler `shift`; Wan 480p: 3, 720p: 5), else the family's. When the
@@ -215,7 +229,7 @@ def pick_scheduler(
         if sampler is None:
             raise ValueError(
                 f"{folder / 'scheduler'}: scheduler class {class_name!r} is not supported; supported: "
-                f"{', '.join(dict.fromkeys(cls.__name__ for cls in SCHEDULERS.values()))}; or pick a sampler "
+                f"{', '.join(dict.fromkeys(SCHEDULERS.values()))}; or pick a sampler "
                 f"({' | '.join(SAMPLERS)}) to sample with its default config"
             )
     if sampler is None:
@@ -238,17 +252,32 @@ def pick_scheduler(
             f"fixed timesteps {schedule} are sampled with {' or '.join(FIXED_SCHEDULE_SAMPLERS)}, not "
             f"{sampler}; pick one of those samplers"
         )
-    own = config if class_name == SCHEDULERS[sampler].__name__ else None
+    own = config if class_name == SCHEDULERS[sampler] else None
     if flow_shift is None and own is not None:  # a shift the config leaves out is its class's, as diffusers
         flow_shift = config_shift(sampler, own)
     elif flow_shift is None:
         flow_shift = config.get("flow_shift", config.get("shift", family.default_shift))
-    return sampler, flow_shift, make_scheduler(sampler, flow_shift, own), schedule
+    return sampler, flow_shift, own, schedule
+
+
+def model_limits(
+    family: PipelineFamily, folder: Path | None, model: str, channels: int, patch: tuple[int, ...]
+) -> Limits:
+    """A model's request limits as its configs tell them, before any weight loads (`load_pipeline` adds
+    what its tokenizer and weights tell): the family's, under the folder's own card (`dit.model_card`), the
+    frames in the VAE's time steps and the sizes in multiples of its space compression × the patch."""
+    base = apply_card(family.limits(folder, model), folder)
+    t, s = family.compression_of(folder, channels)
+    size_multiple = s * max(patch[1:])
+    return replace(
+        base,
+        frame_step=t,
+        min_size=-(-base.min_size // size_multiple) * size_multiple,  # the smallest multiple allowed
+        size_multiple=size_multiple,
+    )
 
 
 def _wan_limits(folder: Path | None, preset: str) -> Limits:
-    if folder is not None and folder.resolve() == SHIPPED["tiny"]:
-        return TRAINED_TINY_LIMITS
     return TINY_LIMITS if folder is None and preset.startswith("tiny-") else Limits()  # tiny-*-random
 
 

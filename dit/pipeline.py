@@ -14,11 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from diffusers import SchedulerMixin
 
 import dit
 import parallel
@@ -26,13 +25,16 @@ from dit.cache import CacheConfig, Evaluations, StepCache, real_tokens
 from dit.checkpoint import Checkpointing, DenoiseState
 from dit.compile import compile_blocks
 from dit.experts import HostOffload, boundary_ratio, second_source
-from dit.families import TINY_LIMITS, Limits, PipelineFamily, pick_scheduler, pipeline_family
+from dit.families import TINY_LIMITS, Limits, PipelineFamily, model_limits, pick_scheduler, pipeline_family
 from dit.i2v import FirstFrame, with_first_frame
 from dit.image import fit
 from dit.parallelize import set_comm
 from dit.presets import resolve
 from dit.preview import LatentPreview, PreviewCallback, fit_preview
 from dit.sampling import NUM_TRAIN_TIMESTEPS, Callback, GenerationCancelled, SecondExpert, denoise
+
+if TYPE_CHECKING:
+    from diffusers import SchedulerMixin
 
 __all__ = [
     "GenerationCancelled",
@@ -131,6 +133,47 @@ def _check_guidance(name: str, g, lim: Limits) -> None:
         raise ValueError(f"{name} must be between {lim.min_guidance} and {lim.max_guidance}, got {g!r}")
 
 
+def check_numbers(req: GenerationRequest, lim: Limits) -> GenerationRequest:
+    """The request's size, length, steps, guidance, fps and seed: None ones the model's defaults, each
+    checked against `lim` (ValueError naming the field). What `Pipeline.validate` checks first, and all
+    `dit.preflight` can check before the model loads."""
+    req = replace(
+        req,
+        num_frames=lim.default_frames if req.num_frames is None else req.num_frames,
+        height=lim.default_height if req.height is None else req.height,
+        width=lim.default_width if req.width is None else req.width,
+        num_inference_steps=lim.default_steps if req.num_inference_steps is None else req.num_inference_steps,
+        guidance_scale=lim.default_guidance if req.guidance_scale is None else req.guidance_scale,
+        fps=lim.default_fps if req.fps is None else req.fps,
+    )
+    step, mult = lim.frame_step, lim.size_multiple
+    _check_int(
+        "num_frames", req.num_frames, lim.min_frames, lim.max_frames, f"{step}k+1", step=step, offset=1
+    )
+    bad = []  # both named when both are wrong
+    for name in ("height", "width"):
+        try:
+            _check_int(name, getattr(req, name), lim.min_size, lim.max_size, step=mult)
+        except ValueError:
+            bad.append(name)
+    if bad:
+        got = " and ".join(repr(getattr(req, name)) for name in bad)
+        multiple = f"a multiple of {mult}" if len(bad) == 1 else f"multiples of {mult}"
+        raise ValueError(
+            f"{' and '.join(bad)} must be {multiple} between {lim.min_size} and {lim.max_size}, got {got}"
+        )
+    if lim.schedule is not None and req.num_inference_steps != lim.schedule.steps:
+        raise ValueError(
+            f"num_inference_steps must be {lim.schedule.steps}: the model's fixed schedule (timesteps "
+            f"{lim.schedule}) takes exactly that many, got {req.num_inference_steps!r}"
+        )
+    _check_int("num_inference_steps", req.num_inference_steps, lim.min_steps, lim.max_steps)
+    _check_int("fps", req.fps, lim.min_fps, lim.max_fps)
+    _check_int("seed", req.seed, 0, MAX_SEED)
+    _check_guidance("guidance_scale", req.guidance_scale, lim)
+    return req
+
+
 class Pipeline:
     def __init__(
         self,
@@ -174,35 +217,7 @@ class Pipeline:
         if lim.image_target_size and req.image is not None and req.height is None and req.width is None:
             height, width = self.family.video_size(req.image, lim.image_target_size)  # the image's own size
             req = replace(req, height=height, width=width)
-        req = replace(
-            req,
-            num_frames=lim.default_frames if req.num_frames is None else req.num_frames,
-            height=lim.default_height if req.height is None else req.height,
-            width=lim.default_width if req.width is None else req.width,
-            num_inference_steps=lim.default_steps
-            if req.num_inference_steps is None
-            else req.num_inference_steps,
-            guidance_scale=lim.default_guidance if req.guidance_scale is None else req.guidance_scale,
-            fps=lim.default_fps if req.fps is None else req.fps,
-        )
-        step = lim.frame_step
-        _check_int(
-            "num_frames", req.num_frames, lim.min_frames, lim.max_frames, f"{step}k+1", step=step, offset=1
-        )
-        for name in ("height", "width"):
-            mult = lim.size_multiple
-            _check_int(
-                name, getattr(req, name), lim.min_size, lim.max_size, f"a multiple of {mult}", step=mult
-            )
-        if lim.schedule is not None and req.num_inference_steps != lim.schedule.steps:
-            raise ValueError(
-                f"num_inference_steps must be {lim.schedule.steps}: the model's fixed schedule (timesteps "
-                f"{lim.schedule}) takes exactly that many, got {req.num_inference_steps!r}"
-            )
-        _check_int("num_inference_steps", req.num_inference_steps, lim.min_steps, lim.max_steps)
-        _check_int("fps", req.fps, lim.min_fps, lim.max_fps)
-        _check_int("seed", req.seed, 0, MAX_SEED)
-        _check_guidance("guidance_scale", req.guidance_scale, lim)
+        req = check_numbers(req, lim)
         if self.boundary is None and req.guidance_scale_2 is not None:
             raise ValueError("guidance_scale_2 is for two-expert models (Wan2.2 A14B); this model has one")
         if self.boundary is not None:  # as diffusers: the low-noise expert takes guidance_scale unless told
@@ -469,15 +484,10 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     decodes = leader or config.parallel_decode
     vae = family.vae(folder, model.config.in_channels, device) if decodes else None
 
-    compression = family.compression_of(folder, model.config.in_channels)
-    base = family.limits(folder, model_name)
-    t, s = compression
-    size_multiple = s * max(model.config.patch_size[1:])
+    channels = model.config.in_channels
+    compression = family.compression_of(folder, channels)
     limits = replace(
-        base,
-        frame_step=t,
-        min_size=-(-base.min_size // size_multiple) * size_multiple,  # the smallest multiple allowed
-        size_multiple=size_multiple,
+        model_limits(family, folder, model_name, channels, model.config.patch_size),
         max_prompt_tokens=tokenizer.max_tokens,
         image=getattr(model, "takes_image", False),
         image_optional=expand,

@@ -2,7 +2,8 @@
 what it allows, instead of a traceback from every rank (or torchrun's ChildFailedError) minutes later.
 
 `ithaca generate`/`parity` call `preflight` first thing and `ithaca serve` before it starts its worker group.
-The cheap checks run first, so a bad degree or device fails before diffusers is imported (seconds).
+Nothing here imports diffusers or transformers (the model's code loads them when it is built), so a
+mistake, a request's included, is reported in about the time torch takes to import.
 """
 
 from __future__ import annotations
@@ -32,11 +33,14 @@ def preflight(
     ring: int | str | None = None,
     cfg: int | str | None = None,
     loras: tuple[tuple[str, float], ...] = (),
+    request=None,
 ) -> None:
     """Raise ValueError (one line: the option, the value, what is allowed) for settings that cannot run on
     `nproc` ranks, `local_nproc` of them on this machine (default: all). `device` None: cuda when CUDA is
     present, else cpu (as the ranks pick). Degrees: integers, "auto", or None (see `parallel.plan.requested`);
-    auto ones are resolved for the model last (`dit.shape.plan_layout`)."""
+    auto ones are resolved for the model last (`dit.shape.plan_layout`). `request` (a `GenerationRequest`):
+    its frames, size, steps, guidance and fps against the model's limits, read from its configs and its
+    folder's card (`dit.model_card`) before any model code loads."""
     from parallel.comm import COMM_MODES, comm_config
     from parallel.kernels import BACKENDS
     from parallel.plan import AUTO, check_fixed, needs_model
@@ -64,7 +68,7 @@ def preflight(
             "--attn-backend flash needs a CUDA device and flash-attn installed; use auto or sdpa"
         )
 
-    from dit.families import pick_scheduler, pipeline_family
+    from dit.families import pick_sampling, pipeline_family
     from dit.loading import model_names
     from dit.pipeline import DTYPES
     from dit.presets import resolve
@@ -89,9 +93,14 @@ def preflight(
             raise ValueError(f"--model-path {model_path}: {e}") from None
     # The sampler against the folder's scheduler/ and the fixed schedule (reads JSON, loads no weights).
     model = resolve(model_path or preset)
-    pick_scheduler(
+    pick_sampling(
         pipeline_family(model), Path(model) if Path(model).is_dir() else None, sampler, None, timesteps
     )
+    if request is not None:
+        from dit.pipeline import check_numbers
+        from dit.shape import request_limits
+
+        check_numbers(request, request_limits(model, sampler=sampler, timesteps=timesteps))
     if needs_model(ulysses, ring, cfg):
         from dit.shape import plan_layout
 

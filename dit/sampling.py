@@ -5,24 +5,28 @@ step."""
 from __future__ import annotations
 
 import inspect
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from itertools import pairwise
+from typing import TYPE_CHECKING
 
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler, SchedulerMixin, UniPCMultistepScheduler
 
 import parallel
 from dit.cache import Evaluations, StepCache, attached, real_tokens
 from dit.checkpoint import Checkpointing, DenoiseState, capture, restore
 
-# The schedulers Ithaca samples with, by their `--sampler` name; a pipeline folder's `scheduler/` must be one
-# of these classes.
-SCHEDULERS: dict[str, type[SchedulerMixin]] = {
-    "unipc": UniPCMultistepScheduler,
-    "euler": FlowMatchEulerDiscreteScheduler,
-    "renoise": FlowMatchEulerDiscreteScheduler,
+if TYPE_CHECKING:
+    from diffusers import SchedulerMixin
+
+# The diffusers schedulers Ithaca samples with (class names), by their `--sampler` name; a pipeline folder's
+# `scheduler/` must be one of these classes. Named, not imported: diffusers loads when a scheduler is made.
+SCHEDULERS: dict[str, str] = {
+    "unipc": "UniPCMultistepScheduler",
+    "euler": "FlowMatchEulerDiscreteScheduler",
+    "renoise": "FlowMatchEulerDiscreteScheduler",
 }
 SAMPLERS = tuple(SCHEDULERS)
 _SHIFT_KEY = {"unipc": "flow_shift", "euler": "shift", "renoise": "shift"}  # each class's name for the shift
@@ -107,22 +111,28 @@ def make_scheduler(
     """`sampler`'s scheduler from `config` (a pipeline folder's scheduler config of that class; None: the
     sampler's default config) with `flow_shift` set."""
     base = _DEFAULT_CONFIG[sampler] if config is None else config
-    return SCHEDULERS[sampler].from_config({**base, **_OWN_CONFIG[sampler], _SHIFT_KEY[sampler]: flow_shift})
+    return scheduler_class(sampler).from_config({**base, **_OWN_CONFIG[sampler], _SHIFT_KEY[sampler]: flow_shift})
 
 
 def config_shift(sampler: str, config: dict) -> float:
     """The shift a scheduler config of `sampler`'s class samples with, read as diffusers reads it: the class's
     own key, else the class's default (1.0 for both classes)."""
     key = _SHIFT_KEY[sampler]
-    return config.get(key, inspect.signature(SCHEDULERS[sampler].__init__).parameters[key].default)
+    return config.get(key, inspect.signature(scheduler_class(sampler).__init__).parameters[key].default)
+
+
+def scheduler_class(sampler: str) -> type:
+    """`sampler`'s diffusers scheduler class, imported only when a scheduler is made (diffusers is slow to
+    import)."""
+    return getattr(importlib.import_module("diffusers"), SCHEDULERS[sampler])
 
 
 def sampler_of(config: dict) -> str | None:
     """The sampler a scheduler config (a folder's `scheduler_config.json`) describes: its `_class_name`, and
     for flow-match Euler its `stochastic_sampling` (diffusers' default: off); None for another class."""
-    for name, cls in SCHEDULERS.items():
+    for name, class_name in SCHEDULERS.items():
         own = _OWN_CONFIG[name].items()
-        if config.get("_class_name") == cls.__name__ and all(config.get(k, False) == v for k, v in own):
+        if config.get("_class_name") == class_name and all(config.get(k, False) == v for k, v in own):
             return name
     return None
 

@@ -22,22 +22,12 @@ def model_shape(
 ) -> Shape:
     """The shape of `model` (a preset, a shipped model or a folder) making a video of `frames` × `height` ×
     `width` (default: the model's) at `guidance` (default: the model's; 1 under a fixed schedule)."""
-    from dit.families import pick_scheduler, pipeline_family
-    from dit.loading import _source, family_for
-    from dit.presets import resolve
-
-    name = resolve(model)
-    folder = Path(name) if Path(name).is_dir() else None
-    family = pipeline_family(name)
-    _, config_json = _source(name)
-    config = family_for(config_json.get("_class_name")).parse_config(config_json)
-    schedule = pick_scheduler(family, folder, sampler, None, timesteps)[3]
-    limits = family.limits(folder, str(name)).with_schedule(schedule)
+    family, folder, config, limits = _read(model, sampler, timesteps)
     # Wan's config (WanConfig) and HunyuanVideo-1.5's (diffusers' names) name the same facts apart
     heads = getattr(config, "num_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.attention_head_dim
     ffn = getattr(config, "ffn_dim", None) or int(heads * head_dim * config.mlp_ratio)
-    patch = config.patch if hasattr(config, "patch") else tuple(config.patch_size)
+    patch = _patch(config)
     t, s = family.compression_of(folder, config.in_channels)
     frames = limits.default_frames if frames is None else frames
     height = limits.default_height if height is None else height
@@ -59,6 +49,33 @@ def model_shape(
         text_tokens=family.text_tokens,
         joint_text=family.joint_text,
     )
+
+
+def request_limits(model: str, *, sampler: str | None = None, timesteps: str | None = None):
+    """The request limits of `model` (a preset, a shipped model or a folder) that its configs tell, its
+    folder's card included (`dit.families.model_limits`): what a request can be checked against before the
+    model loads."""
+    return _read(model, sampler, timesteps)[3]
+
+
+def _read(model: str, sampler: str | None, timesteps: str | None):
+    """(pipeline family, folder or None, the transformer's parsed config, request limits) from configs."""
+    from dit.families import model_limits, pick_sampling, pipeline_family
+    from dit.loading import _source, family_for
+    from dit.presets import resolve
+
+    name = resolve(model)
+    folder = Path(name) if Path(name).is_dir() else None
+    family = pipeline_family(name)
+    _, config_json = _source(name)
+    config = family_for(config_json.get("_class_name")).parse_config(config_json)
+    schedule = pick_sampling(family, folder, sampler, None, timesteps)[3]
+    limits = model_limits(family, folder, str(name), config.in_channels, _patch(config))
+    return family, folder, config, limits.with_schedule(schedule)
+
+
+def _patch(config) -> tuple[int, ...]:
+    return config.patch if hasattr(config, "patch") else tuple(config.patch_size)
 
 
 def plan_layout(

@@ -14,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from diffusers.pipelines.wan.pipeline_wan import prompt_clean
 from torch import nn
 
 
@@ -28,6 +27,8 @@ class PromptTokenizer:
         raise NotImplementedError
 
     def prompt_ids(self, text: str) -> list[int]:
+        from diffusers.pipelines.wan.pipeline_wan import prompt_clean  # loads diffusers: at first use
+
         return self.token_ids(prompt_clean(text))
 
     def count_tokens(self, text: str) -> int:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from diffusers import AutoencoderKLWan
 
-from dit import vae_parallel
+if TYPE_CHECKING:  # diffusers loads when a VAE is made, not when the pipeline's modules are imported
+    from diffusers import AutoencoderKLWan
 
 # Wan2.1's VAE compresses time ×4 (frames = 4k+1) and space ×8: the family's default, and diffusers' when a
 # VAE config gives no scale factors.
@@ -27,6 +28,8 @@ WAN22_LAYOUT = dict(is_residual=True, patch_size=2, in_channels=12, out_channels
 def tiny_vae(z_dim: int, *, seed: int = 0) -> AutoencoderKLWan:
     """Wan's VAE layout and compression with a few channels, random weights from a fixed seed: Wan2.2's for
     its 48 latent channels, Wan2.1's (time ×4, space ×8) otherwise."""
+    from diffusers import AutoencoderKLWan
+
     layout = WAN22_LAYOUT if z_dim == WAN22_Z_DIM else {}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -58,6 +61,8 @@ def load_vae(folder: str | Path | None, *, z_dim: int, device: torch.device | st
     """`folder/vae` when present, otherwise the tiny VAE with the DiT's latent channels; ValueError unless its
     layers compress as its config's scale factors say (`compression`)."""
     if folder is not None and (Path(folder) / "vae").is_dir():
+        from diffusers import AutoencoderKLWan
+
         vae = AutoencoderKLWan.from_pretrained(Path(folder) / "vae", torch_dtype=torch.float32)
     else:
         vae = tiny_vae(z_dim)
@@ -89,6 +94,8 @@ def decode(vae: AutoencoderKLWan, latents: torch.Tensor, group=None) -> np.ndarr
     std = torch.tensor(cfg.latents_std, dtype=torch.float32).view(shape)
     device = next(vae.parameters()).device
     z = latents.to(device, torch.float32) * std.to(device) + mean.to(device)
+    from dit import vae_parallel  # diffusers' VAE modules: loaded by then
+
     return frames(vae_parallel.decode(vae, z, group, finish=quantize))
 
 

@@ -26,6 +26,8 @@ def serve(args: argparse.Namespace) -> int:
     try:
         config = config_mod.from_args(args)  # an ITHACA_* value of the wrong type
         config.check_nodes()
+        if config.api:
+            _check_port(config.host, config.port)
         if config.workers or not config.api:  # a group started apart (--no-workers) checks its own settings
             _preflight(config)
             choice = _layout(config)
@@ -62,6 +64,20 @@ def serve(args: argparse.Namespace) -> int:
         print(f"ithaca serve: {supervisor.fatal}", file=sys.stderr)
         return 1  # a non-zero exit lets the container's restart policy start us again
     return 0
+
+
+def _check_port(host: str, port: int) -> None:
+    """ValueError when the API's address cannot be bound (a port in use): found before the worker group
+    starts and loads the model, not after. SO_REUSEADDR as uvicorn binds, so a port in TIME_WAIT passes."""
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(address)
+    except OSError as e:
+        raise ValueError(f"--host {host} --port {port}: {e.strerror or e}") from None
 
 
 def _serve_node_share(config: config_mod.ServeConfig, choice) -> int:

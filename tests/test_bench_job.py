@@ -10,6 +10,7 @@ import pytest
 from bench import job
 
 
+@pytest.mark.slow
 def test_rows_split_a_job_into_its_phases(capsys):
     argv = ["--models", "tiny-random", "--ranks", "1", "2", "--iters", "1", "--json"]
     job.main([*argv, "--vary", "parallel_decode=false", "--vary", "cache=fbcache:0.5"])

@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,73 @@ def test_generate_rejects_bad_input(tmp_path):
     assert not (tmp_path / "video.mp4").exists()
 
 
+def _copy_of_tiny(tmp_path) -> Path:
+    from dit.presets import SHIPPED
+
+    return Path(shutil.copytree(SHIPPED["tiny"], tmp_path / "my-tiny"))
+
+
+def test_a_request_mistake_is_reported_before_any_model_code_loads(tmp_path):
+    """The limits come from the folder's configs and card: diffusers, transformers (and the peft diffusers
+    pulls in) are never imported, which is what made a wrong --frames take the model's load time."""
+    folder = _copy_of_tiny(tmp_path)
+    script = f"""
+import sys
+from server.cli import main
+for argv in (["--frames", "8"], ["--height", "70", "--width", "90"], ["--model-path", {str(folder)!r},
+             "--frames", "37"], ["--steps", "51"]):
+    assert main(["generate", "a fox", *argv]) == 2, argv
+loaded = sorted({{"diffusers", "transformers", "peft"}} & set(sys.modules))
+assert not loaded, loaded
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "ithaca generate: error: num_frames must be 4k+1 between 5 and 33, got 8",
+        "ithaca generate: error: height and width must be multiples of 16 between 16 and 256, got 70 and 90",
+        "ithaca generate: error: num_frames must be 4k+1 between 5 and 33, got 37",  # the copy's own card
+        "ithaca generate: error: num_inference_steps must be an integer between 1 and 50, got 51",
+    ]
+
+
+def test_a_copied_model_folder_keeps_its_defaults(tmp_path, capsys):
+    """A copy of the shipped folder given by --model-path is the tiny model, defaults and limits included
+    (its ithaca.json), not a generic Wan folder (81 frames of 480×832)."""
+    from dit.model_card import read_card, write_card
+    from dit.pipeline import GenerationRequest
+    from dit.presets import SHIPPED
+    from dit.shape import request_limits
+    from dit.tiny.train import TrainConfig, card_limits
+    from server.cli import main
+
+    folder = _copy_of_tiny(tmp_path)
+    limits = request_limits(str(folder))
+    assert (limits.default_frames, limits.default_height, limits.default_width) == (17, 64, 64)
+    assert (limits.default_steps, limits.default_guidance, limits.max_frames) == (12, 3.0, 33)
+    assert limits == request_limits("tiny")
+    # the shipped card is the one the trainer writes for the shipped training settings
+    trained = TrainConfig(**json.loads((SHIPPED["tiny"] / "training.json").read_text()))
+    (tmp_path / "written").mkdir()
+    write_card(tmp_path / "written", card_limits(trained))
+    assert read_card(tmp_path / "written") == read_card(SHIPPED["tiny"])
+
+    out = tmp_path / "copy.mp4"
+    argv = ["generate", "a red circle", "--model-path", str(folder), "--steps", "1", "--out", str(out)]
+    assert main(argv) == 0
+    assert read_mp4(out).frames.shape == (17, 64, 64, 3)
+    assert f"wrote {out}: 17 frames 64x64 @ 16 fps, 1 steps" in capsys.readouterr().out
+
+    card = json.loads((folder / "ithaca.json").read_text())
+    for bad, says in (({**card, "frames": 9}, "unknown key 'frames'"),
+                      ({**card, "default_frames": 37}, "default_frames 37 is outside min_frames 5 to max"),
+                      ({**card, "max_size": "big"}, "max_size must be a number, got 'big'")):  # fmt: skip
+        (folder / "ithaca.json").write_text(json.dumps(bad))
+        line = _preflight_error(model_path=str(folder), request=GenerationRequest("a fox"))
+        assert line.startswith(f"{folder / 'ithaca.json'}: ") and says in line, line
+
+
+@pytest.mark.slow
 def test_parity_two_ranks_prints_each_row_as_its_run_ends(tmp_path):
     argv = ["parity", "--nproc", "2", "--modes", "alltoall,cfg,hybrid", "--steps", "2", "--frames", "5",
             "--height", "32", "--width", "48", "--json"]  # fmt: skip
@@ -139,6 +207,18 @@ def test_a_mistake_is_one_line_and_exit_code_2(tmp_path, argv, env, says):
     assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
     assert proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
     assert list(tmp_path.iterdir()) == []  # no server data dir, no video
+
+
+def test_serve_on_a_port_in_use_says_so_before_starting_workers(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = [ITHACA, "serve", "--host", "127.0.0.1", "--port", str(port)]
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"ithaca serve: error: --host 127.0.0.1 --port {port}: Address already in use\n"
+    assert list(tmp_path.iterdir()) == []  # no data dir: nothing started
 
 
 def test_degrees_are_checked_before_torchrun_starts(monkeypatch, capsys):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from dit.hunyuan.text import SYSTEM_MESSAGE, TEMPLATE_CROP
+from dit.hunyuan.text import TEMPLATE_CROP, system_message
 from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline
 from tests.test_hunyuan_parity import save_reference
 
@@ -35,11 +35,11 @@ def _save_tokenizer(path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = dict.fromkeys(SPECIAL + _words(SYSTEM_MESSAGE) + ["system", "user", "assistant"] + PROMPT_WORDS)
+    words = dict.fromkeys(SPECIAL + _words(system_message()) + ["system", "user", "assistant"] + PROMPT_WORDS)
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     prefix = (
-        1 + 1 + len(_words(SYSTEM_MESSAGE)) + 1 + 1 + 1
+        1 + 1 + len(_words(system_message())) + 1 + 1 + 1
     )  # <|im_start|>system … <|im_end|> <|im_start|>user
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,

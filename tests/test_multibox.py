@@ -60,6 +60,7 @@ def _get(boxes, i: int, path: str):
     return _on(hosts, i, lambda: servers[i].client.get(path))
 
 
+@pytest.mark.slow
 def test_a_job_posted_to_either_box_runs_once_and_reads_from_both(boxes):
     hosts, servers, _ = boxes
     posted = [_on(hosts, i % 2, lambda i=i: servers[i % 2].submit(prompt=f"job {i}", num_inference_steps=4))
@@ -75,6 +76,7 @@ def test_a_job_posted_to_either_box_runs_once_and_reads_from_both(boxes):
             assert video.status_code == 200 and len(video.content) > 0
 
 
+@pytest.mark.slow
 def test_a_box_killed_mid_job_has_its_job_finished_by_the_other(boxes):
     hosts, servers, _ = boxes
     jobs = [_on(hosts, 0, lambda: servers[0].submit(prompt="long", num_inference_steps=20)) for _ in range(2)]

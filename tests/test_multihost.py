@@ -201,6 +201,7 @@ def _torchrun(hosts, i: int, argv: list[str], rdzv_id: str) -> list[str]:
     ])  # fmt: skip
 
 
+@pytest.mark.slow
 def test_parity_two_hosts_hybrid_with_one_rank(hosts, tmp_path):
     import torch
 
@@ -284,6 +285,7 @@ def group(hosts, tmp_path_factory):
             api.stop()
 
 
+@pytest.mark.slow
 def test_a_job_end_to_end_across_two_hosts(hosts, group):
     api = group["api"]
     with hosts.entered(0):
@@ -305,6 +307,7 @@ def _wait_step(api, job_id: str, step: int) -> None:
     wait_until(lambda: api.client.get(f"/jobs/{job_id}").json()["step"] >= step, 60, f"step {step}")
 
 
+@pytest.mark.slow
 def test_host_lost_mid_job_resumes_when_it_returns(hosts, group):
     api = group["api"]
     request = {"prompt": "interrupted", "num_inference_steps": 12, "num_frames": 17, "height": 64,

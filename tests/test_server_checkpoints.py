@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
 import torch
 
 from dit.checkpoint import DenoiseState, save_file
@@ -56,6 +57,7 @@ def test_the_sweep_keeps_the_checkpoints_of_jobs_that_may_run_again(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_a_killed_server_resumes_its_job_and_ignores_a_foreign_checkpoint(tmp_path):
     folder = str(tmp_path / "videos")
     first = ServerProcess(tmp_path, *FLAGS, env=SLOW)

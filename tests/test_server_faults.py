@@ -34,6 +34,7 @@ def _wait_step(srv: ServerProcess, job_id: str, step: int = 1) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_rank_killed_mid_job_resumes_and_job_time_limit(data_dir):
     srv = ServerProcess(data_dir, *INSTANCE, "--job-timeout", "8", "--checkpoint-every", "2")
     try:
@@ -82,6 +83,7 @@ def _wait_new_group(srv: ServerProcess, old_group: str) -> str:
     return ready.json()["group"]
 
 
+@pytest.mark.slow
 def test_api_restart_runs_queued_jobs_and_requeues_the_interrupted_one(data_dir):
     # An API without workers takes jobs; then it dies hard, leaving them queued and one "running" job behind.
     attached = ServerProcess(data_dir, "--no-workers", *INSTANCE)

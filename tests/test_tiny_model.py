@@ -72,6 +72,7 @@ def scored(pipe):
     return scored
 
 
+@pytest.mark.slow
 def test_trained_model_draws_the_colour_and_motion_its_prompt_names(scored):
     """The issue's bar: colour ≥ 95 %, direction ≥ 90 %, held-out combinations included (and on their own)."""
     overall, held = rates(scored), rates([s for s in scored if s.held_out])
@@ -79,11 +80,13 @@ def test_trained_model_draws_the_colour_and_motion_its_prompt_names(scored):
     assert held["color"] >= 5 / 6 and held["direction"] >= 5 / 6, held
 
 
+@pytest.mark.slow
 def test_trained_model_draws_the_shape_its_prompt_names(scored):
     """The issue's bar for shape: ≥ 80 % over all 72, held-out combinations included."""
     assert rates(scored)["shape"] >= 0.80, rates(scored)
 
 
+@pytest.mark.slow
 def test_shipped_folder_is_a_diffusers_wan_pipeline(pipe):
     """diffusers' own WanPipeline loads the shipped folder and denoises to the same latents as ours (its text
     padded to the tokenizer's 16 tokens, as ours is)."""
@@ -123,6 +126,7 @@ def _read_on_ranks(comm: str):
     return [s.reading for s in generate_and_read(pipe, FP8_SCENES)]
 
 
+@pytest.mark.slow
 def test_fp8_ulysses_keeps_the_meaning(pipe):
     """Ulysses 2 with FP8 exchange (lossy: its latents differ from one rank's by ~0.3 relative on this model,
     tests/test_pipeline_parallel.py) on 2 gloo ranks: the detector finds what the prompts ask as often as on
@@ -160,6 +164,7 @@ def _tiny_run(tmp_path, name: str, interrupt_at: int | None = None):
     return out
 
 
+@pytest.mark.slow
 def test_training_is_deterministic_and_resumes_to_the_same_weights(tmp_path):
     from safetensors.torch import load_file
 

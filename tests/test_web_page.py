@@ -20,7 +20,10 @@ from tests.server_process import ServerProcess
 
 playwright = pytest.importorskip("playwright.sync_api")
 CHROMIUM = "/usr/bin/chromium"
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian's chromium is not installed")
+pytestmark = [
+    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian's chromium is not installed"),
+    pytest.mark.slow,
+]
 KEY = "web-page-key"
 WAIT_MS = 30_000  # every browser wait (a tiny job takes a few seconds on 2 busy cores)
 

@@ -10,16 +10,10 @@ rank loads the main encoder's tokenizer (to count prompt tokens); only the repli
 from __future__ import annotations
 
 import inspect
+from functools import cache
 from pathlib import Path
 
 import torch
-from diffusers.pipelines.hunyuan_video1_5.pipeline_hunyuan_video1_5 import (
-    HunyuanVideo15Pipeline as Reference,
-)
-from diffusers.pipelines.hunyuan_video1_5.pipeline_hunyuan_video1_5 import (
-    extract_glyph_texts,
-    format_text_input,
-)
 from torch import nn
 
 from dit.text_encoder import ByteTokenizer, TinyTextEncoder
@@ -27,7 +21,20 @@ from dit.text_encoder import ByteTokenizer, TinyTextEncoder
 MLLM_MAX_TOKENS = 1000  # the reference's `tokenizer_max_length`: prompt tokens kept after the crop
 TEMPLATE_CROP = 108  # the reference's `prompt_template_encode_start_idx`: system-template tokens dropped
 BYT5_MAX_TOKENS = 256  # the reference's `tokenizer_2_max_length`
-SYSTEM_MESSAGE = inspect.signature(Reference._get_mllm_prompt_embeds).parameters["system_message"].default
+
+
+@cache
+def reference():
+    """diffusers' HunyuanVideo-1.5 pipeline module, imported at first use (it loads transformers)."""
+    from diffusers.pipelines.hunyuan_video1_5 import pipeline_hunyuan_video1_5
+
+    return pipeline_hunyuan_video1_5
+
+
+def system_message() -> str:
+    """The reference's default system prompt of the chat template."""
+    embeds = reference().HunyuanVideo15Pipeline._get_mllm_prompt_embeds
+    return inspect.signature(embeds).parameters["system_message"].default
 
 
 class QwenTokenizer:
@@ -42,7 +49,7 @@ class QwenTokenizer:
 
     def count_tokens(self, text: str) -> int:
         """Tokens the DiT sees: the templated prompt minus the cropped system part."""
-        chat = format_text_input([text], SYSTEM_MESSAGE)[0]
+        chat = reference().format_text_input([text], system_message())[0]
         ids = self.tokenizer.apply_chat_template(
             chat, add_generation_prompt=True, tokenize=True, return_dict=True
         )
@@ -66,7 +73,7 @@ class QwenVLTextEncoder(nn.Module):
     @torch.no_grad()
     def states_and_mask(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:
         device = next(self.model.parameters()).device
-        return Reference._get_mllm_prompt_embeds(
+        return reference().HunyuanVideo15Pipeline._get_mllm_prompt_embeds(
             self.model, self.tokenizer.tokenizer, text, device, MLLM_MAX_TOKENS, crop_start=TEMPLATE_CROP
         )
 
@@ -86,14 +93,15 @@ class ByT5GlyphEncoder(nn.Module):
     @torch.no_grad()
     def states_and_mask(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:
         device = next(self.model.parameters()).device
-        return Reference._get_byt5_prompt_embeds(self.tokenizer, self.model, text, device, BYT5_MAX_TOKENS)
+        get = reference().HunyuanVideo15Pipeline._get_byt5_prompt_embeds
+        return get(self.tokenizer, self.model, text, device, BYT5_MAX_TOKENS)
 
 
 class TinyGlyphEncoder(TinyTextEncoder):
     """`tiny-joint`'s glyph encoder: the reference's quoted-text extraction, then the tiny byte encoder."""
 
     def states_and_mask(self, text: str) -> tuple[torch.Tensor, torch.Tensor]:
-        glyphs = extract_glyph_texts(text)
+        glyphs = reference().extract_glyph_texts(text)
         if glyphs is None:
             device = next(self.parameters()).device
             mask = torch.zeros(1, self.max_tokens, dtype=torch.bool, device=device)

@@ -5,19 +5,23 @@ image-to-video model's first frame) and decodes in float32 (as `dit.vae` does fo
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from diffusers import AutoencoderKLHunyuanVideo15
 
-from dit import vae_parallel
 from dit.vae import check_vae, frames, quantize
+
+if TYPE_CHECKING:  # diffusers loads when a VAE is made (as in dit.vae)
+    from diffusers import AutoencoderKLHunyuanVideo15
 
 COMPRESSION = (4, 16)
 
 
 def tiny_vae(latent_channels: int, *, seed: int = 0) -> AutoencoderKLHunyuanVideo15:
     """The published compression (5 levels: ×16 space, ×4 time) with 8 channels per level."""
+    from diffusers import AutoencoderKLHunyuanVideo15
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         vae = AutoencoderKLHunyuanVideo15(
@@ -28,6 +32,8 @@ def tiny_vae(latent_channels: int, *, seed: int = 0) -> AutoencoderKLHunyuanVide
 
 def load_vae(folder: Path | None, channels: int, device) -> AutoencoderKLHunyuanVideo15:
     if folder is not None and (folder / "vae").is_dir():
+        from diffusers import AutoencoderKLHunyuanVideo15
+
         vae = AutoencoderKLHunyuanVideo15.from_pretrained(Path(folder) / "vae", torch_dtype=torch.float32)
     else:
         vae = tiny_vae(channels)
@@ -49,4 +55,6 @@ def decode(vae: AutoencoderKLHunyuanVideo15, latents: torch.Tensor, group=None) 
     """Latents `[1, C, f, h, w]` (the DiT's space: the VAE's latents × scaling_factor) → uint8 frames; with a
     group, decoded in bands across it as `dit.vae.decode` does."""
     z = latents.to(next(vae.parameters()).device, torch.float32) / vae.config.scaling_factor
+    from dit import vae_parallel
+
     return frames(vae_parallel.decode(vae, z, group, finish=quantize))

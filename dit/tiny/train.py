@@ -3,7 +3,8 @@ pipeline folder (what the `tiny` preset loads): `tokenizer/` (word level), `text
 random from the seed and frozen: the DiT learns to read it), `vae/` (`AutoencoderKLWan`: its decoder
 trained to render the written-down latents of `dit.tiny.latents`, its encoder to produce them),
 `transformer/` (`WanTransformer3DModel` on those latents, flow matching as in Wan, 10 % caption dropout for
-guidance), `scheduler/` (Wan's UniPC flow config) and `model_index.json`.
+guidance), `scheduler/` (Wan's UniPC flow config), `model_index.json` and `ithaca.json` (its request
+defaults and limits, `dit.model_card`).
 
 Deterministic from `--seed`: every batch, every noise draw and every rendered clip comes from a generator
 seeded by (seed, phase, step), so a run resumed from its checkpoint (`--work`, every `--save-every` steps)
@@ -22,17 +23,21 @@ import math
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from dit.model_card import write_card
 from dit.tiny.language import SIZES, Scene, caption, training_scenes, vocabulary
 from dit.tiny.latents import describe
 from dit.tiny.render import render
 
 MODEL_DIR = Path(__file__).resolve().parent / "model"  # the shipped weights
+# The request defaults the folder's card gives (beside those of what it was trained on: 17 frames of 64×64):
+# the step count and guidance measured best by bench/quality.py.
+DEFAULT_STEPS, DEFAULT_GUIDANCE = 12, 3.0
 
 
 @dataclass(frozen=True)
@@ -345,8 +350,17 @@ def write_folder(out: Path, cfg: TrainConfig, tokenizer, text_encoder, vae, dit,
     }
     (tmp / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
     (tmp / "training.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+    write_card(tmp, card_limits(cfg))
     shutil.rmtree(out, ignore_errors=True)
     tmp.replace(out)
+
+
+def card_limits(cfg: TrainConfig):
+    """The tiny presets' freedom (seconds on a CPU), its defaults the trained model's."""
+    from dit.families import TINY_LIMITS
+
+    return replace(TINY_LIMITS, default_frames=cfg.frames, default_height=cfg.height, default_width=cfg.width,
+                   default_steps=DEFAULT_STEPS, default_guidance=DEFAULT_GUIDANCE)  # fmt: skip
 
 
 PHASES = ("vae", "dit")
