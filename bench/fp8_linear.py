@@ -57,7 +57,9 @@ def torchao_linear(weight: torch.Tensor, compile_it: bool):
         from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
     except ImportError as e:
         return None, f"torchao not importable: {e}"
-    lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
+    lin = torch.nn.Linear(
+        weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype
+    )
     lin.weight.data.copy_(weight)
     try:
         quantize_(lin, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
@@ -100,7 +102,13 @@ def rows_for(name: str, k: int, n: int, m: int, device: torch.device, iters: int
                 rows.append(dict(shape=name, variant=variant, note=f"{type(e).__name__}: {e}"[:120]))
                 continue
             rows.append(
-                dict(shape=name, variant=variant, ms=sec * 1e3, tflops=flops / sec / 1e12, error=rel_diff(out, ref))
+                dict(
+                    shape=name,
+                    variant=variant,
+                    ms=sec * 1e3,
+                    tflops=flops / sec / 1e12,
+                    error=rel_diff(out, ref),
+                )
             )
     rows += [dict(shape=name, variant=v, note=why) for v, why in notes.items()]
     return rows
@@ -114,7 +122,11 @@ def main() -> None:
     p.add_argument("--cpu-smoke", action="store_true", help="toy sizes on the CPU")
     args = p.parse_args()
     if args.cpu_smoke:
-        device, m, shapes = torch.device("cpu"), 64, [(nm, k // 64, n // 64) for nm, k, n in SHAPES[args.model]]
+        device, m, shapes = (
+            torch.device("cpu"),
+            64,
+            [(nm, k // 64, n // 64) for nm, k, n in SHAPES[args.model]],
+        )
     elif torch.cuda.is_available():
         device, m, shapes = torch.device("cuda"), args.tokens, SHAPES[args.model]
     else:
@@ -129,7 +141,10 @@ def main() -> None:
                 print(f"{r['shape']:10s} {r['variant']:32s} {r['note']}")
                 continue
             ratio = f"{r['ms'] / base:7.3f}x" if base else "–"
-            print(f"{r['shape']:10s} {r['variant']:32s} {r['ms']:8.3f} {r['tflops']:8.1f} {ratio:>8s} {r['error']:10.2e}")
+            print(
+                f"{r['shape']:10s} {r['variant']:32s} {r['ms']:8.3f} {r['tflops']:8.1f} {ratio:>8s} "
+                f"{r['error']:10.2e}"
+            )
 
 
 if __name__ == "__main__":

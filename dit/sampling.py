@@ -4,8 +4,8 @@ step."""
 
 from __future__ import annotations
 
-import inspect
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -111,7 +111,9 @@ def make_scheduler(
     """`sampler`'s scheduler from `config` (a pipeline folder's scheduler config of that class; None: the
     sampler's default config) with `flow_shift` set."""
     base = _DEFAULT_CONFIG[sampler] if config is None else config
-    return scheduler_class(sampler).from_config({**base, **_OWN_CONFIG[sampler], _SHIFT_KEY[sampler]: flow_shift})
+    return scheduler_class(sampler).from_config(
+        {**base, **_OWN_CONFIG[sampler], _SHIFT_KEY[sampler]: flow_shift}
+    )
 
 
 def config_shift(sampler: str, config: dict) -> float:
