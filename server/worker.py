@@ -51,6 +51,7 @@ from dit.checkpoint import Checkpointing, DenoiseState, load_file
 from dit.image import fit, read
 from dit.shape import launch_layout
 from dit.video import write_mp4
+from dit.vocabulary import read_vocabulary
 from parallel.launch import number_ranks_by_node
 from server import limits as limits_mod
 from server import logs, metrics, videos
@@ -86,6 +87,7 @@ class Worker:
             "limits": described,
             "defaults": limits_mod.defaults(described),
             "model": config.model,
+            "vocabulary": read_vocabulary(config.model),  # None: the model declares none (dit.vocabulary)
             "dp_rank": mesh.dp_rank,
             "dp_size": mesh.dp_size,
             "world_size": mesh.world_size,
