@@ -64,17 +64,29 @@ class LatentPreview:
         return rgb.reshape(3, h, w).clamp(-1, 1)
 
     def size(self, h: int, w: int) -> tuple[int, int]:
-        """The preview's (height, width) for a latent grid h × w: the decoded size, shrunk (aspect kept) to
-        at most `MAX_SIDE` on its long side."""
-        height, width = h * self.scale, w * self.scale
-        shrink = min(1.0, MAX_SIDE / max(height, width))
-        return max(1, round(height * shrink)), max(1, round(width * shrink))
+        """The preview's (height, width) for a latent grid h × w: the decoded size, `preview_size`."""
+        return preview_size(h * self.scale, w * self.scale)
 
     def __call__(self, latents: torch.Tensor) -> np.ndarray:
         """Latents `[1, C, f, h, w]` → uint8 RGB `[H, W, 3]` of the video's middle frame."""
         rgb = self.rgb(latents)
         image = F.interpolate(rgb[None], size=self.size(*rgb.shape[1:]), mode="bilinear", align_corners=False)
         return ((image[0].clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 0).numpy()
+
+
+def preview_size(height: int, width: int) -> tuple[int, int]:
+    """A preview's (height, width) for a video's: shrunk, aspect kept, to at most `MAX_SIDE` on its long
+    side."""
+    shrink = min(1.0, MAX_SIDE / max(height, width))
+    return max(1, round(height * shrink)), max(1, round(width * shrink))
+
+
+def frame_preview(frames: np.ndarray) -> np.ndarray:
+    """A finished video's preview: its middle frame (of uint8 `[F, H, W, 3]`, the frame live previews
+    show), at `preview_size` (area-averaged when shrunk)."""
+    frame = torch.from_numpy(np.ascontiguousarray(frames[len(frames) // 2])).permute(2, 0, 1)[None].float()
+    image = F.interpolate(frame, size=preview_size(*frame.shape[-2:]), mode="area")
+    return image[0].round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0).numpy()
 
 
 def pair_products(pixels: torch.Tensor) -> torch.Tensor:

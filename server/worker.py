@@ -19,6 +19,9 @@ cancel leaves the group's state unknown: every rank exits non-zero, so torchrun 
 supervisor re-queues the job (up to --max-attempts) and starts a fresh group; the first rank to fail records
 its error in the store for the supervisor's log and the job's final error.
 
+Once the video is decoded, its middle frame takes the last live preview's place before the job completes:
+a finished job's thumbnail is a frame of its video.
+
 Every `--checkpoint-every` steps the leader hands the sampler's state to another thread
 (`server.writers.CheckpointWriter`), which saves it beside the job; when it claims a job that has a
 checkpoint made for the same model, settings, layout and request, the replica goes on from it (the job
@@ -49,6 +52,7 @@ import numpy as np
 import parallel
 from dit.checkpoint import Checkpointing, DenoiseState, load_file
 from dit.image import fit, read
+from dit.preview import frame_preview
 from dit.shape import launch_layout
 from dit.video import write_mp4
 from dit.vocabulary import read_vocabulary
@@ -268,8 +272,9 @@ class Worker:
                 self.previews.flush(FLUSH_S)
                 self.checkpoints.flush(FLUSH_S)  # the last one, to resume from
             raise
-        if leader:
-            self._flush(job_id)  # the last step's preview is the finished job's thumbnail
+        if leader:  # the finished job's thumbnail: a frame of its video, in place before it completes
+            self.previews.submit(job_id, spec["num_inference_steps"], frame_preview(frames))
+            self._flush(job_id)
             self._complete(job_id, spec, frames, start, step_times, phases)
         self.job_id, self.state = None, "ready"
 

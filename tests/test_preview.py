@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline
-from dit.preview import MAX_SIDE, LatentPreview, fit_preview, read_preview, write_preview
+from dit.preview import MAX_SIDE, LatentPreview, fit_preview, frame_preview, read_preview, write_preview
 from dit.tiny.language import COLORS, all_scenes
 from tests.distributed import run_distributed
 
@@ -47,6 +47,12 @@ def test_preview_size_is_capped_with_its_aspect():
     image = preview(torch.zeros(1, 16, 21, 60, 104))  # Wan2.1-14B at 480×832
     assert image.shape == (148, MAX_SIDE, 3) and image.dtype == np.uint8
     assert preview(torch.zeros(1, 16, 2, 8, 6)).shape == (64, 48, 3)  # small videos keep their size
+    # a finished video's: its middle frame, the same size rule
+    frames = np.random.default_rng(0).integers(0, 256, (5, 64, 48, 3), np.uint8)
+    assert np.array_equal(frame_preview(frames), frames[2])
+    big = np.zeros((3, 480, 832, 3), np.uint8)
+    big[1] = 200
+    assert frame_preview(big).shape == (148, MAX_SIDE, 3) and (frame_preview(big) == 200).all()
 
 
 def test_last_preview_resembles_the_decoded_middle_frame(pipe):
