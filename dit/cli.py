@@ -343,12 +343,16 @@ def run_generate(args) -> int:
     from dit.pipeline import load_pipeline
     from dit.shape import launch_layout
     from dit.video import write_mp4
+    from dit.vocabulary import prompt_warnings, read_vocabulary
     from parallel.launch import number_ranks_by_node
 
     choice = launch_layout(args.model_path or args.preset, args.ulysses, args.ring, args.cfg,
                            sampler=args.sampler, timesteps=args.timesteps)  # fmt: skip
-    if os.environ.get("RANK", "0") == "0" and choice.reason != "as given":
-        print(choice.line(), file=sys.stderr)
+    if os.environ.get("RANK", "0") == "0":
+        if choice.reason != "as given":
+            print(choice.line(), file=sys.stderr)
+        for warning in prompt_warnings(args.prompt, read_vocabulary(args.model_path or args.preset)):
+            print(f"ithaca generate: warning: {warning}", file=sys.stderr)
     layout, backend = choice.layout, "gloo" if args.device == "cpu" else None
     try:  # across machines: rank 0 on node 0; every machine gives its own node number and the same layout
         number_ranks_by_node(

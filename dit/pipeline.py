@@ -30,7 +30,7 @@ from dit.i2v import FirstFrame, with_first_frame
 from dit.image import fit
 from dit.parallelize import set_comm
 from dit.presets import resolve
-from dit.preview import LatentPreview, PreviewCallback, fit_preview
+from dit.preview import LatentPreview, PreviewCallback, fit_preview, read_preview
 from dit.sampling import NUM_TRAIN_TIMESTEPS, Callback, GenerationCancelled, SecondExpert, denoise
 
 if TYPE_CHECKING:
@@ -191,6 +191,7 @@ class Pipeline:
         *,
         compression: tuple[int, int],
         expand_timesteps: bool = False,
+        folder: Path | None = None,
     ):
         self.config, self.mesh, self.family, self.model = config, mesh, family, model
         # the VAE's (time, space) compression; `expand_timesteps`: the model is a `dit.i2v.FirstFrame` (Wan2.2
@@ -208,8 +209,8 @@ class Pipeline:
         # the latent → RGB map of live previews (dit.preview), on the replica leader when previews are on
         self.preview: LatentPreview | None = None
         if mesh.is_replica_leader and config.preview_every > 0 and vae is not None:
-            channels = model.config.in_channels
-            self.preview = fit_preview(partial(family.decode, vae), channels, compression[1])
+            channels, scale, decode = model.config.in_channels, compression[1], partial(family.decode, vae)
+            self.preview = read_preview(folder, scale) or fit_preview(decode, channels, scale)
 
     def validate(self, req: GenerationRequest) -> GenerationRequest:
         """The request with defaults filled in; ValueError naming the field and its allowed values if not."""
@@ -495,5 +496,5 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     ).with_schedule(schedule)
     return Pipeline(
         config, mesh, family, model, tokenizer, text_encoder, vae, limits, sampling, second, image_encoder,
-        compression=compression, expand_timesteps=expand,
+        compression=compression, expand_timesteps=expand, folder=folder,
     )  # fmt: skip

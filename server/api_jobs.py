@@ -219,6 +219,7 @@ def job_view(services: Services, job: Job) -> dict:
         "worker": job.worker,
         "cancel_requested": job.cancel_requested,
         "error": job.error,
+        "warnings": services.warnings(job),
         "video_url": f"/jobs/{job.id}/video" if job.status == "completed" else None,
         "preview_step": job.preview_step,
         "preview_url": _preview_url(job.id) if job.preview_step is not None else None,

@@ -1,9 +1,9 @@
 """OpenAI-compatible videos API under /v1/videos, shaped after the official SDK (`openai.types.video.Video`).
 
-`client.videos.create` sends multipart form fields (prompt, model, seconds, size); JSON works too. `size`
-"WxH" is used as given when the loaded model allows it, otherwise its aspect ratio is fitted to the
-model's default pixel count (rounded to the allowed multiples); `seconds` becomes the nearest valid frame
-count at the model's fps. The reply reports the size and seconds actually generated. A cancelled job shows
+`client.videos.create` sends multipart form fields (prompt, model, seconds, size); JSON works too. A `size`
+"WxH" or `seconds` outside the loaded model's limits is a 422 naming the field and the allowed range; inside
+them, width and height become the nearest allowed multiples and `seconds` the nearest valid frame count at
+the model's fps. The reply reports the size and seconds actually generated. A cancelled job shows
 as `failed` with code "cancelled". `/content?variant=thumbnail` is the job's latest live preview (WebP).
 `input_reference`, the first frame of an image-to-video model, is a file
 part (what the SDK sends) or a data URL, checked as /generate checks `image`.
@@ -90,26 +90,33 @@ def schema_with_limits(document: dict, limits: dict) -> dict:
 
 
 def _snap(value: float, spec: dict) -> int:
-    """Nearest value allowed by a published range {min, max, multiple_of}."""
+    """The allowed value {min, max, multiple_of} nearest to one inside the range (halves round up)."""
     lo, hi, mult = spec.get("min", 1), spec.get("max"), spec.get("multiple_of") or 1
-    snapped = lo + max(0, round((value - lo) / mult)) * mult
-    if hi is not None and snapped > hi:
-        snapped = lo + int((hi - lo) // mult) * mult
-    return int(snapped)
+    snapped = lo + max(0, math.floor((value - lo) / mult + 0.5)) * mult
+    return int(snapped if hi is None else min(snapped, hi))
 
 
-def _fits(value: int, spec: dict) -> bool:
-    return _snap(value, spec) == value
+def _outside(value: float, spec: dict) -> bool:
+    return value < spec.get("min", 0) or ("max" in spec and value > spec["max"])
 
 
 def map_request(fields: dict, info: dict) -> dict:
-    """OpenAI create fields → our generation request."""
+    """OpenAI create fields → our generation request: `seconds` and `size` outside the model's limits are a
+    422 naming the field and the allowed range; inside them, the nearest frame count at the model's fps and
+    the nearest allowed width and height."""
     limits, defaults = info.get("limits", {}), info.get("defaults", {})
     spec: dict = {"prompt": fields.get("prompt")}  # the prompt rules are both APIs': Services.check_prompts
     if fields.get("seconds") is not None:
         seconds = _seconds(fields["seconds"])
-        fps = defaults.get("fps") or 16
-        spec["num_frames"] = _snap(seconds * fps, limits.get("num_frames", {}))
+        fps, frames = defaults.get("fps") or 16, limits.get("num_frames", {})
+        if _outside(seconds * fps, frames):
+            lo, hi = frames.get("min", 1), frames.get("max")
+            raise unprocessable(
+                "seconds",
+                f"seconds={seconds:g} is outside the model's limits: {lo / fps:g} to {hi / fps:g} seconds "
+                f"({lo} to {hi} frames at {fps} fps)",
+            )
+        spec["num_frames"] = _snap(seconds * fps, frames)
     if fields.get("size") is not None:
         size = text_field("size", fields["size"], max_chars=11)
         match = _SIZE.fullmatch(size)
@@ -117,11 +124,18 @@ def map_request(fields: dict, info: dict) -> dict:
             raise unprocessable("size", f"size={shown(size)} must be WIDTHxHEIGHT, e.g. 832x480")
         w, h = int(match[1]), int(match[2])
         lw, lh = limits.get("width", {}), limits.get("height", {})
-        if not (_fits(w, lw) and _fits(h, lh)) and defaults.get("width") and defaults.get("height"):
-            scale = math.sqrt(defaults["width"] * defaults["height"] / (w * h))
-            w, h = _snap(w * scale, lw), _snap(h * scale, lh)
-        spec |= {"width": w, "height": h}
+        if _outside(w, lw) or _outside(h, lh):
+            raise unprocessable(
+                "size",
+                f"size={size} is outside the model's limits: width {_range(lw)}, height {_range(lh)}",
+            )
+        spec |= {"width": _snap(w, lw), "height": _snap(h, lh)}
     return spec
+
+
+def _range(spec: dict) -> str:
+    step = f" in steps of {spec['multiple_of']}" if spec.get("multiple_of") else ""
+    return f"{spec.get('min', 1)} to {spec.get('max')}{step}"
 
 
 def _seconds(raw) -> float:
@@ -158,6 +172,7 @@ def video_view(services: Services, job: Job) -> dict:
         }
         if failed
         else None,
+        "warnings": services.warnings(job),  # not in OpenAI's Video: the SDK keeps extra fields
     }
 
 

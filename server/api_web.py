@@ -37,6 +37,7 @@ class LimitsView(BaseModel):
     model: str | None
     limits: dict
     defaults: dict
+    vocabulary: dict | None = None  # {"about", "words"}: the words a small model knows (dit.vocabulary)
 
 
 def _page_file(path: str):
@@ -66,8 +67,8 @@ for _path in PAGE_FILES:
 )
 def get_limits(request: Request):
     """The loaded model, its request limits (`{field: {"min", "max", "multiple_of"?, "default"?}}`, the
-    prompts' `max_tokens`, `image`: whether it takes a first frame) and the defaults a request gets, as
-    the workers published them."""
+    prompts' `max_tokens`, `image`: whether it takes a first frame), the defaults a request gets and the
+    `vocabulary` a small model declares (else null), as the workers published them."""
     info = svc(request).worker_info()
     if "limits" not in info:
         raise HTTPException(
@@ -75,4 +76,9 @@ def get_limits(request: Request):
             "no worker has published the model's limits yet (the model is loading); retry shortly",
             headers={"Retry-After": str(LIMITS_RETRY_S)},
         )
-    return {"model": info.get("model"), "limits": info["limits"], "defaults": info.get("defaults", {})}
+    return {
+        "model": info.get("model"),
+        "limits": info["limits"],
+        "defaults": info.get("defaults", {}),
+        "vocabulary": info.get("vocabulary"),
+    }

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from fastapi import HTTPException
 
 from dit.image import ImageError, ImageTooLarge, UnsupportedFormat
+from dit.vocabulary import prompt_warnings
 from server import images, videos
 from server import limits as limits_mod
 from server.config import ServeConfig
@@ -77,6 +78,11 @@ class Services:
             info = workers[0]["info"] if workers else {}
             self._worker_info = (time.monotonic(), info)
         return info
+
+    def warnings(self, job: Job) -> list[str]:
+        """What the job's view warns of: a prompt with words outside the vocabulary the model declares (the
+        trained tiny model's; none for a model that declares none), as the workers published it."""
+        return prompt_warnings(job.spec.get("prompt"), self.worker_info().get("vocabulary"))
 
     def ready(self) -> bool:
         return self.supervisor.ready() if self.supervisor is not None else group_ready(self.store)

@@ -24,6 +24,9 @@ A job-store outage (server/store_retry.py) is not a failure: the leader's writes
 phases, the end) wait for the store for up to --store-outage-grace, its steps and heartbeats are kept (the
 newest) and written once the store answers, and an idle leader polls on slowly, so the job goes on.
 
+Once the video is decoded, its middle frame takes the last live preview's place before the job completes:
+a finished job's thumbnail is a frame of its video.
+
 Every `--checkpoint-every` steps the leader hands the sampler's state to another thread
 (`server.writers.CheckpointWriter`), which saves it beside the job; when it claims a job that has a
 checkpoint made for the same model, settings, layout and request, the replica goes on from it (the job
@@ -54,8 +57,10 @@ import numpy as np
 import parallel
 from dit.checkpoint import Checkpointing, DenoiseState, Expected, load_file
 from dit.image import fit, read
+from dit.preview import frame_preview
 from dit.shape import launch_layout
 from dit.video import write_mp4
+from dit.vocabulary import read_vocabulary
 from parallel.launch import number_ranks_by_node
 from server import limits as limits_mod
 from server import logs, metrics, videos
@@ -97,6 +102,7 @@ class Worker:
             "limits": described,
             "defaults": limits_mod.defaults(described),
             "model": config.model,
+            "vocabulary": read_vocabulary(config.model),  # None: the model declares none (dit.vocabulary)
             "dp_rank": mesh.dp_rank,
             "dp_size": mesh.dp_size,
             "world_size": mesh.world_size,
@@ -292,8 +298,9 @@ class Worker:
                 self.previews.flush(FLUSH_S)
                 self.checkpoints.flush(FLUSH_S)  # the last one, to resume from
             raise
-        if leader:
-            self._flush(job_id)  # the last step's preview is the finished job's thumbnail
+        if leader:  # the finished job's thumbnail: a frame of its video, in place before it completes
+            self.previews.submit(job_id, spec["num_inference_steps"], frame_preview(frames))
+            self._flush(job_id)
             self._complete(job_id, spec, frames, start, step_times, phases)
         self.job_id, self.state = None, "ready"
 

@@ -31,12 +31,15 @@ def test_generate_writes_the_mp4_as_asked(tmp_path):
     assert video.frames.shape == (17, 64, 64, 3)  # the trained tiny model's defaults
     assert (video.fps, video.codec, video.pix_fmt) == (16.0, "h264", "yuv420p")
     assert "wrote video.mp4: 17 frames 64x64 @ 16 fps" in proc.stdout
+    assert "warning" not in proc.stderr  # every word of the prompt is one the tiny model knows
 
     proc = _run("generate", "a fox", "--out", "small.mp4", "--frames", "5", "--height", "32", "--width", "48",
                 "--steps", "2", "--fps", "8", cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     video = read_mp4(tmp_path / "small.mp4")
     assert (video.frames.shape, video.fps) == ((5, 32, 48, 3), 8.0)
+    warning = "ithaca generate: warning: the model does not know the words fox: it draws coloured shapes"
+    assert warning in proc.stderr  # the tiny model declares its vocabulary (dit/tiny/model/vocabulary.json)
 
 
 def test_generate_rejects_bad_input(tmp_path):
@@ -143,6 +146,7 @@ def test_generate_picks_the_hunyuan_family_from_the_preset(tmp_path):
                 "--frames", "5", "--height", "32", "--width", "48", "--steps", "2", cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert read_mp4(tmp_path / "joint.mp4").frames.shape == (5, 32, 48, 3)
+    assert "warning" not in proc.stderr  # a model that declares no vocabulary is never warned about
     proc = _run("generate", "a fox", "--preset", "tiny-joint", "--height", "40", cwd=tmp_path)
     assert proc.returncode == 2 and "height must be a multiple of 16" in proc.stderr  # ×16 VAE
 

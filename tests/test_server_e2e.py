@@ -208,9 +208,11 @@ def test_malformed_requests_get_4xx_never_5xx(server):
 
 def test_openai_sdk_create_retrieve_list_download(server, tmp_path):
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
-    video = client.videos.create(prompt="a paper boat on a pond", seconds="1", size="1280x720")
+    video = client.videos.create(prompt="a paper boat on a pond", seconds="1", size="84x44")
     assert video.object == "video" and video.status == "queued"
-    assert video.size == "80x48"  # 16:9 fitted to the tiny model's 64×64 pixel count, multiples of 16
+    assert video.size == "80x48"  # the nearest multiples of 16, as the reply says
+    (warning,) = video.to_dict()["warnings"]  # the tiny model's workers publish its vocabulary
+    assert warning.startswith("the model does not know the words paper, boat, on, pond: it draws coloured")
     while (video := client.videos.retrieve(video.id)).status not in ("completed", "failed"):
         time.sleep(0.05)
     assert video.status == "completed" and video.progress == 100 and video.completed_at is not None
@@ -228,6 +230,9 @@ def test_openai_errors_have_openai_shape(server):
     with pytest.raises(openai.UnprocessableEntityError) as bad:
         client.videos.create(prompt="a boat", seconds="-3")
     assert "seconds" in bad.value.message and bad.value.body["param"] == "seconds"
+    with pytest.raises(openai.UnprocessableEntityError) as big:  # the tiny model makes at most 256×256
+        client.videos.create(prompt="a boat", seconds="1", size="1280x720")
+    assert big.value.body["param"] == "size" and "width 16 to 256 in steps of 16" in big.value.message
     with pytest.raises(openai.NotFoundError) as missing:
         client.videos.retrieve("0" * 32)
     assert missing.value.body["type"] == "not_found_error"

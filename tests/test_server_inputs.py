@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
 from dit.pipeline import TINY_LIMITS
+from dit.vocabulary import read_vocabulary
 from server import limits
 from server.app import create_app
 from server.config import ServeConfig
@@ -31,16 +32,17 @@ MAX_TOKENS = 128  # the random tiny preset's byte tokenizer (a token per byte: l
 NUMBERS = ("num_frames", "height", "width", "num_inference_steps", "guidance_scale", "seed", "fps")
 
 
-def _publish(store: JobStore) -> None:
+def _publish(store: JobStore, vocabulary: dict | None = None) -> None:
     described = limits.describe(dataclasses.replace(TINY_LIMITS, max_prompt_tokens=MAX_TOKENS))
     info = {"limits": described, "defaults": limits.defaults(described), "model": "tiny-random"}
+    info["vocabulary"] = vocabulary
     store.heartbeat("test/g/replica0", instance="test", group_id="g", state="ready", info=info)
 
 
-def _app(tmp_path, **settings_):
+def _app(tmp_path, vocabulary: dict | None = None, **settings_):
     config = ServeConfig(workers=False, data_dir=str(tmp_path), preset="tiny-random", **settings_)
     app = create_app(config)
-    _publish(app.state.services.store)
+    _publish(app.state.services.store, vocabulary)
     return app
 
 
@@ -415,3 +417,47 @@ def test_generate_takes_a_step_cache_per_request(client):
         assert r.status_code == 422 and _field(r) == "cache", r.text
     r = client.post("/generate", json={"prompt": "a fox", "cache": "fbcache"})
     assert r.status_code == 202 and r.json()["request"]["cache"] == "fbcache:0.08", r.text
+
+
+def test_v1_refuses_a_size_or_duration_the_model_cannot_make_and_says_what_it_rounds(client):
+    """The tiny limits: width and height 16..256 in steps of 16, 5..33 frames (4k + 1) at 16 fps."""
+    sizes = "width 16 to 256 in steps of 16, height 16 to 256 in steps of 16"
+    durations = "0.3125 to 2.0625 seconds (5 to 33 frames at 16 fps)"
+    for fields, field, allowed in [
+        ({"size": "4096x4096"}, "size", sizes),
+        ({"size": "832x480", "seconds": "1"}, "size", sizes),
+        ({"size": "64x8"}, "size", sizes),
+        ({"seconds": "4"}, "seconds", durations),
+        ({"seconds": 0.25}, "seconds", durations),
+    ]:
+        r = client.post("/v1/videos", json={"prompt": "fox", **fields})
+        assert r.status_code == 422 and _field(r) == field, r.text
+        assert r.json()["error"]["message"].endswith(f"is outside the model's limits: {allowed}"), r.text
+    # inside them: the nearest multiples of 16 (40 lies halfway: up), 17.6 frames → 17; the reply says so
+    r = client.post("/v1/videos", json={"prompt": "fox", "size": "100x40", "seconds": "1.1"})
+    assert r.status_code == 200, r.text
+    assert (r.json()["size"], r.json()["seconds"]) == ("96x48", "1.0625")
+    request = client.get(f"/jobs/{r.json()['id']}").json()["request"]
+    assert request == {"prompt": "fox", "width": 96, "height": 48, "num_frames": 17}
+    for size in ("16x256", "256x16"):  # the bounds themselves are made as asked
+        assert client.post("/v1/videos", json={"prompt": "fox", "size": size}).json()["size"] == size
+
+
+def test_a_prompt_outside_a_declared_vocabulary_is_warned_of_on_both_apis(client, tmp_path):
+    vocabulary = read_vocabulary("tiny")  # what a worker of the trained tiny model publishes
+    with TestClient(_app(tmp_path / "tiny", vocabulary), raise_server_exceptions=False) as tiny:
+        job = tiny.post("/generate", json={"prompt": "a red fox in snow"}).json()
+        (warning,) = job["warnings"]
+        assert warning.startswith("the model does not know the words fox, in, snow: it draws coloured shapes")
+        assert warning.endswith(" ".join(vocabulary["words"])) and "circle" in vocabulary["words"]
+        assert tiny.get(f"/jobs/{job['id']}").json()["warnings"] == [warning]
+        video = tiny.post("/v1/videos", json={"prompt": "a paper boat on a pond"}).json()
+        assert video["warnings"][0].startswith("the model does not know the words paper, boat, on, pond:")
+        assert tiny.get(f"/v1/videos/{video['id']}").json()["warnings"] == video["warnings"]
+        fine = tiny.post("/generate", json={"prompt": "The big violet ball, sliding to the left."})
+        assert fine.json()["warnings"] == []
+        assert tiny.get("/limits").json()["vocabulary"] == vocabulary
+    # a model that declares no vocabulary (every real one) is never warned about
+    assert client.post("/generate", json={"prompt": "a red fox in snow"}).json()["warnings"] == []
+    assert client.post("/v1/videos", json={"prompt": "a paper boat"}).json()["warnings"] == []
+    assert client.get("/limits").json()["vocabulary"] is None

@@ -14,10 +14,20 @@ import torch
 from dit.presets import SHIPPED
 from dit.tiny import train
 from dit.tiny.detect import read
-from dit.tiny.language import HELD_OUT, SIZES, Scene, all_scenes, caption, training_scenes, vocabulary
+from dit.tiny.language import (
+    HELD_OUT,
+    SIZES,
+    Scene,
+    all_scenes,
+    caption,
+    declared_vocabulary,
+    training_scenes,
+    vocabulary,
+)
 from dit.tiny.render import render
 from dit.tiny.score import generate_and_read, rates
 from dit.vae import to_uint8
+from dit.vocabulary import read_vocabulary
 
 
 def test_detector_reads_every_rendered_scene():
@@ -55,6 +65,8 @@ def test_shipped_folder_is_small_and_knows_every_caption_word():
     for text in [*captions, "A Red Circle Moving Left", *vocabulary()]:  # lower-cased by the tokenizer
         ids = tok(text).input_ids
         assert tok.unk_token_id not in ids and len(ids) <= tok.model_max_length, text
+    # the vocabulary the folder declares (dit.vocabulary) is the language's, as training writes it
+    assert read_vocabulary("tiny") == declared_vocabulary() and declared_vocabulary()["words"] == vocabulary()
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +154,14 @@ def test_fp8_ulysses_keeps_the_meaning(pipe):
 
 def _tiny_run(tmp_path, name: str, interrupt_at: int | None = None):
     cfg = train.TrainConfig(
-        vae_steps=3, encoder_steps=2, vae_batch=1, vae_frames=5, dit_steps=6, dit_batch=2, clips=4
+        vae_steps=3,
+        encoder_steps=2,
+        vae_batch=1,
+        vae_frames=5,
+        dit_steps=6,
+        dit_batch=2,
+        clips=4,
+        preview_clips=2,
     )
     work, out = tmp_path / f"work-{name}", tmp_path / f"out-{name}"
     if interrupt_at is not None:

@@ -38,6 +38,28 @@ RECORDER = """() => {
     }, true);
 }"""
 
+# The mean difference per channel (0-255) between the <video>'s poster and the frame it shows, both drawn at
+# the video's size.
+POSTER_VS_FRAME = """async (v) => {
+    const image = new Image();
+    image.src = v.poster;
+    await image.decode();
+    const pixels = (source) => {
+        const canvas = document.createElement("canvas");
+        [canvas.width, canvas.height] = [v.videoWidth, v.videoHeight];
+        const context = canvas.getContext("2d");
+        context.drawImage(source, 0, 0, canvas.width, canvas.height);
+        return context.getImageData(0, 0, canvas.width, canvas.height).data;
+    };
+    const [a, b] = [pixels(image), pixels(v)];
+    let sum = 0;
+    for (let i = 0; i < a.length; i++) if (i % 4 !== 3) sum += Math.abs(a[i] - b[i]);
+    return sum / (a.length * 3 / 4);
+}"""
+# The middle frame through WebP and H.264: about 1 (tiny model, 2026-11-24); the last live preview (the
+# poster before) differs from it by 6-16.
+MAX_POSTER_DIFFERENCE = 4
+
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
@@ -101,12 +123,13 @@ def _watch_to_the_video(page, prompt: str, shot) -> dict:
         "v => { v.pause(); v.currentTime = v.duration / 2;"
         " return new Promise((ok) => v.addEventListener('seeked', ok, {once: true})) }"
     )
+    poster_vs_frame = video.evaluate(POSTER_VS_FRAME)
     bar = card.get_by_role("progressbar")
     assert bar.get_attribute("aria-valuenow") == "100"
     assert card.get_by_role("link", name="Download MP4").get_attribute("href")
     assert not card.get_by_role("button", name="Cancel").is_visible()
     page.screenshot(path=shot, full_page=True)
-    return page.evaluate("window.seen") | {"duration": duration}
+    return page.evaluate("window.seen") | {"duration": duration, "poster_vs_frame": poster_vs_frame}
 
 
 def test_generate_on_the_tiny_model(servers, page, tmp_path):
@@ -121,6 +144,10 @@ def test_generate_on_the_tiny_model(servers, page, tmp_path):
     frames = page.get_by_label("Frames", exact=True)
     assert frames.input_value() == "17" and frames.get_attribute("step") == "4"
     assert page.get_by_label("First frame image").is_hidden()  # a text-to-video model
+    hint = page.locator("#prompt-hint")  # the tiny model declares its vocabulary: the hint lists it
+    assert "coloured shapes moving on black" in hint.inner_text() and " triangle " in hint.inner_text()
+    page.get_by_label("Prompt", exact=True).fill("a red fox in snow")
+    assert hint.inner_text().startswith("It does not know: fox, in, snow.")
     page.evaluate(RECORDER)
     # enough steps (the tiny model's are ~0.1 s) that the bar is seen between 0 and 100
     _submit(page, "a red circle moving right", Steps=24, Seed=3)
@@ -130,8 +157,14 @@ def test_generate_on_the_tiny_model(servers, page, tmp_path):
         Image.open(shot).convert("RGB").quantize(64).save(os.environ["ITHACA_WEB_SCREENSHOT"], optimize=True)
     assert any(0 < v < 100 for v in seen["progress"]) and seen["progress"][-1] == 100, seen
     assert seen["previews"] and all(w > 0 for w in seen["previews"]), seen
-    timings = opened.client.get("/jobs", params={"limit": 1}).json()["data"][0]["timings"]
-    print(f"progress {seen['progress']}, previews {seen['previews']}, {seen['duration']:.2f} s of video")
+    assert not hint.inner_text().startswith("It does not know")
+    assert seen["poster_vs_frame"] < MAX_POSTER_DIFFERENCE, seen  # the poster is the frame the page shows
+    job = opened.client.get("/jobs", params={"limit": 1}).json()["data"][0]
+    timings = job["timings"]
+    print(
+        f"progress {seen['progress']}, previews {seen['previews']}, {seen['duration']:.2f} s of video, "
+        f"poster vs the frame shown {seen['poster_vs_frame']:.1f}"
+    )
     print(f"job timings {timings}")
 
 
@@ -179,6 +212,7 @@ def test_the_page_asks_for_the_key_and_cancels(servers, page, tmp_path):
     seen = _watch_to_the_video(page, "a blue square moving up", tmp_path / "keyed.png")
     assert any(0 < v < 100 for v in seen["progress"]) and seen["previews"], seen
     assert page.locator("li.job video").first.evaluate("v => v.src.startsWith('blob:')")
+    assert seen["poster_vs_frame"] < MAX_POSTER_DIFFERENCE, seen
 
     _submit(page, "a fox to cancel", Frames=33, Width=128, Height=128, Steps=50)
     card = page.locator("li.job", has_text="a fox to cancel")

@@ -86,3 +86,11 @@ def vocabulary() -> list[str]:
     words = {"a", "the", "one", "to", "moving", *VERBS, *SIZES, *COLORS, *SHAPES, *DIRECTIONS}
     words |= {w for options in SYNONYMS.values() for w in options}
     return sorted(words)
+
+
+def declared_vocabulary() -> dict:
+    """What the model folder declares in `vocabulary.json` (dit.vocabulary): the words, and in one phrase
+    what they draw."""
+    choice = lambda words: "{" + "|".join(words) + "}"  # noqa: E731
+    canonical = f"a {choice(COLORS)} {choice(SHAPES)} moving {choice(DIRECTIONS)}"
+    return {"about": f'coloured shapes moving on black, "{canonical}"', "words": vocabulary()}

@@ -30,9 +30,11 @@ import torch
 from tqdm import tqdm
 
 from dit.model_card import write_card
-from dit.tiny.language import SIZES, Scene, caption, training_scenes, vocabulary
+from dit.preview import write_preview
+from dit.tiny.language import SIZES, Scene, caption, declared_vocabulary, training_scenes, vocabulary
 from dit.tiny.latents import describe
 from dit.tiny.render import render
+from dit.vocabulary import FILE as VOCABULARY_FILE
 
 MODEL_DIR = Path(__file__).resolve().parent / "model"  # the shipped weights
 # The request defaults the folder's card gives (beside those of what it was trained on: 17 frames of 64×64):
@@ -68,6 +70,7 @@ class TrainConfig:
     ema: float = 0.999
     caption_dropout: float = 0.1
     shift: float = 3.0  # training noise levels follow Wan's shifted schedule
+    preview_clips: int = 128  # rendered clips the live-preview map is fitted on (dit.tiny.preview_map)
 
 
 def _seed(*keys) -> int:
@@ -351,6 +354,10 @@ def write_folder(out: Path, cfg: TrainConfig, tokenizer, text_encoder, vae, dit,
     (tmp / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
     (tmp / "training.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
     write_card(tmp, card_limits(cfg))
+    (tmp / VOCABULARY_FILE).write_text(json.dumps(declared_vocabulary(), indent=2) + "\n")
+    from dit.tiny import preview_map  # it renders clips as this module does
+
+    write_preview(tmp / "vae", preview_map.fit(vae, cfg))
     shutil.rmtree(out, ignore_errors=True)
     tmp.replace(out)
 

@@ -92,8 +92,12 @@ async function loadLimits() {
   applyLimits(await response.json());
 }
 
-function applyLimits({ model, limits }) {
+let vocabulary = null; // {about, words}: the words a small model knows (null: a model that declares none)
+
+function applyLimits({ model, limits, vocabulary: declared }) {
   $("model").textContent = `Model: ${model}`;
+  vocabulary = declared || null;
+  hintPrompt();
   for (const name of NUMBERS) {
     const spec = limits[name];
     if (!spec) continue; // seed, and any field this model does not publish: only the input's own bounds
@@ -118,6 +122,24 @@ function applyLimits({ model, limits }) {
   }
   $("generate").disabled = false;
 }
+
+// Under the prompt, for a model that declares its vocabulary: what it draws, its words, and the prompt's
+// words it does not know (split as the server's dit.vocabulary splits them: runs of letters, digits and _).
+function hintPrompt() {
+  const hint = $("prompt-hint");
+  if (!vocabulary) {
+    hint.textContent = "";
+    return;
+  }
+  const known = new Set(vocabulary.words);
+  const words = $("prompt").value.toLowerCase().match(/[\p{L}\p{N}_]+/gu) || [];
+  const unknown = [...new Set(words.filter((word) => !known.has(word)))];
+  const knows = `This model draws ${vocabulary.about}, from the words: ${vocabulary.words.join(" ")}.`;
+  hint.textContent = unknown.length ? `It does not know: ${unknown.join(", ")}. ${knows}` : knows;
+  hint.classList.toggle("warning", unknown.length > 0);
+}
+
+$("prompt").addEventListener("input", hintPrompt);
 
 $("generate-form").addEventListener("submit", async (event) => {
   event.preventDefault();
@@ -230,6 +252,8 @@ function makeCard(job) {
   card.preview.hidden = true;
   card.error = element("p", { class: "error", role: "alert" });
   card.error.hidden = true;
+  card.warning = element("p", { class: "warning" }, (job.warnings || []).join(" "));
+  card.warning.hidden = !(job.warnings || []).length;
   card.cancel = element("button", { type: "button", "aria-describedby": title }, "Cancel");
   card.cancel.addEventListener("click", () => cancel(card));
   card.video = element("video", { controls: "", preload: "metadata", "aria-label": `Video of “${prompt}”` });
@@ -237,7 +261,7 @@ function makeCard(job) {
   card.video.hidden = card.download.hidden = true;
   const media = element("div", { class: "media" });
   media.append(card.preview, card.video);
-  card.el.append(card.state, card.bar, card.error, media, card.cancel, card.download);
+  card.el.append(card.state, card.warning, card.bar, card.error, media, card.cancel, card.download);
   cards.set(job.id, card);
   return card;
 }
@@ -293,8 +317,7 @@ async function showPreview(card, step, path) {
     const old = card.preview.getAttribute("src");
     card.preview.src = url;
     card.preview.alt = `Preview of “${card.el.querySelector("h3").textContent}” at step ${step}`;
-    if (card.videoShown) card.video.poster = url; // the last preview stands for the video until it plays
-    else card.preview.hidden = false;
+    card.preview.hidden = card.videoShown; // once the video shows, its poster is a frame of it (showVideo)
     if (old) {
       URL.revokeObjectURL(old);
       card.urls = card.urls.filter((kept) => kept !== old);
@@ -310,7 +333,8 @@ async function showVideo(card, job) {
   card.videoShown = true;
   try {
     const url = apiKey() ? await blobUrl(card, job.video_url) : job.video_url;
-    if (card.preview.src) card.video.poster = card.preview.src;
+    // a finished job's preview is its video's middle frame (the worker puts it in place before completing)
+    if (job.preview_url) card.video.poster = await blobUrl(card, job.preview_url).catch(() => "");
     card.video.src = url;
     card.download.href = url;
     card.video.hidden = card.download.hidden = false;
