@@ -120,7 +120,9 @@ def config_shift(sampler: str, config: dict) -> float:
     """The shift a scheduler config of `sampler`'s class samples with, read as diffusers reads it: the class's
     own key, else the class's default (1.0 for both classes)."""
     key = _SHIFT_KEY[sampler]
-    return config.get(key, inspect.signature(scheduler_class(sampler).__init__).parameters[key].default)
+    if key in config:  # no diffusers import (preflight runs before any model code)
+        return config[key]
+    return inspect.signature(scheduler_class(sampler).__init__).parameters[key].default
 
 
 def scheduler_class(sampler: str) -> type:
