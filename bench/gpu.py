@@ -52,7 +52,7 @@ class Section:
 
 SECTIONS = (
     Section("attention", "local_attention per backend vs float64", gpu_correct.attention, 20),
-    Section("fp8", "FP8 wire format: compiled vs eager, round trip", gpu_correct.fp8_wire, 30),
+    Section("fp8", "FP8 wire format: fused vs eager, round trip", gpu_correct.fp8_wire, 30),
     Section(
         "models", "Wan and HunyuanVideo-1.5 vs diffusers, same weights, small configs", gpu_correct.models, 30
     ),

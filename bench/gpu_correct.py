@@ -78,7 +78,7 @@ def attention(kit: Kit, report: Report) -> None:
 
 
 def fp8_wire(kit: Kit, report: Report) -> None:
-    """The FP8 wire format on one rank's Wan-14B QKV send buffer at P=8: compiled vs eager, round trip."""
+    """The FP8 wire format on one rank's Wan-14B QKV send buffer at P=8: fused vs eager, round trip."""
     shape = kit.pick((8, 3, 1, 4095, 5, 128), (8, 3, 1, 16, 1, 32))  # pack_qkv's [P, 3, B, L, H/P, D]
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(kit.device, kit.dtype)
     eager = fp8.pack(x, compiled=False)
@@ -88,15 +88,11 @@ def fp8_wire(kit: Kit, report: Report) -> None:
     cpu = rel_diff(fp8.unpack(fp8.pack(x.cpu()), x.shape, torch.float32), x.cpu())
     report.check(f"round trip here vs on the CPU ({cpu:.4f}): |difference|", abs(err - cpu), 1e-3)
     if not kit.cuda:
-        report.skip_check("compiled vs eager pack", "fp8.pack compiles CUDA tensors only")
+        report.skip_check("fused vs eager pack", "fp8.pack fuses CUDA tensors only")
         return
-    compiled = fp8.pack(x, compiled=True)
-    same = (compiled == eager).float().mean().item()
-    report.check(
-        f"compiled vs eager pack: dequantised difference ({same:.4%} of bytes identical)",
-        rel_diff(fp8.unpack(compiled, x.shape, torch.float32), back),
-        1e-2,
-    )
+    fused = fp8.pack(x, compiled=True)
+    differ = (fused != eager).sum().item()  # counted exactly: the Triton kernel gives the eager bytes
+    report.check(f"fused (Triton) vs eager pack: bytes that differ, of {eager.numel()}", differ, 0)
 
 
 def _vs_diffusers(report: Report, name: str, build, kit: Kit) -> None:

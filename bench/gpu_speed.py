@@ -57,7 +57,7 @@ def ulysses_shard(kit: Kit, report: Report) -> None:
     ops = [
         ("pack Q/K/V (pack_qkv)", lambda: pack_qkv(q, k, v, P), 3 * q.nbytes),
         ("FP8 quantise, eager (fp8.pack)", lambda: fp8.pack(send), send.nbytes),
-        ("FP8 quantise, compiled", lambda: fp8.pack(send, compiled=True), send.nbytes),
+        ("FP8 quantise, fused (Triton)", lambda: fp8.pack(send, compiled=True), send.nbytes),
         ("FP8 dequantise (fp8.unpack)", lambda: fp8.unpack(wire, send.shape, kit.dtype), wire.nbytes),
         ("unpack Q/K/V (unpack_qkv)", lambda: unpack_qkv(send), send.nbytes),
         ("pack output (pack_out)", lambda: pack_out(out, P), out.nbytes),
@@ -65,8 +65,8 @@ def ulysses_shard(kit: Kit, report: Report) -> None:
     ]
     rows, ms = [], {}
     for name, fn, read in ops:
-        if "compiled" in name and not kit.cuda:
-            rows.append([name, "skipped: fp8.pack compiles CUDA tensors only", "–", "–"])
+        if "fused" in name and not kit.cuda:
+            rows.append([name, "skipped: fp8.pack fuses CUDA tensors only", "–", "–"])
             continue
         sec, res, _ = kit.time(fn, warmup=3, iters=20)
         moved = read + sum(t.nbytes for t in (res if isinstance(res, tuple) else (res,)))
@@ -78,7 +78,7 @@ def ulysses_shard(kit: Kit, report: Report) -> None:
         rows,
     )
     report.target("pack of one rank's QKV shard at P=8", ms.get("pack Q/K/V (pack_qkv)"), 0.2, "ms")
-    report.target("FP8 quantise of that shard (compiled)", ms.get("FP8 quantise, compiled"), 0.12, "ms")
+    report.target("FP8 quantise of that shard (fused)", ms.get("FP8 quantise, fused (Triton)"), 0.12, "ms")
 
 
 def _regional(model):

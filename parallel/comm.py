@@ -55,7 +55,7 @@ class CommConfig:
     kind: str = "alltoall"  # "alltoall" (one all_to_all_single) or "p2p" (round-robin isend/irecv)
     fp8_in: bool = False  # compress Q/K/V on the way in
     fp8_out: bool = False  # compress the attention output on the way back
-    compiled: bool = True  # fuse the FP8 quantiser with torch.compile (CUDA tensors only)
+    compiled: bool = True  # the FP8 quantiser as one Triton kernel (CUDA tensors only)
     # Overlapped Ulysses: the heads go in this many chunks, each chunk's exchanges running while another
     # chunk attends (at most H/ulysses chunks are used: every rank keeps a head in each); 1: one exchange.
     chunks: int = 1

@@ -2,8 +2,8 @@
 uint8 buffer per peer, so any backend (gloo included, which cannot carry float8) moves it as plain bytes.
 
 The quantiser is a handful of elementwise ops plus a row max; eager torch runs them as separate kernels
-(0.79 ms for one rank's Wan-14B QKV shard on an H100), torch.compile fuses them (0.15 ms): `compiled=True`
-uses the compiled version on CUDA tensors.
+(0.92 ms for one rank's Wan-14B QKV shard at P=8 on an H200; torch.compile's fusion 0.27 ms): `compiled=True`
+packs CUDA tensors with one Triton kernel instead (`parallel.fp8_kernel`, 0.092 ms, the same bytes).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ FP8_MAX = 448.0
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., D] → (e4m3 payload [..., D], fp32 scale [..., 1])."""
     x = x.float()
-    scale = (x.abs().amax(-1, keepdim=True) / FP8_MAX).clamp_min(1e-12)
+    # times the fp32 reciprocal, as CUDA torch divides by a scalar: the same bytes on every device
+    scale = (x.abs().amax(-1, keepdim=True) * (1 / FP8_MAX)).clamp_min(1e-12)
     return (x / scale).to(FP8), scale
 
 
@@ -33,16 +34,13 @@ def _pack(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([payload.reshape(P, -1).view(torch.uint8), scale.reshape(P, -1).view(torch.uint8)], 1)
 
 
-_pack_compiled = None
-
-
 def pack(x: torch.Tensor, compiled: bool = False) -> torch.Tensor:
-    """x [P, ..., D] (chunk i for peer i) → uint8 [P, n*D + 4n] with n = rows per peer."""
-    global _pack_compiled
-    if compiled and x.is_cuda:
-        if _pack_compiled is None:
-            _pack_compiled = torch.compile(_pack, dynamic=False)
-        return _pack_compiled(x)
+    """x [P, ..., D] (chunk i for peer i) → uint8 [P, n*D + 4n] with n = rows per peer; `compiled`: one fused
+    kernel for a CUDA tensor whose D is a multiple of 4 (its scales then sit 4-byte aligned)."""
+    if compiled and x.is_cuda and x.shape[-1] % 4 == 0:
+        from parallel import fp8_kernel  # Triton: CUDA builds of torch only
+
+        return fp8_kernel.pack(x)
     return _pack(x)
 
 
