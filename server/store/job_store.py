@@ -1,7 +1,7 @@
 """Durable job store shared by the API process and the worker group, on one of two backends.
 
-`open_store(url)`: `sqlite:///PATH` (the default, one box: server/store_sqlite.py) or
-`postgresql://USER@HOST:PORT/DB` (several boxes sharing one database: server/store_postgres.py). The job
+`open_store(url)`: `sqlite:///PATH` (the default, one box: server/store/sqlite.py) or
+`postgresql://USER@HOST:PORT/DB` (several boxes sharing one database: server/store/postgres.py). The job
 rules are written here once, as plain SQL with SQLite's `?`/`?N` parameters, `RETURNING` and
 `ON CONFLICT` upserts (both databases take them); a backend supplies what differs: connections, the
 statement that opens a write transaction, the column types of the schema, the claim's row lock
@@ -23,7 +23,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from server.store_file import OUR_COLUMNS, StoreBusy, StoreError
+from server.store.sqlite_file import OUR_COLUMNS, StoreBusy, StoreError
 
 __all__ = ["IdempotencyConflict", "QueueFull", "Job", "JobStore", "StoreBusy", "StoreError", "open_store",
            "backend_for"]  # fmt: skip
@@ -192,10 +192,10 @@ def backend_for(url: str, *, busy_timeout: float = 30.0):
     is an SQLite file too) or `postgresql://...` / `postgres://...` (libpq's URL: user, password, host,
     port, database, `?host=/socket/folder` ...)."""
     if url.startswith(("postgresql://", "postgres://")):
-        from server.store_postgres import PostgresBackend
+        from server.store.postgres import PostgresBackend
 
         return PostgresBackend(url, busy_timeout)
-    from server.store_sqlite import SqliteBackend
+    from server.store.sqlite import SqliteBackend
 
     if url.startswith("sqlite:///"):
         return SqliteBackend(url.removeprefix("sqlite:///"), busy_timeout)

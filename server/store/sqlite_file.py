@@ -20,7 +20,7 @@ class StoreBusy(RuntimeError):
     """The store did not answer in time: "locked" (another process held SQLite's write lock past the busy
     timeout), "busy" (a PostgreSQL lock wait or deadlock) or "unreachable" (no connection to PostgreSQL), as
     its message says; the API answers 503 with it, the supervisor and the workers retry
-    (server/store_retry.py)."""
+    (server/store/retry.py)."""
 
 
 class StoreError(RuntimeError):
