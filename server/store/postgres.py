@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import re
 
-from server.store.sqlite_file import StoreBusy, StoreError
+from server.store.errors import StoreBusy, StoreError
 
 _FIX = "check the URL, that the PostgreSQL server runs and that this user may connect and create tables"
 
@@ -130,7 +130,7 @@ def _one_line(error: Exception) -> str:
 
 
 class PostgresBackend:
-    """What the PostgreSQL store does differently from SQLite; server/store/job_store.py holds the rest."""
+    """What the PostgreSQL store does differently from SQLite; server/store/ holds the rest."""
 
     name = "postgresql"
     begin = "BEGIN"

@@ -15,7 +15,7 @@ from server.store.sqlite_file import Connection, check_file
 
 
 class SqliteBackend:
-    """What the SQLite store does differently from PostgreSQL; server/store/job_store.py holds the rest."""
+    """What the SQLite store does differently from PostgreSQL; server/store/ holds the rest."""
 
     name = "sqlite"
     begin = "BEGIN IMMEDIATE"
