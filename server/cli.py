@@ -11,7 +11,7 @@ import textwrap
 
 from server import config as config_mod
 from server import logs
-from server.store_file import StoreError
+from server.store import StoreError
 
 log = logging.getLogger("ithaca.server")
 

@@ -25,7 +25,7 @@
   While running, jobs of any server sharing the store whose worker sent no heartbeat for `orphan_timeout`
   seconds are re-queued the same way (a replica that vanished for good), and such workers' rows are pruned.
 - A job-store outage costs a wait: every store call is retried up to --store-outage-grace
-  (server/store_retry.py), a round that still fails is tried again, and the orphan sweep waits
+  (server/store/retry.py), a round that still fails is tried again, and the orphan sweep waits
   `orphan_timeout` after the store is back (the workers' heartbeats could not land meanwhile).
 """
 
@@ -45,7 +45,7 @@ from server import videos
 from server.config import ServeConfig
 from server.lifetime import die_with_parent
 from server.store import JobStore, StoreBusy
-from server.store_retry import PatientStore, StoreOutage
+from server.store.retry import PatientStore, StoreOutage
 
 log = logging.getLogger("ithaca.supervisor")
 FRESH_HEARTBEAT_S = 5.0

@@ -67,7 +67,7 @@ from server import logs, metrics, videos
 from server.config import ServeConfig, add_arguments, from_args
 from server.lifetime import die_with_parent
 from server.store import Job, StoreBusy, open_store
-from server.store_retry import MAX_RETRY_S, LatestStep, PatientStore, StoreOutage
+from server.store.retry import MAX_RETRY_S, LatestStep, PatientStore, StoreOutage
 from server.writers import CheckpointWriter, PreviewWriter
 
 HEARTBEAT_S = 1.0

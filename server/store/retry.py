@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 
-from server.store_file import StoreBusy
+from server.store.errors import StoreBusy
 
 log = logging.getLogger("ithaca.store")
 FIRST_RETRY_S = 0.1

@@ -2,7 +2,7 @@
 
 Several servers on several boxes share one database: claims take the oldest queued row with
 `FOR UPDATE SKIP LOCKED`, so concurrent claimers never wait on each other and each job is claimed once. The
-store's SQL is written once (server/store.py) with SQLite's `?`/`?N` parameters; `Connection` rewrites
+store's SQL is written once (server/store/) with SQLite's `?`/`?N` parameters; `Connection` rewrites
 them to psycopg's `%s` and reorders the arguments. Lock waits longer than the busy timeout
 (`lock_timeout`), deadlocks and a lost connection end in `StoreBusy` (the API answers 503; the next
 statement connects again).
@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import re
 
-from server.store_file import StoreBusy, StoreError
+from server.store.errors import StoreBusy, StoreError
 
 _FIX = "check the URL, that the PostgreSQL server runs and that this user may connect and create tables"
 
@@ -130,7 +130,7 @@ def _one_line(error: Exception) -> str:
 
 
 class PostgresBackend:
-    """What the PostgreSQL store does differently from SQLite; server/store.py holds the rest."""
+    """What the PostgreSQL store does differently from SQLite; server/store/ holds the rest."""
 
     name = "postgresql"
     begin = "BEGIN"

@@ -3,7 +3,7 @@
 WAL mode: many readers (status polls) never block the one writer, and several processes on one box (an
 API, its worker leaders, a second replica's API) share one file. Every write runs inside `BEGIN IMMEDIATE`
 (the write lock is taken up front), so a claim can never race another process's claim; a lock wait longer
-than the busy timeout ends in `StoreBusy` (server/store_file.py).
+than the busy timeout ends in `StoreBusy` (server/store/sqlite_file.py).
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import sqlite3
 
-from server.store_file import Connection, check_file
+from server.store.sqlite_file import Connection, check_file
 
 
 class SqliteBackend:
-    """What the SQLite store does differently from PostgreSQL; server/store.py holds the rest."""
+    """What the SQLite store does differently from PostgreSQL; server/store/ holds the rest."""
 
     name = "sqlite"
     begin = "BEGIN IMMEDIATE"

@@ -1,6 +1,5 @@
-"""The errors of the job store, and the file under its SQLite backend: a check that it is one of ours
-before anything writes to it, and connections whose lock waits end in `StoreBusy` instead of an
-`OperationalError` deep in a route.
+"""The file under the job store's SQLite backend: a check that it is one of ours before anything writes to
+it, and connections whose lock waits end in `StoreBusy` instead of an `OperationalError` deep in a route.
 
 A truncated, half-written or foreign file where `jobs.db` should be must stop the server with one line that
 names the path, what is wrong and what to do; writing our tables into another program's database, or
@@ -12,23 +11,8 @@ from __future__ import annotations
 import os
 import sqlite3
 
-OUR_COLUMNS = {"id", "status", "spec", "created_at"}  # a `jobs` table without these is not ours
-_FIX = "move it aside (or restore a backup) and start again; a new, empty store is created in its place"
-
-
-class StoreBusy(RuntimeError):
-    """The store did not answer in time: "locked" (another process held SQLite's write lock past the busy
-    timeout), "busy" (a PostgreSQL lock wait or deadlock) or "unreachable" (no connection to PostgreSQL), as
-    its message says; the API answers 503 with it, the supervisor and the workers retry
-    (server/store_retry.py)."""
-
-
-class StoreError(RuntimeError):
-    """The store at `path` (a file, or a database URL) is not a usable job store; the message says what to
-    do (`fix`; by default: move the file aside)."""
-
-    def __init__(self, path: str, problem: str, *, fix: str = _FIX):
-        super().__init__(f"job store {path}: {problem}; {fix}")
+from server.store.errors import StoreBusy, StoreError
+from server.store.schema import OUR_COLUMNS
 
 
 class Connection(sqlite3.Connection):

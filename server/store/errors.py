@@ -1,0 +1,33 @@
+"""What the job store raises for its callers to handle: the store does not answer in time (`StoreBusy`), is
+not a usable job store (`StoreError`), or refuses a new job (`IdempotencyConflict`, `QueueFull`)."""
+
+from __future__ import annotations
+
+_FIX = "move it aside (or restore a backup) and start again; a new, empty store is created in its place"
+
+
+class StoreBusy(RuntimeError):
+    """The store did not answer in time: "locked" (another process held SQLite's write lock past the busy
+    timeout), "busy" (a PostgreSQL lock wait or deadlock) or "unreachable" (no connection to PostgreSQL), as
+    its message says; the API answers 503 with it, the supervisor and the workers retry
+    (server/store/retry.py)."""
+
+
+class StoreError(RuntimeError):
+    """The store at `path` (a file, or a database URL) is not a usable job store; the message says what to
+    do (`fix`; by default: move the file aside)."""
+
+    def __init__(self, path: str, problem: str, *, fix: str = _FIX):
+        super().__init__(f"job store {path}: {problem}; {fix}")
+
+
+class IdempotencyConflict(ValueError):
+    """An idempotency key came back with a different request; `args[0]` is the id of the key's job."""
+
+
+class QueueFull(Exception):
+    """`create` found `max_queued` jobs waiting already; `queued`: how many."""
+
+    def __init__(self, queued: int):
+        super().__init__(f"{queued} jobs are queued")
+        self.queued = queued

@@ -1,0 +1,177 @@
+"""Jobs as the worker groups run them: claimed exactly once, their steps, phases and previews recorded,
+ended, and re-queued or failed when their worker is gone."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from server.store.connections import Connections
+from server.store.job import (
+    DENOISED,
+    PHASE_PROGRESS,
+    PHASE_TIMINGS,
+    PHASES,
+    TERMINAL,
+    Job,
+    job_from_row,
+    log_change,
+)
+
+
+class JobRuns(Connections):
+    """The jobs table as the worker groups use it (a part of `JobStore`)."""
+
+    def has_queued(self) -> bool:
+        """Cheap read-only check so idle polling never takes the write lock."""
+        return self._db.execute("SELECT 1 FROM jobs WHERE status = 'queued' LIMIT 1").fetchone() is not None
+
+    def claim(self, worker: str, instance: str) -> Job | None:
+        """Atomically move the oldest queued job to in_progress for this worker (None: the queue is empty)."""
+        with self._write() as db:
+            row = db.execute(
+                "UPDATE jobs SET status = 'in_progress', started_at = ?, worker = ?, instance = ?, "
+                "attempts = attempts + 1, step = 0, progress = 0, phase = 'encoding', "
+                "resumed_from_step = NULL "
+                "WHERE seq = (SELECT seq FROM jobs WHERE status = 'queued' ORDER BY seq LIMIT 1"
+                f"{self._backend.skip_locked}) AND status = 'queued' RETURNING *",
+                (time.time(), worker, instance),
+            ).fetchone()
+        return log_change(job_from_row(row))
+
+    def set_spec(self, job_id: str, spec: dict) -> None:
+        with self._write() as db:
+            db.execute("UPDATE jobs SET spec = ? WHERE id = ?", (json.dumps(spec), job_id))
+
+    def progress(self, job_id: str, worker: str, step: int, total_steps: int) -> bool:
+        """Record a finished denoising step; True when the job's cancel flag is set or the job is no longer
+        this worker's (failed or re-queued by a supervisor meanwhile)."""
+        with self._write() as db:
+            row = db.execute(
+                "UPDATE jobs SET step = ?, total_steps = ?, progress = ? "
+                "WHERE id = ? AND worker = ? AND status = 'in_progress' RETURNING cancel_requested",
+                (step, total_steps, DENOISED * step // max(total_steps, 1), job_id, worker),
+            ).fetchone()
+        return row is None or bool(row[0])
+
+    def set_resumed(self, job_id: str, worker: str, step: int, total_steps: int) -> None:
+        """Record that this run of a claimed job goes on from a checkpoint after `step` steps."""
+        with self._write() as db:
+            db.execute(
+                "UPDATE jobs SET resumed_from_step = ?1, step = ?1, total_steps = ?2, progress = ?3 "
+                "WHERE id = ?4 AND worker = ?5 AND status = 'in_progress'",
+                (step, total_steps, DENOISED * step // max(total_steps, 1), job_id, worker),
+            )
+
+    def set_preview(self, job_id: str, worker: str, step: int) -> bool:
+        """Record that the preview of a running job after `step` is in place; False when the job is no
+        longer this worker's."""
+        with self._write() as db:
+            row = db.execute(
+                "UPDATE jobs SET preview_step = ? "
+                "WHERE id = ? AND worker = ? AND status = 'in_progress' RETURNING id",
+                (step, job_id, worker),
+            ).fetchone()
+        return row is not None
+
+    def set_phase(self, job_id: str, worker: str, phase: str, timings: dict | None = None) -> bool:
+        """Record that a running job entered `phase`, and the seconds of the phases it has finished
+        (`timings`, PHASE_TIMINGS keys); True (stop) as `progress` answers."""
+        assert phase in PHASES
+        set_timings, seconds = _phase_timings(5, timings)
+        with self._write() as db:
+            row = db.execute(
+                "UPDATE jobs SET phase = ?1, progress = CASE WHEN progress > ?2 THEN progress ELSE ?2 END, "
+                f"{set_timings} "
+                "WHERE id = ?3 AND worker = ?4 AND status = 'in_progress' RETURNING *",
+                (phase, PHASE_PROGRESS.get(phase, 0), job_id, worker, *seconds),
+            ).fetchone()
+        job = log_change(job_from_row(row))
+        return job is None or job.cancel_requested
+
+    def finish(
+        self,
+        job_id: str,
+        worker: str | None,
+        status: str,
+        *,
+        error: str | None = None,
+        video: str | None = None,
+        timings: dict | None = None,
+    ) -> Job | None:
+        """Write the terminal state of a running job, if it is still `worker`'s (None: any worker's); returns
+        the job, or None when it was no longer in progress there. A completion finds a cancel that arrived
+        after the last step in the same statement and ends the job `cancelled` instead (no video): a DELETE
+        either lands before it or finds the job completed, never accepted and then ignored. `timings`: the
+        phases' seconds (PHASE_TIMINGS keys; one left out keeps what `set_phase` recorded) and any others."""
+        assert status in TERMINAL
+        late_cancel = "cancelled after the last step; the video was not kept"
+        set_timings, seconds = _phase_timings(9, timings)
+        others = json.dumps({k: v for k, v in (timings or {}).items() if k not in PHASE_TIMINGS})
+        with self._write() as db:
+            row = db.execute(
+                "UPDATE jobs SET "
+                "status = CASE WHEN ?1 = 'completed' AND cancel_requested <> 0 THEN 'cancelled' ELSE ?1 END, "
+                "error = CASE WHEN ?1 = 'completed' AND cancel_requested <> 0 THEN ?2 ELSE ?3 END, "
+                "video = CASE WHEN cancel_requested <> 0 THEN NULL ELSE ?4 END, "
+                "progress = CASE WHEN ?1 = 'completed' AND cancel_requested = 0 THEN 100 ELSE progress END, "
+                f"timings = ?5, finished_at = ?6, {set_timings} "
+                "WHERE id = ?7 AND status = 'in_progress' AND (CAST(?8 AS TEXT) IS NULL OR worker = ?8) "
+                "RETURNING *",
+                (status, late_cancel, error, video, others, time.time(), job_id, worker, *seconds),
+            ).fetchone()
+        return log_change(job_from_row(row))
+
+    def in_progress(self, *, worker_prefix: str | None = None, instance: str | None = None) -> list[Job]:
+        where, args = ["status = 'in_progress'"], []
+        if worker_prefix is not None:
+            where.append("worker LIKE ?")
+            args.append(worker_prefix + "%")
+        if instance is not None:
+            where.append("instance = ?")
+            args.append(instance)
+        rows = self._db.execute(
+            f"SELECT * FROM jobs WHERE {' AND '.join(where)} ORDER BY seq", args
+        ).fetchall()
+        return [job_from_row(r) for r in rows]
+
+    def orphans(self, *, stale_after: float) -> list[Job]:
+        """Running jobs whose worker has sent no heartbeat for `stale_after` seconds (or never did), whichever
+        server claimed them: their group is gone and no supervisor is left to fail them."""
+        rows = self._db.execute(
+            "SELECT jobs.* FROM jobs LEFT JOIN workers ON workers.worker = jobs.worker "
+            "WHERE jobs.status = 'in_progress' AND jobs.started_at < ? "
+            "AND (workers.heartbeat_at IS NULL OR workers.heartbeat_at < ?) ORDER BY jobs.seq",
+            (time.time() - stale_after,) * 2,
+        ).fetchall()
+        return [job_from_row(r) for r in rows]
+
+    def requeue_or_fail(self, job: Job, *, max_attempts: int, reason: str) -> Job | None:
+        """Give an interrupted job another run, or fail it once it has used up its attempts; returns it as it
+        now is (None: it was no longer running)."""
+        with self._write() as db:
+            if job.attempts < max_attempts:
+                row = db.execute(
+                    "UPDATE jobs SET status = 'queued', worker = NULL, started_at = NULL, step = 0, "
+                    "progress = 0, phase = 'queued', preview_step = NULL, resumed_from_step = NULL, "
+                    f"{_CLEAR_TIMINGS} "
+                    "WHERE id = ? AND status = 'in_progress' RETURNING *",
+                    (job.id,),
+                ).fetchone()
+            else:
+                row = db.execute(
+                    "UPDATE jobs SET status = 'failed', finished_at = ?, error = ? "
+                    "WHERE id = ? AND status = 'in_progress' RETURNING *",
+                    (time.time(), f"{reason} (after {job.attempts} attempts)", job.id),
+                ).fetchone()
+        return log_change(job_from_row(row), reason)
+
+
+def _phase_timings(first: int, timings: dict | None) -> tuple[str, list]:
+    """SQL that sets the phase-seconds columns from the parameters ?first, ?first+1, ..., and their values;
+    a phase `timings` leaves out keeps its column."""
+    sql = ", ".join(f"{c} = COALESCE(?{first + i}, {c})" for i, c in enumerate(PHASE_TIMINGS))
+    return sql, [(timings or {}).get(c) for c in PHASE_TIMINGS]
+
+
+_CLEAR_TIMINGS = ", ".join(f"{c} = NULL" for c in PHASE_TIMINGS)  # a re-queued job starts its phases afresh
