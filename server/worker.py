@@ -20,7 +20,7 @@ cancel leaves the group's state unknown: every rank exits non-zero, so torchrun 
 supervisor re-queues the job (up to --max-attempts) and starts a fresh group; the first rank to fail records
 its error in the store for the supervisor's log and the job's final error.
 
-A job-store outage (server/store_retry.py) is not a failure: the leader's writes at a job's edges (claim,
+A job-store outage (server/store/retry.py) is not a failure: the leader's writes at a job's edges (claim,
 phases, the end) wait for the store for up to --store-outage-grace, its steps and heartbeats are kept (the
 newest) and written once the store answers, and an idle leader polls on slowly, so the job goes on.
 
