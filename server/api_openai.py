@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+from fractions import Fraction
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request
@@ -33,6 +34,7 @@ from server.api_jobs import (
     video_file,
 )
 from server.jsonsafe import shown
+from server.number_patterns import decimal_range
 from server.openai_errors import responses
 from server.services import MAX_PROMPT_CHARS, Services, text_field, unprocessable
 from server.store import Job
@@ -78,9 +80,21 @@ _CREATE_BODY = {
 }
 
 
-def schema_with_limits(document: dict, limits: dict) -> dict:
-    """The OpenAPI document (a copy: api_jobs.schema_with_limits) without `input_reference` when the loaded
-    model is text-to-video and refuses one."""
+def schema_with_limits(document: dict, limits: dict, defaults: dict) -> dict:
+    """The OpenAPI document (a copy: api_jobs.schema_with_limits) with the `seconds` and `size` the loaded
+    model takes, and without `input_reference` when it is text-to-video and refuses one."""
+    frames, width, height = (limits.get(name, {}) for name in ("num_frames", "width", "height"))
+    for media in document["paths"]["/v1/videos"]["post"]["requestBody"]["content"].values():
+        fields = media["schema"]["properties"] = dict(media["schema"]["properties"])
+        if "max" in frames:
+            fps = _fps(defaults)
+            lo, hi = Fraction(frames.get("min", 1), fps), Fraction(frames["max"], fps)
+            text = {"type": "string", "pattern": f"^{decimal_range(lo, hi, 4, 6)}$"}
+            number = {"type": "number", "minimum": float(lo), "maximum": float(hi)}
+            fields["seconds"] = {"anyOf": [text, number]} if "anyOf" in fields["seconds"] else text
+        if "max" in width and "max" in height:
+            sides = (decimal_range(Fraction(s.get("min", 1)), Fraction(s["max"]), 5) for s in (width, height))
+            fields["size"] = {"type": "string", "pattern": "^{}x{}$".format(*sides)}
     if "image" in limits and not limits_mod.accepts_image(limits["image"]):
         for media in document["paths"]["/v1/videos"]["post"]["requestBody"]["content"].values():
             media["schema"] = media["schema"] | {
@@ -108,8 +122,8 @@ def map_request(fields: dict, info: dict) -> dict:
     spec: dict = {"prompt": fields.get("prompt")}  # the prompt rules are both APIs': Services.check_prompts
     if fields.get("seconds") is not None:
         seconds = _seconds(fields["seconds"])
-        fps, frames = defaults.get("fps") or 16, limits.get("num_frames", {})
-        if _outside(seconds * fps, frames):
+        fps, frames = _fps(defaults), limits.get("num_frames", {})
+        if _outside(Fraction(str(fields["seconds"])) * fps, frames):  # exactly, as the document's pattern
             lo, hi = frames.get("min", 1), frames.get("max")
             raise unprocessable(
                 "seconds",
@@ -131,6 +145,10 @@ def map_request(fields: dict, info: dict) -> dict:
             )
         spec |= {"width": _snap(w, lw), "height": _snap(h, lh)}
     return spec
+
+
+def _fps(defaults: dict) -> int:
+    return defaults.get("fps") or 16
 
 
 def _range(spec: dict) -> str:

@@ -150,7 +150,8 @@ def _choose_and_denoise():
 def test_choose_comm_on_tiny_pipeline_matches_one_rank():
     ranks = run_distributed(2, _choose_and_denoise, timeout=120)
     first, ref = ranks[0], ranks[0]["ref"]
-    assert first["mode"] in ("alltoall", "p2p") and first["applied"] == (first["mode"], first["mode"])
+    # the fastest exact mode wins; which one depends on the box's load (overlapped chunks included)
+    assert "fp8" not in first["mode"] and first["applied"] == (first["mode"], first["mode"])
     # trained tiny's default 17 × 64 × 64: 5 latent frames of 8 × 8 in 2 × 2 patches = 80 tokens, 40 a rank
     assert first["shape"] == (1, 40, 4, 32) and first["result"].shape == first["shape"]
     for rank in ranks:
