@@ -111,7 +111,7 @@ def test_mode_raising_on_one_rank_is_ruled_out_on_all():
     for mode in ("alltoall", "fp8"):  # both exchange through all_to_all_single
         assert rows[mode].ms is None and "injected all_to_all failure" in rows[mode].error, rows[mode]
     assert rows["p2p"].error is None and rows["p2p+fp8"].error is None
-    assert result.chosen in ("p2p", "p2p+fp8")
+    assert result.chosen.startswith("p2p")  # plain, FP8 or overlapped: the fastest of those that ran
 
 
 def test_mode_hanging_on_one_rank_is_ruled_out_within_the_timeout():
