@@ -1,6 +1,7 @@
 """A text-to-video request and its checks: the numbers (size, length, steps, guidance, fps, seed) against a
-model's `Limits`, None ones filled with its defaults. Light on purpose: `dit.preflight` checks a request
-with it before any model code loads; `Pipeline.validate` checks the rest (image, prompt, experts)."""
+model's `Limits`, None ones filled with its defaults. It imports no model code: `dit.preflight` checks a
+request with it before diffusers or transformers load; `Pipeline.validate` checks the rest (image, prompt,
+experts)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ commands that take it as a flag (`ithaca generate`, `parity`, `serve`: `--name-w
 `ITHACA_NAME_WITH_UNDERSCORES`) and whether it is part of a checkpoint's key; the command lines
 (`dit.cli_args`, `server.config`) are derived from these fields.
 
-Light on purpose (no torch): `ithaca --help` and the server's settings read it.
+It imports no model code (what parses a LoRA or cache setting loads when one is given): `ithaca --help` and
+the server's settings read it.
 """
 
 from __future__ import annotations
