@@ -1,5 +1,5 @@
 """Where a job's time goes: seconds of the text encoding, the denoising, the VAE decode and writing the MP4,
-measured as the server measures them (server.worker.PhaseClock on the replica leader, fed by the pipeline's
+measured as the server measures them (server.phases.PhaseClock on the replica leader, fed by the pipeline's
 phase callback), for the tiny models at 1, 2 and 4 CPU ranks (gloo, Ulysses over every rank).
 
     python bench/job.py [--models tiny tiny-random] [--ranks 1 2 4] [--iters 3] [--json]
@@ -32,8 +32,8 @@ from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline  # noq
 from dit.video import write_mp4  # noqa: E402
 from parallel import init_parallel  # noqa: E402
 from parallel.launch import spawn_local  # noqa: E402
+from server.phases import PhaseClock  # noqa: E402
 from server.store import TIMED_PHASES  # noqa: E402
-from server.worker import PhaseClock  # noqa: E402
 
 PROMPT = "a red circle moving right"
 COLUMNS = dict(zip(TIMED_PHASES, ("encode", "denoise", "decode", "write"), strict=True))

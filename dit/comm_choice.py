@@ -4,9 +4,13 @@ the fastest mode that works on every rank (the same choice on every rank of the 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import parallel
-from dit.pipeline import Pipeline
 from dit.shape import model_shape
+
+if TYPE_CHECKING:
+    from dit.pipeline import Pipeline  # which calls `choose_comm` (`Pipeline.choose_comm`)
 
 
 def attention_shape(pipe: Pipeline) -> tuple[int, int, int, int]:

@@ -11,7 +11,7 @@ the tokenizer, so every rank validates a request on its own and rejects it the s
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +23,7 @@ import dit
 import parallel
 from dit.cache import CacheConfig, Evaluations, StepCache, real_tokens
 from dit.checkpoint import Checkpointing, DenoiseState
+from dit.comm_choice import choose_comm
 from dit.compile import compile_blocks
 from dit.experts import HostOffload, boundary_ratio, second_source
 from dit.families import TINY_LIMITS, Limits, PipelineFamily, model_limits, pick_scheduler, pipeline_family
@@ -31,7 +32,9 @@ from dit.image import fit
 from dit.parallelize import set_comm
 from dit.presets import resolve
 from dit.preview import LatentPreview, PreviewCallback, fit_preview, read_preview
+from dit.request import GenerationRequest, check_guidance, check_numbers
 from dit.sampling import NUM_TRAIN_TIMESTEPS, Callback, GenerationCancelled, SecondExpert, denoise
+from dit.settings import PipelineConfig
 
 if TYPE_CHECKING:
     from diffusers import SchedulerMixin
@@ -49,129 +52,6 @@ __all__ = [
 
 PhaseCallback = Callable[[str], None]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-MAX_SEED = 2**63 - 1
-
-
-@dataclass
-class PipelineConfig:
-    model: str = "tiny"  # "tiny" (trained, shipped), a preset ("tiny-random", "wan2.1-1.3b", ...) or a folder
-    device: str | None = None  # None: the mesh's device (cuda:LOCAL_RANK under torchrun on GPUs, else cpu)
-    dtype: str = "float32"  # the DiT's and text encoder's dtype; the VAE always decodes in float32
-    comm: str = "alltoall"  # sequence-parallel exchange: alltoall | fp8 | p2p | p2p+fp8
-    attn_backend: str = "auto"  # attention kernel: auto | flash | cudnn | sdpa | math (parallel.kernels)
-    # unipc | euler; None: the folder's scheduler class, else the family's (Wan: unipc, HunyuanVideo-1.5:
-    # euler); a folder's scheduler config is used when its class is the one sampled (families.pick_scheduler)
-    sampler: str | None = None
-    flow_shift: float | None = None  # None: the folder's scheduler config, else the family's default
-    # A fixed (distilled) schedule, "1000,750,500,250" (dit.sampling.FixedSchedule): every request takes
-    # exactly these steps, guidance 1 unless it asks; None: the folder's `denoising_step_list`, if any.
-    timesteps: str | None = None
-    # None: `device`. "cpu" keeps the text encoder(s) in host memory (the leader then needs no GPU memory for
-    # them: UMT5-XXL is 11 GiB in bf16); encoding a prompt is a small part of a job.
-    text_encoder_device: str | None = None
-    # torch.compile each DiT block (regional; the sequence-parallel attention op stays eager): faster
-    # forwards on GPUs after a one-off compile at each new video size's first step.
-    compile: bool = False
-    # (safetensors file, strength) LoRAs merged into the DiT's weights at load (dit.lora: layouts accepted)
-    loras: tuple[tuple[str, float], ...] = ()
-    # step caching for requests that do not choose: off | fbcache[:THRESHOLD] (dit.cache)
-    cache: str = "off"
-    # True: every rank of a replica holds the VAE and decodes a band of rows (dit.vae_parallel); False: the
-    # replica leader alone holds it and decodes the whole video while the others wait (the comparison
-    # bench/job.py draws)
-    parallel_decode: bool = True
-    # a two-expert model (Wan2.2 A14B, dit.experts): keep the expert not running in host memory, moving each
-    # in at its turn (saves one expert's weights of device memory per rank, costs two copies per job)
-    offload_idle_expert: bool = False
-    # live previews (dit.preview): every this many steps, and after the last, the replica leader maps the
-    # current x0 estimate to a small RGB image for `on_preview`; 0 turns them off (and skips the fit at load).
-    # Measured (bench/preview.py, 2-core CPU): a preview (map + resize) costs 0.2 ms, 0.25 % of the trained
-    # tiny model's ~80 ms step (the smallest step, so the worst ratio), and 0.5 ms on a Wan2.1-14B-shaped
-    # latent against its steps of seconds. Every step would already stay under 2 %; every 2nd halves the
-    # share (≤ 0.13 %), leaving the server's image encoding room inside the 2 % on the smallest model, and a
-    # 50-step job still shows 25 images.
-    preview_every: int = 2
-
-
-@dataclass
-class GenerationRequest:
-    """None fields take the model's defaults (`pipe.limits`)."""
-
-    prompt: str
-    negative_prompt: str = ""
-    num_frames: int | None = None
-    height: int | None = None
-    width: int | None = None
-    num_inference_steps: int | None = None
-    guidance_scale: float | None = None
-    # a two-expert model's guidance below its boundary (the low-noise expert's); None: its default
-    guidance_scale_2: float | None = None
-    seed: int = 0
-    fps: int | None = None
-    cache: str | None = None  # off | fbcache[:THRESHOLD] (dit.cache); None: the pipeline's
-    # the first frame of an image-to-video model (optional for Wan2.2 TI2V-5B): RGB, a PIL image or uint8
-    # [H, W, 3] of any size (resized to cover the request's size, aspect kept, and centre-cropped:
-    # dit.image.fit); HunyuanVideo-1.5's takes its size from it when the request gives neither height nor
-    # width (`Limits.image_target_size`)
-    image: Any = None
-
-
-def _check_int(
-    name: str, value, low: int, high: int, rule: str = "an integer", step: int = 1, offset: int = 0
-):
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or not low <= value <= high
-        or (value - offset) % step
-    ):
-        raise ValueError(f"{name} must be {rule} between {low} and {high}, got {value!r}")
-
-
-def _check_guidance(name: str, g, lim: Limits) -> None:
-    if isinstance(g, bool) or not isinstance(g, int | float) or not lim.min_guidance <= g <= lim.max_guidance:
-        raise ValueError(f"{name} must be between {lim.min_guidance} and {lim.max_guidance}, got {g!r}")
-
-
-def check_numbers(req: GenerationRequest, lim: Limits) -> GenerationRequest:
-    """The request's size, length, steps, guidance, fps and seed: None ones the model's defaults, each
-    checked against `lim` (ValueError naming the field). What `Pipeline.validate` checks first, and all
-    `dit.preflight` can check before the model loads."""
-    req = replace(
-        req,
-        num_frames=lim.default_frames if req.num_frames is None else req.num_frames,
-        height=lim.default_height if req.height is None else req.height,
-        width=lim.default_width if req.width is None else req.width,
-        num_inference_steps=lim.default_steps if req.num_inference_steps is None else req.num_inference_steps,
-        guidance_scale=lim.default_guidance if req.guidance_scale is None else req.guidance_scale,
-        fps=lim.default_fps if req.fps is None else req.fps,
-    )
-    step, mult = lim.frame_step, lim.size_multiple
-    _check_int(
-        "num_frames", req.num_frames, lim.min_frames, lim.max_frames, f"{step}k+1", step=step, offset=1
-    )
-    bad = []  # both named when both are wrong
-    for name in ("height", "width"):
-        try:
-            _check_int(name, getattr(req, name), lim.min_size, lim.max_size, step=mult)
-        except ValueError:
-            bad.append(name)
-    if bad:
-        got = " and ".join(repr(getattr(req, name)) for name in bad)
-        multiple = f"a multiple of {mult}" if len(bad) == 1 else f"multiples of {mult}"
-        raise ValueError(
-            f"{' and '.join(bad)} must be {multiple} between {lim.min_size} and {lim.max_size}, got {got}"
-        )
-    if lim.schedule is not None and req.num_inference_steps != lim.schedule.steps:
-        raise ValueError(
-            f"num_inference_steps must be {lim.schedule.steps}: the model's fixed schedule (timesteps "
-            f"{lim.schedule}) takes exactly that many, got {req.num_inference_steps!r}"
-        )
-    _check_int("num_inference_steps", req.num_inference_steps, lim.min_steps, lim.max_steps)
-    _check_int("fps", req.fps, lim.min_fps, lim.max_fps)
-    _check_int("seed", req.seed, 0, MAX_SEED)
-    _check_guidance("guidance_scale", req.guidance_scale, lim)
-    return req
 
 
 class Pipeline:
@@ -224,7 +104,7 @@ class Pipeline:
         if self.boundary is not None:  # as diffusers: the low-noise expert takes guidance_scale unless told
             if req.guidance_scale_2 is None:
                 req = replace(req, guidance_scale_2=req.guidance_scale)
-            _check_guidance("guidance_scale_2", req.guidance_scale_2, lim)
+            check_guidance("guidance_scale_2", req.guidance_scale_2, lim)
         if req.cache is not None and not isinstance(req.cache, str):
             raise ValueError(f"cache must be a string such as fbcache:0.1, got {req.cache!r}")
         req = replace(req, cache=str(CacheConfig.parse(req.cache or self.config.cache)))
@@ -254,8 +134,6 @@ class Pipeline:
     def choose_comm(self, allow_lossy: bool, timeout_s: float):
         """Time the exchanges at this model's attention shape and switch to the fastest (`dit.comm_choice`);
         the probe's result. Collective over the replica."""
-        from dit.comm_choice import choose_comm  # it imports this module
-
         return choose_comm(self, self.mesh, allow_lossy, timeout_s)[1]
 
     @property

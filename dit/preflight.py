@@ -10,47 +10,49 @@ from __future__ import annotations
 
 import importlib.util
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
+
+from dit.settings import PipelineConfig
 
 # Classifier-free guidance has two branches (prompt, negative prompt): at most one rank each.
 CFG_DEGREES = (1, 2)
 
 
 def preflight(
+    config: PipelineConfig | None = None,
     *,
     model_path: str | None = None,
-    preset: str = "tiny",
-    device: str | None = None,
-    dtype: str = "float32",
-    attn_backend: str = "auto",
-    comm: str = "alltoall",
-    sampler: str | None = None,
-    timesteps: str | None = None,
-    text_encoder_device: str | None = None,
     nproc: int = 1,
     local_nproc: int | None = None,
     ulysses: int | str | None = None,
     ring: int | str | None = None,
     cfg: int | str | None = None,
-    loras: tuple[tuple[str, float], ...] = (),
     request=None,
+    **settings,
 ) -> None:
-    """Raise ValueError (one line: the option, the value, what is allowed) for settings that cannot run on
-    `nproc` ranks, `local_nproc` of them on this machine (default: all). `device` None: cuda when CUDA is
-    present, else cpu (as the ranks pick). Degrees: integers, "auto", or None (see `parallel.plan.requested`);
-    auto ones are resolved for the model last (`dit.shape.plan_layout`). `request` (a `GenerationRequest`):
-    its frames, size, steps, guidance and fps against the model's limits, read from its configs and its
-    folder's card (`dit.model_card`) before any model code loads."""
+    """Raise ValueError (one line: the option, the value, what is allowed) for a pipeline's settings that
+    cannot run on `nproc` ranks, `local_nproc` of them on this machine (default: all). `config` (default
+    `PipelineConfig()`) with `settings` (any of its fields by name, and `preset`: the model by name) over it;
+    `model_path`: the model, when the command line gives it as a folder (else `config.model` is a name).
+    `device` None: cuda when CUDA is present, else cpu (as the ranks pick); comm "auto": measured at start-up.
+    Degrees: integers, "auto", or None (see `parallel.plan.requested`); auto ones are resolved for the model
+    last (`dit.shape.plan_layout`). `request` (a `GenerationRequest`): its frames, size, steps, guidance and
+    fps against the model's limits, read from its configs and its folder's card (`dit.model_card`) before any
+    model code loads."""
     from parallel.comm import COMM_MODES, comm_config
     from parallel.kernels import BACKENDS
     from parallel.plan import AUTO, check_fixed, needs_model
 
+    model = model_path or settings.pop("preset", None)
+    config = replace(config or PipelineConfig(), **settings, **({"model": model} if model else {}))
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"--nproc must be a positive integer, got {nproc!r}")
     if cfg not in (*CFG_DEGREES, AUTO, None):
         raise ValueError(f"--cfg must be 1 or 2 (prompt and negative prompt in parallel) or auto: {cfg!r}")
     with _degrees(nproc):
         check_fixed(nproc, ulysses, ring, cfg)
+    comm, attn_backend, device = config.comm, config.attn_backend, config.device
     if comm != "auto":  # auto: measured at start-up (dit.comm_choice)
         try:
             comm_config(comm)
@@ -61,8 +63,8 @@ def preflight(
             ) from None
     _check_choice("--attn-backend", attn_backend, BACKENDS)
     on_cuda = _check_device("--device", device, nproc if local_nproc is None else local_nproc)
-    if text_encoder_device is not None:
-        _check_device("--text-encoder-device", text_encoder_device, 1)
+    if config.text_encoder_device is not None:
+        _check_device("--text-encoder-device", config.text_encoder_device, 1)
     if attn_backend == "flash" and not (on_cuda and importlib.util.find_spec("flash_attn")):
         raise ValueError(
             "--attn-backend flash needs a CUDA device and flash-attn installed; use auto or sdpa"
@@ -74,11 +76,12 @@ def preflight(
     from dit.presets import resolve
     from dit.sampling import SAMPLERS
 
-    _check_choice("--dtype", dtype, DTYPES)
+    _check_choice("--dtype", config.dtype, DTYPES)
+    sampler, timesteps = config.sampler, config.timesteps
     if sampler is not None:  # None: the family's own
         _check_choice("--sampler", sampler, SAMPLERS)
     if model_path is None:
-        _check_choice("--preset", preset, model_names())
+        _check_choice("--preset", config.model, model_names())
     elif not Path(model_path).is_dir():
         raise ValueError(f"--model-path {model_path}: no such folder")
     else:
@@ -92,12 +95,12 @@ def preflight(
         except ValueError as e:  # an unreadable config.json or a model class no family handles
             raise ValueError(f"--model-path {model_path}: {e}") from None
     # The sampler against the folder's scheduler/ and the fixed schedule (reads JSON, loads no weights).
-    model = resolve(model_path or preset)
+    model = resolve(config.model)
     pick_sampling(
         pipeline_family(model), Path(model) if Path(model).is_dir() else None, sampler, None, timesteps
     )
     if request is not None:
-        from dit.pipeline import check_numbers
+        from dit.request import check_numbers
         from dit.shape import request_limits
 
         check_numbers(request, request_limits(model, sampler=sampler, timesteps=timesteps))
@@ -107,11 +110,11 @@ def preflight(
         with _degrees(nproc):
             plan_layout(model, nproc, node=local_nproc, ulysses=ulysses, ring=ring, cfg=cfg, sampler=sampler,
                         timesteps=timesteps)  # fmt: skip
-    if loras:  # every file's keys and shapes against the model's (headers only, no weights)
+    if config.loras:  # every file's keys and shapes against the model's (headers only, no weights)
         from dit.loading import check_loras
 
         try:
-            check_loras(model, loras)
+            check_loras(model, config.loras)
         except (FileNotFoundError, ValueError) as e:
             raise ValueError(f"--lora: {e}") from None
 

@@ -109,11 +109,8 @@ def _preflight(config: config_mod.ServeConfig) -> None:
     """The worker group's settings, checked before it starts (ValueError: one line naming the option)."""
     from dit.preflight import preflight
 
-    # ServeConfig names these fields as preflight names its arguments
-    checked = ("model_path", "preset", "device", "dtype", "attn_backend", "comm", "sampler", "timesteps",
-               "text_encoder_device", "ulysses", "ring", "cfg", "loras")  # fmt: skip
-    preflight(**{name: getattr(config, name) for name in checked}, nproc=config.world_size,
-              local_nproc=config.nproc)  # fmt: skip
+    preflight(config.pipeline, model_path=config.model_path, nproc=config.world_size,
+              local_nproc=config.nproc, ulysses=config.ulysses, ring=config.ring, cfg=config.cfg)  # fmt: skip
 
 
 def _layout(config: config_mod.ServeConfig):

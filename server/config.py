@@ -1,4 +1,6 @@
-"""`ithaca serve` settings: one dataclass, each field a `--flag` that can also come from `ITHACA_<NAME>`.
+"""`ithaca serve` settings: one dataclass, each field a `--flag` that can also come from `ITHACA_<NAME>`, and
+the pipeline's settings it holds (`dit.settings.PipelineConfig`: those `ithaca serve` takes, flags and
+variables alike, with serve's defaults).
 
 Precedence: command-line flag, then environment variable, then the default. Deployments set environment only;
 the worker group receives the same settings as flags from its supervisor (`worker_argv`).
@@ -12,19 +14,15 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from dit import settings
 from dit.image import ImageLimits
+from dit.settings import PipelineConfig
 from parallel.plan import parse_degree
 
 
 def _opt(default, help: str, *, worker: bool = False, parse=None):
     """`parse(text)` checks a text value as the flag or variable is read (ValueError: what is wrong)."""
     return field(default=default, metadata={"help": help, "worker": worker, "parse": parse})
-
-
-def _loras(text: str) -> tuple[tuple[str, float], ...]:
-    from dit.lora import parse_specs  # imports torch: only when a LoRA is set
-
-    return parse_specs(text)
 
 
 def _checkpoint_every(text: str) -> str:
@@ -37,12 +35,6 @@ def _store_url(text: str) -> str:
     if not text.startswith(("sqlite:///", "postgresql://", "postgres://")):
         raise ValueError(f"must be sqlite:///PATH or postgresql://USER@HOST:PORT/DB, not {text!r}")
     return text
-
-
-def _cache(text: str) -> str:
-    from dit.cache import CacheConfig
-
-    return str(CacheConfig.parse(text))
 
 
 @dataclass
@@ -59,10 +51,9 @@ class ServeConfig:
         parse=_store_url,
     )
     results_dir: str | None = _opt(None, "folder for finished MP4s (default DATA_DIR/videos)", worker=True)
-    preset: str = _opt("tiny", "model preset when no --model-path is given", worker=True)
-    model_path: str | None = _opt(None, "model folder (diffusers pipeline or transformer)", worker=True)
-    device: str = _opt("cpu", "cpu or cuda", worker=True)
-    dtype: str = _opt("float32", "float32, bfloat16 or float16", worker=True)
+    # the model, by name or as a folder (the folder's when both are given): `pipeline.model`
+    preset: str = _opt("tiny", settings.PRESET_HELP, worker=True)
+    model_path: str | None = _opt(None, settings.MODEL_PATH_HELP, worker=True)
     nproc: int = _opt(2, "ranks in the worker group on this machine (its GPUs on a GPU box; per node)")
     # degrees: an integer or "auto" (parallel.plan's rule); none given: all auto, else the others not given
     # are ulysses: what remains, ring 1, cfg 1
@@ -82,51 +73,9 @@ class ServeConfig:
         worker=True,
         parse=parse_degree,
     )
-    comm: str = _opt(
-        "auto",
-        "sequence-parallel exchange: alltoall, fp8, p2p, p2p+fp8, each optionally +overlapN (heads in N "
-        "chunks whose exchanges overlap attention), or auto: each exact one, plain and overlapped in 2 and "
-        "4 chunks, timed at start-up on the model's attention shape and the fastest kept (the FP8 ones too "
-        "with --allow-lossy-comm)",
-        worker=True,
-    )
     allow_lossy_comm: bool = _opt(False, "--comm auto may pick an FP8 exchange (lossy)", worker=True)
     comm_probe_timeout: float = _opt(
         60.0, "--comm auto: seconds one exchange's probe may take before it is ruled out", worker=True
-    )
-    attn_backend: str = _opt("auto", "attention kernel backend", worker=True)
-    text_encoder_device: str | None = _opt(
-        None, "device of the text encoder (cpu: keep it off the GPU; default: the DiT's)", worker=True
-    )
-    compile: bool = _opt(False, "torch.compile each DiT block (faster GPU steps after warm-up)", worker=True)
-    offload_idle_expert: bool = _opt(
-        False, "a two-expert model (Wan2.2 A14B): keep the expert not running in host memory", worker=True
-    )
-    sampler: str | None = _opt(
-        None, "unipc, euler or renoise (default: the folder's scheduler, else the family's)", worker=True
-    )
-    flow_shift: float | None = _opt(
-        None, "flow shift (default: the folder's scheduler config, else the family's)", worker=True
-    )
-    timesteps: str | None = _opt(
-        None,
-        "a distilled model's fixed schedule, e.g. 1000,750,500,250: every job takes exactly these steps, "
-        "guidance 1 unless it asks (default: the folder's denoising_step_list, if any)",
-        worker=True,
-    )
-    lora: str | None = _opt(
-        None,
-        "LoRA files merged into the DiT at load: PATH[:STRENGTH] (strength 1 by default), several separated "
-        "by ',' or ';'",
-        worker=True,
-        parse=_loras,
-    )
-    cache: str = _opt(
-        "off",
-        "step caching for jobs that do not choose: off | fbcache[:THRESHOLD] (skips most of the DiT at steps "
-        "where its first block's output barely moved)",
-        worker=True,
-        parse=_cache,
     )
     api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on every route but /health")
     max_queue: int = _opt(64, "queued jobs beyond this are refused with 429")
@@ -200,19 +149,21 @@ class ServeConfig:
     )
     log_level: str = _opt("info", "log level (debug, info, warning, error)", worker=True)
     log_format: str = _opt("text", "text, or json: one JSON object per line for log collectors", worker=True)
+    # every other pipeline setting (device, dtype, comm, sampler, ...), read as `config.device` too; its
+    # model is `model_path or preset`
+    pipeline: PipelineConfig = field(default_factory=lambda: serve_pipeline())
 
     def __post_init__(self):
-        for name in ("ulysses", "ring", "cfg"):  # a flag's or variable's text: an int or "auto"
-            if isinstance(getattr(self, name), str):
-                setattr(self, name, parse_degree(getattr(self, name)))
+        self.pipeline = dataclasses.replace(self.pipeline, model=self.model_path or self.preset)
+
+    def __getattr__(self, name: str):  # only for names that are not the server's own
+        if name in PIPELINE_NAMES and "pipeline" in self.__dict__:
+            return getattr(self.pipeline, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def model(self) -> str:
-        return self.model_path or self.preset
-
-    @property
-    def loras(self) -> tuple[tuple[str, float], ...]:
-        return _loras(self.lora) if self.lora else ()
+        return self.pipeline.model
 
     @property
     def checkpoint_steps(self) -> int | None:
@@ -272,15 +223,55 @@ class ServeConfig:
     def worker_argv(self) -> list[str]:
         """The settings the worker group needs, as flags for `python -m server.worker`."""
         argv = []
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if not f.metadata["worker"] or value is None:
-                continue
+        for option in _options(worker_only=True):
+            value = option.text(self.pipeline if option.pipeline else self)
             if isinstance(value, bool):  # BooleanOptionalAction flags take no value
-                argv.append(_flag(f.name) if value else _flag("no_" + f.name))
-            else:
-                argv += [_flag(f.name), str(value)]
+                argv.append(_flag(option.name) if value else _flag("no_" + option.name))
+            elif value is not None:
+                argv += [_flag(option.name), value]
         return argv
+
+
+def serve_pipeline(**changes) -> PipelineConfig:
+    """A `PipelineConfig` with `ithaca serve`'s defaults (device cpu, comm auto) and `changes`."""
+    defaults = {f.name: f.metadata["serve_default"] for f in settings.options("serve")}
+    return PipelineConfig(**defaults | changes)
+
+
+PIPELINE_NAMES = frozenset(f.name for f in dataclasses.fields(PipelineConfig)) - {"model"}
+
+
+@dataclass
+class _Option:
+    """One flag of `ithaca serve` (and its ITHACA_* variable): a field of `ServeConfig` or of the
+    `PipelineConfig` it holds."""
+
+    field: dataclasses.Field
+    pipeline: bool
+
+    @property
+    def name(self) -> str:  # of the flag and the variable
+        return self.field.metadata.get("flag") or self.field.name
+
+    @property
+    def default(self):
+        return self.field.metadata["serve_default"] if self.pipeline else self.field.default
+
+    def text(self, holder):
+        """The value in `holder` as a flag's text; a bool as it is; None: nothing to pass."""
+        value, meta = getattr(holder, self.field.name), self.field.metadata
+        if meta.get("item") is not None:  # a tuple read from one text by `parse`
+            return ";".join(map(meta["item_text"], value)) or None
+        return value if value is None or isinstance(value, bool) else str(value)
+
+
+def _options(worker_only: bool = False) -> list[_Option]:
+    """Every flag: the server's own, the pipeline's after the model's; the worker group's alone if asked."""
+    own = [f for f in dataclasses.fields(ServeConfig) if f.name != "pipeline"]
+    at = next(i for i, f in enumerate(own) if f.name == "model_path") + 1
+    pipeline = [_Option(f, True) for f in settings.options("serve")]
+    options = [_Option(f, False) for f in own[:at]] + pipeline + [_Option(f, False) for f in own[at:]]
+    return [o for o in options if o.pipeline or not worker_only or o.field.metadata["worker"]]
 
 
 def _flag(name: str) -> str:
@@ -312,39 +303,37 @@ def _convert(f: dataclasses.Field, raw: str):
         raise argparse.ArgumentTypeError(
             f"{raw!r} is not {'an integer' if kind.startswith('int') else 'a number'}"
         ) from None
-    if f.metadata["parse"] is not None:
-        try:
-            f.metadata["parse"](raw)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    return raw
+    if f.metadata["parse"] is None:
+        return raw
+    try:
+        return f.metadata["parse"](raw)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, worker_only: bool = False) -> None:
-    for f in dataclasses.fields(ServeConfig):
-        if worker_only and not f.metadata["worker"]:
-            continue
+    for option in _options(worker_only):
+        f = option.field
         # argparse expands %-formats in help ("%(default)s"): a literal "%" must be doubled
-        help_text = f"{f.metadata['help']} [env {env_name(f.name)}; default {f.default}]".replace("%", "%%")
+        help_text = f"{f.metadata['help']} [env {env_name(option.name)}; default {option.default}]"
+        kwargs = dict(dest=f.name, default=None, help=help_text.replace("%", "%%"))
         if f.type in ("bool", bool):
-            parser.add_argument(
-                _flag(f.name), action=argparse.BooleanOptionalAction, default=None, help=help_text
-            )
+            parser.add_argument(_flag(option.name), action=argparse.BooleanOptionalAction, **kwargs)
         else:
-            parser.add_argument(
-                _flag(f.name), type=lambda raw, f=f: _convert(f, raw), default=None, help=help_text
-            )
+            convert, metavar = (lambda raw, f=f: _convert(f, raw)), option.name.upper()
+            parser.add_argument(_flag(option.name), type=convert, metavar=metavar, **kwargs)
 
 
 def from_args(args: argparse.Namespace, environ=os.environ) -> ServeConfig:
-    values = {}
-    for f in dataclasses.fields(ServeConfig):
-        flag_value = getattr(args, f.name, None)
+    values: dict[bool, dict] = {False: {}, True: {}}  # the server's own, the pipeline's
+    for option in _options():
+        name, env = option.field.name, env_name(option.name)
+        flag_value = getattr(args, name, None)
         if flag_value is not None:
-            values[f.name] = flag_value
-        elif env_name(f.name) in environ:
+            values[option.pipeline][name] = flag_value
+        elif env in environ:
             try:
-                values[f.name] = _convert(f, environ[env_name(f.name)])
+                values[option.pipeline][name] = _convert(option.field, environ[env])
             except argparse.ArgumentTypeError as e:
-                raise ValueError(f"{env_name(f.name)}: {e}") from None
-    return ServeConfig(**values)
+                raise ValueError(f"{env}: {e}") from None
+    return ServeConfig(**values[False], pipeline=serve_pipeline(**values[True]))

@@ -54,18 +54,18 @@ import uuid
 
 import numpy as np
 
-import parallel
 from dit.checkpoint import Checkpointing, DenoiseState, Expected, load_file
 from dit.image import fit, read
 from dit.preview import frame_preview
-from dit.shape import launch_layout
+from dit.settings import checkpoint_key
+from dit.startup import start
 from dit.video import write_mp4
 from dit.vocabulary import read_vocabulary
-from parallel.launch import number_ranks_by_node
 from server import limits as limits_mod
 from server import logs, metrics, videos
 from server.config import ServeConfig, add_arguments, from_args
 from server.lifetime import die_with_parent
+from server.phases import PhaseClock, job_timings
 from server.store import Job, StoreBusy, open_store
 from server.store.retry import MAX_RETRY_S, LatestStep, PatientStore, StoreOutage
 from server.writers import CheckpointWriter, PreviewWriter
@@ -74,9 +74,6 @@ HEARTBEAT_S = 1.0
 KEEPALIVE_S = 5.0
 STOP_CHECK_S = 0.25
 FLUSH_S = 5.0  # at most this long, at the end of a job, for its last preview or checkpoint to be written
-# The settings that change a job's numbers: a checkpoint made under others is not resumed.
-NUMERIC_SETTINGS = ("device", "dtype", "attn_backend", "text_encoder_device", "compile", "sampler",
-                    "flow_shift", "timesteps", "loras", "cache")  # fmt: skip
 log = logging.getLogger("ithaca.worker")
 
 
@@ -194,8 +191,8 @@ class Worker:
         request = spec | {"image": job.spec["image"]} if "image" in spec else spec
         return {
             "model": config.model,
-            "settings": {name: getattr(config, name) for name in NUMERIC_SETTINGS}
-            | {"comm": self.pipe.config.comm},
+            # as given (serve's device), the exchange as chosen
+            "settings": checkpoint_key(dataclasses.replace(config.pipeline, comm=self.pipe.config.comm)),
             "layout": {"ulysses": mesh.ulysses_size, "ring": mesh.ring_size, "cfg": mesh.cfg_size},
             "request": request,
         }
@@ -289,7 +286,7 @@ class Worker:
                     self.name,
                     "cancelled",
                     error=f"cancelled after step {len(step_times)}",
-                    timings=_timings(start, step_times, phases),
+                    timings=job_timings(start, step_times, phases),
                 )
             self.job_id, self.state = None, "ready"
             return
@@ -319,7 +316,7 @@ class Worker:
         if self.store.set_phase(job_id, self.name, "writing", phases.timings):
             self.store.finish(
                 job_id, self.name, "cancelled", error="cancelled while decoding; no video was written",
-                timings=_timings(start, step_times, phases),
+                timings=job_timings(start, step_times, phases),
             )  # fmt: skip
             return
         os.makedirs(self.config.videos_dir, exist_ok=True)
@@ -327,7 +324,7 @@ class Worker:
         write_mp4(frames, tmp, spec["fps"])
         os.replace(tmp, path)  # readers never see a half-written file
         evaluations = self.pipe.evaluations
-        timings = _timings(start, step_times, phases) | {
+        timings = job_timings(start, step_times, phases) | {
             "evaluated": evaluations.evaluated,
             "skipped": evaluations.skipped,
         }
@@ -352,25 +349,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-class PhaseClock:
-    """Seconds spent in each phase of one job (the worker records them, bench/job.py prints them)."""
-
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-        self._phase, self._since = None, time.perf_counter()
-
-    def enter(self, phase: str | None) -> None:
-        now = time.perf_counter()
-        if self._phase is not None:
-            self.seconds[self._phase] = self.seconds.get(self._phase, 0.0) + now - self._since
-        self._phase, self._since = phase, now
-
-    @property
-    def timings(self) -> dict[str, float]:
-        """The finished phases' seconds under the job view's keys ("encoding_s", ...)."""
-        return {f"{phase}_s": seconds for phase, seconds in self.seconds.items()}
-
-
 def _for_other_ranks(message):
     """The leader's message as the replica's other ranks get it: a job's image fitted to the request's size.
     They only validate the request with it; the leader alone conditions on the image, as given (Wan's CLIP
@@ -379,16 +357,6 @@ def _for_other_ranks(message):
         return message
     spec = message["spec"]
     return message | {"spec": spec | {"image": fit(spec["image"], spec["height"], spec["width"])}}
-
-
-def _timings(start: float, step_times: list[float], phases: PhaseClock) -> dict:
-    phases.enter(None)
-    return {
-        "total_s": time.perf_counter() - start,
-        "steps": len(step_times),
-        "mean_step_s": sum(step_times) / len(step_times) if step_times else None,
-        **phases.timings,
-    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -415,46 +383,21 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _start(config: ServeConfig, group_id: str) -> Worker:
-    # across machines: global rank 0, the replica leader (the one rank using the job store), on node 0
-    degrees = {"model": config.model, "ulysses": config.ulysses, "ring": config.ring, "cfg": config.cfg}
-    number_ranks_by_node(config.node_rank, degrees)  # every machine the same, each its own node number
     module = importlib.import_module(config.pipeline_module)
-    # auto degrees (`ithaca serve` passes them resolved) from the model and this launch's ranks
-    choice = launch_layout(config.model, config.ulysses, config.ring, config.cfg, sampler=config.sampler,
-                           timesteps=config.timesteps)  # fmt: skip
-    if os.environ.get("RANK", "0") == "0":
+
+    def report(choice) -> None:
         log.info("%s", choice.line())
-    layout = choice.layout
-    mesh = parallel.init_parallel(
-        ulysses=layout.ulysses,
-        ring=layout.ring,
-        cfg=layout.cfg,
-        backend="gloo" if config.device == "cpu" else None,
-    )
-    auto_comm = config.comm == "auto"
-    pipe = module.load_pipeline(
-        # device None: the mesh's device (cuda:LOCAL_RANK under torchrun on a GPU box)
-        module.PipelineConfig(
-            model=config.model,
-            device="cpu" if config.device == "cpu" else None,
-            dtype=config.dtype,
-            comm="alltoall" if auto_comm else config.comm,  # auto: chosen below, once the model is in place
-            attn_backend=config.attn_backend,
-            text_encoder_device=config.text_encoder_device,
-            compile=config.compile,
-            offload_idle_expert=config.offload_idle_expert,
-            sampler=config.sampler,
-            flow_shift=config.flow_shift,
-            timesteps=config.timesteps,
-            loras=config.loras,
-            cache=config.cache,
-        ),
-        mesh,
-    )
-    probe = pipe.choose_comm(config.allow_lossy_comm, config.comm_probe_timeout) if auto_comm else None
-    if probe is not None and mesh.is_replica_leader:
-        log.info("exchange: %s", probe.summary())
-    return Worker(config, group_id, mesh, pipe, module, probe)
+
+    # auto degrees (`ithaca serve` passes them resolved) from the model and this launch's ranks; across
+    # machines the replica leader (the one rank using the job store) on node 0. `--device cuda`: each rank
+    # its own GPU (device None: the mesh's, cuda:LOCAL_RANK)
+    pipeline = dataclasses.replace(config.pipeline, device="cpu" if config.pipeline.device == "cpu" else None)
+    started = start(pipeline, config.ulysses, config.ring, config.cfg, node_rank=config.node_rank,
+                    load=module.load_pipeline, allow_lossy_comm=config.allow_lossy_comm,
+                    comm_probe_timeout=config.comm_probe_timeout, report=report)  # fmt: skip
+    if started.probe is not None and started.mesh.is_replica_leader:
+        log.info("exchange: %s", started.probe.summary())
+    return Worker(config, group_id, started.mesh, started.pipe, module, started.probe)
 
 
 def _fail(config: ServeConfig, group_id: str, error: BaseException) -> None:

@@ -63,15 +63,16 @@ def test_the_switch_reaches_the_pipeline_from_every_entry_point():
     default everywhere."""
     import argparse
 
-    from dit.cli import _common_argv, _pipeline_config, add_subcommands
+    from dit.cli import add_subcommands
+    from dit.cli_args import pipeline_argv, pipeline_config
     from server.config import ServeConfig, add_arguments, from_args
 
     cli = argparse.ArgumentParser()
     add_subcommands(cli.add_subparsers())
-    assert _pipeline_config(cli.parse_args(["generate", "x", "--compile"]), "alltoall").compile is True
-    assert _pipeline_config(cli.parse_args(["generate", "x"]), "alltoall").compile is False
-    assert "--compile" in _common_argv(cli.parse_args(["parity", "--compile"]))
-    assert "--compile" not in _common_argv(cli.parse_args(["parity"]))
+    assert pipeline_config(cli.parse_args(["generate", "x", "--compile"])).compile is True
+    assert pipeline_config(cli.parse_args(["generate", "x"])).compile is False
+    assert "--compile" in pipeline_argv(cli.parse_args(["parity", "--compile"]))
+    assert "--compile" not in pipeline_argv(cli.parse_args(["parity"]))
 
     def worker_config(environ: dict) -> ServeConfig:
         serve, worker = argparse.ArgumentParser(), argparse.ArgumentParser()

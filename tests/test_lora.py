@@ -195,7 +195,8 @@ def test_spec_parsing():
 
 
 def test_cli_lora_flag(tmp_path, capsys):
-    from dit.cli import _common_argv, _pipeline_config, add_subcommands
+    from dit.cli import add_subcommands
+    from dit.cli_args import pipeline_argv, pipeline_config
 
     parser = argparse.ArgumentParser()
     add_subcommands(parser.add_subparsers(dest="command"))
@@ -203,10 +204,10 @@ def test_cli_lora_flag(tmp_path, capsys):
     a.touch(), b.touch()
     for command in (["generate", "a fox"], ["parity"]):
         args = parser.parse_args([*command, "--lora", f"{a}:0.5", "--lora", str(b)])
-        assert _pipeline_config(args, "alltoall").loras == ((str(a), 0.5), (str(b), 1.0))
-    argv = _common_argv(args)  # parity's runs get the same LoRAs
+        assert pipeline_config(args).loras == ((str(a), 0.5), (str(b), 1.0))
+    argv = pipeline_argv(args)  # parity's runs get the same LoRAs
     assert [argv[i + 1] for i, x in enumerate(argv) if x == "--lora"] == [f"{a}:0.5", f"{b}:1.0"]
-    assert _pipeline_config(parser.parse_args(["generate", "a fox"]), "alltoall").loras == ()
+    assert pipeline_config(parser.parse_args(["generate", "a fox"])).loras == ()
     for spec, says in ((f"{tmp_path}/missing.safetensors:2", "missing.safetensors: no such file"),
                        (f"{b}:nan", "the strength must be a finite number")):  # fmt: skip
         with pytest.raises(SystemExit):

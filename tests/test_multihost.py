@@ -234,7 +234,7 @@ def test_parity_two_hosts_hybrid_with_one_rank(hosts, tmp_path):
     ref, got = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     a, b = ref["latents"].double(), got["latents"].double()
     assert a.shape == b.shape and (a - b).abs().max() <= 1e-4 * a.abs().max()
-    assert (ref["frames"].int() - got["frames"].int()).abs().max() <= 2  # dit.cli.FRAME_TOL_EXACT
+    assert (ref["frames"].int() - got["frames"].int()).abs().max() <= 2  # dit.parity.FRAME_TOL_EXACT
 
 
 class Node1:

@@ -225,7 +225,8 @@ def test_a_schedule_that_cannot_run_is_refused(tmp_path):
 def test_the_cli_takes_the_schedule(tmp_path, capsys):
     import argparse
 
-    from dit.cli import _common_argv, _pipeline_config, add_subcommands
+    from dit.cli import add_subcommands
+    from dit.cli_args import pipeline_argv, pipeline_config
     from dit.preflight import preflight
     from server.cli import main
 
@@ -233,9 +234,9 @@ def test_the_cli_takes_the_schedule(tmp_path, capsys):
     add_subcommands(parser.add_subparsers())
     argv = ["a fox", "--timesteps", LIGHTX2V, "--flow-shift", "5", "--sampler", "renoise"]
     args = parser.parse_args(["generate", *argv])
-    config = _pipeline_config(args, "alltoall")
+    config = pipeline_config(args)
     assert (config.timesteps, config.flow_shift, config.sampler) == (LIGHTX2V, SHIFT, "renoise")
-    common = _common_argv(parser.parse_args(["parity", "--prompt", *argv]))
+    common = pipeline_argv(parser.parse_args(["parity", "--prompt", *argv]))
     assert common[common.index("--timesteps") + 1] == LIGHTX2V  # parity's runs get it too
 
     with pytest.raises(ValueError, match="timesteps must be integers"):

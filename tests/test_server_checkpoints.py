@@ -57,6 +57,25 @@ def test_the_sweep_keeps_the_checkpoints_of_jobs_that_may_run_again(tmp_path):
     )
 
 
+def test_a_checkpoint_key_holds_the_settings_that_change_the_numbers():
+    """The settings part of a job checkpoint's key, as `ithaca serve` takes them (its device as given, the
+    LoRAs read, the cache as written): what earlier versions wrote, so their checkpoints still resume."""
+    import argparse
+
+    from dit.settings import checkpoint_key
+    from server.config import add_arguments, from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    env = {"ITHACA_DEVICE": "cuda", "ITHACA_LORA": "a.safetensors:0.5", "ITHACA_CACHE": "fbcache"}
+    config = from_args(parser.parse_args(["--dtype", "bfloat16", "--compile"]), environ=env)
+    assert checkpoint_key(config.pipeline) == {
+        "device": "cuda", "dtype": "bfloat16", "attn_backend": "auto", "text_encoder_device": None,
+        "compile": True, "sampler": None, "flow_shift": None, "timesteps": None,
+        "loras": (("a.safetensors", 0.5),), "cache": "fbcache", "comm": "auto",
+    }  # fmt: skip
+
+
 @pytest.mark.slow
 def test_a_killed_server_resumes_its_job_and_ignores_a_foreign_checkpoint(tmp_path):
     folder = str(tmp_path / "videos")

@@ -1,0 +1,158 @@
+"""What `ithaca generate` and `ithaca parity` share: the request's flags, the model's and the pipeline's
+(these derived from `dit.settings.PipelineConfig`), the checks before any rank starts, and torchrun."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from dit.settings import MODEL_PATH_HELP, PRESET_HELP, PipelineConfig, flag, options
+
+# request flag → GenerationRequest field (the prompt apart: positional in generate, --prompt in parity)
+REQUEST = {"negative_prompt": "negative_prompt", "frames": "num_frames", "height": "height", "width": "width",
+           "steps": "num_inference_steps", "guidance": "guidance_scale", "guidance_2": "guidance_scale_2",
+           "seed": "seed", "fps": "fps", "cache": "cache"}  # fmt: skip
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, except where the help says what leaving it out does (default
+    None) and for off-by-default switches."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _typed(parse):
+    """`parse(text)` as an argparse type: its ValueError is argparse's one-line message after the flag."""
+
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return convert
+
+
+def add_model_args(p: argparse.ArgumentParser, command: str) -> None:
+    """--model-path or --preset (`PipelineConfig.model`), then the pipeline settings `command` takes."""
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model-path", help=MODEL_PATH_HELP)
+    src.add_argument("--preset", default="tiny", help=PRESET_HELP)
+    # Allowed values are checked by dit.preflight, against the lists the pipeline and parallel/ use.
+    p.set_defaults(settings_of=command)
+    for f in options(command):
+        meta, kind = f.metadata, str(f.type)
+        kwargs = dict(dest=f.name, default=f.default, help=meta["help"], metavar=meta["metavar"])
+        if kind == "bool":
+            p.add_argument(flag(f), action="store_true", dest=f.name, help=meta["help"])
+        elif meta["item"] is not None:
+            p.add_argument(flag(f), **kwargs | dict(action="append", type=_typed(meta["item"]), default=None))
+        else:
+            p.add_argument(flag(f), **kwargs, type=float if kind.startswith("float") else str)
+
+
+def pipeline_config(args: argparse.Namespace) -> PipelineConfig:
+    """The settings the arguments ask for. No previews: no one watches this run's (and the VAE is not
+    decoded at load to fit their colour map)."""
+    fields = options(args.settings_of)
+    settings = {f.name: getattr(args, f.name) for f in fields}
+    settings |= {f.name: tuple(settings[f.name] or ()) for f in fields if f.metadata["item"]}
+    return PipelineConfig(model=args.model_path or args.preset, preview_every=0, **settings)
+
+
+def pipeline_argv(args: argparse.Namespace) -> list[str]:
+    """The model's and the pipeline's flags that give `args`' settings."""
+    argv = ["--model-path", args.model_path] if args.model_path else ["--preset", args.preset]
+    for f in options(args.settings_of):
+        value = getattr(args, f.name)
+        if f.metadata["item"] is not None:
+            argv += [x for item in value or () for x in (flag(f), f.metadata["item_text"](item))]
+        elif value is True:
+            argv.append(flag(f))
+        elif value is not None and value is not False:
+            argv += [flag(f), str(value)]
+    return argv
+
+
+def add_request_args(p: argparse.ArgumentParser, prompt_default: str | None = None) -> None:
+    if prompt_default is None:
+        p.add_argument("prompt", help="what the video shows")
+    else:
+        p.add_argument("--prompt", default=prompt_default, help="what the video shows")
+    p.add_argument("--negative-prompt", default="", help="what it should not show (guidance > 1)")
+    p.add_argument("--frames", type=int, default=None, help="4k+1 (default: the model's; tiny 17)")
+    size = "multiple of 16 (default: the model's; tiny 64; HunyuanVideo-1.5 I2V without either: the image's)"
+    p.add_argument("--height", type=int, default=None, help=size)
+    p.add_argument("--width", type=int, default=None, help=size)
+    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's; tiny 12)")
+    p.add_argument(
+        "--guidance",
+        type=float,
+        default=None,
+        help="guidance scale (default: the model's; 1 with --timesteps)",
+    )
+    p.add_argument(
+        "--guidance-2",
+        type=float,
+        default=None,
+        help="a two-expert model's (Wan2.2 A14B) guidance below its boundary (default: --guidance)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="the initial noise depends on it alone")
+    p.add_argument(
+        "--image",
+        default=None,
+        help="first frame of an image-to-video model: a PNG, JPEG or WebP file (scaled to cover the video "
+        "and centre-cropped)",
+    )
+    p.add_argument(
+        "--cache",
+        default=None,
+        help="step caching: off | fbcache[:THRESHOLD] (skips most of the DiT at steps where its first "
+        "block's output barely moved; default off)",
+    )
+    p.add_argument(
+        "--fps", type=int, default=None, help="frames per second of the MP4 (default: the model's)"
+    )
+
+
+def request(args: argparse.Namespace):
+    """The request the arguments ask for (the image apart: `read_image` reads it after the checks)."""
+    from dit.request import GenerationRequest
+
+    return GenerationRequest(args.prompt, **{field: getattr(args, dest) for dest, field in REQUEST.items()})
+
+
+def request_argv(args: argparse.Namespace) -> list[str]:
+    """`generate`'s arguments that ask for the same request as `args` (its image file included)."""
+    argv = [args.prompt]
+    for dest in (*REQUEST, "image"):
+        if getattr(args, dest) is not None:
+            argv += ["--" + dest.replace("_", "-"), str(getattr(args, dest))]
+    return argv
+
+
+def checked(args, command: str, config: PipelineConfig, *, ulysses=None, ring=1, cfg=1) -> bool:
+    """Whether dit.preflight accepts the settings; if not, its one line goes to stderr (from rank 0 alone)."""
+    from dit.preflight import preflight
+
+    # Under torchrun (launched by us or by hand) the ranks are already there: check against their count.
+    nproc = int(os.environ.get("WORLD_SIZE", args.nproc))
+    try:
+        preflight(config, model_path=args.model_path, nproc=nproc,
+                  local_nproc=int(os.environ.get("LOCAL_WORLD_SIZE", nproc)), ulysses=ulysses, ring=ring,
+                  cfg=cfg, request=request(args))  # fmt: skip
+    except ValueError as e:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"ithaca {command}: error: {e}", file=sys.stderr)
+        return False
+    return True
+
+
+def torchrun(nproc: int, argv: list[str]) -> list[str]:
+    """`ithaca ARGV` on `nproc` ranks of this machine."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "server.cli", *argv]  # fmt: skip

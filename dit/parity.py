@@ -1,0 +1,189 @@
+"""`ithaca parity`: the same generation on 1 rank and on N ranks per mode (each a `generate` run under
+torchrun), compared on the final latents and frames."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from dit.cli_args import (
+    HelpFormatter,
+    add_model_args,
+    add_request_args,
+    checked,
+    pipeline_argv,
+    pipeline_config,  # fmt: skip
+    request_argv,
+    torchrun,
+)
+
+MODES = ("alltoall", "fp8", "p2p", "ring", "hybrid", "cfg")
+# Parity tolerances on the final latents, relative to their largest magnitude (max |a - b| / max |ref|).
+# fp32 exact modes differ only by summation order (ring's online softmax, kernel blocking): measured ≤ 1e-6 on
+# tiny, 1e-4 leaves room for longer runs. bf16/fp16 round every layer, so reordering shows up ~100× larger.
+# FP8 all-to-all quantizes q/k/v at every layer and step (e4m3 round trip ≈ 2.6 % per element).
+EXACT_TOL = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 1e-2}
+FP8_TOL = 0.1
+FRAME_TOL_EXACT = 2  # uint8 levels: a latent difference of 1e-6 may still flip a rounding boundary
+
+
+def add_parity(subparsers) -> None:
+    p = subparsers.add_parser(
+        "parity",
+        help="same generation on 1 rank and on N ranks per mode; compare",
+        formatter_class=HelpFormatter,
+    )
+    add_request_args(p, prompt_default="a lighthouse on a cliff at dusk, waves crashing")
+    add_model_args(p, "parity")
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated subset")
+    p.add_argument("--nproc", type=int, default=2, help="ranks of each mode's run")
+    p.add_argument(
+        "--tol",
+        type=float,
+        default=None,
+        help="exact modes, relative to the latents' largest magnitude (default: by --dtype: "
+        + ", ".join(f"{k} {v:g}" for k, v in EXACT_TOL.items())
+        + ")",
+    )
+    p.add_argument("--fp8-tol", type=float, default=FP8_TOL, help="fp8 mode, relative")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    p.set_defaults(func=run_parity)
+
+
+@dataclass
+class ParityRow:
+    mode: str
+    ranks: int
+    layout: str  # ulysses x ring x cfg
+    comm: str
+    status: str  # ok | FAIL | skipped | error
+    latents_max_abs: float | None = None
+    latents_rel: float | None = None
+    frames_max_abs: int | None = None
+    frames_rel: float | None = None
+    tol: float | None = None
+    seconds: float | None = None  # the run's wall time, launch included
+    note: str = ""
+
+
+def _mode_layout(mode: str, n: int) -> tuple[int, int, int, str] | str:
+    """(ulysses, ring, cfg, comm) for a mode at n ranks, or why it cannot run."""
+    if mode in ("alltoall", "fp8", "p2p"):
+        return n, 1, 1, mode
+    if mode == "ring":
+        return 1, n, 1, "alltoall"
+    if mode == "hybrid":
+        return (2, n // 2, 1, "alltoall") if n >= 4 and n % 2 == 0 else "needs an even --nproc of at least 4"
+    if mode == "cfg":
+        return (n // 2, 1, 2, "alltoall") if n % 2 == 0 else "needs an even --nproc"
+    raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+
+
+def _launch(argv: list[str], nproc: int, out: Path) -> tuple[dict | None, str]:
+    argv = ["generate", *argv, "--out", str(out.with_suffix(".mp4")), "--save-latents", str(out)]
+    cmd = torchrun(nproc, argv) if nproc > 1 else [sys.executable, "-m", "server.cli", *argv]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:  # the most telling line: the last error message, else the last line
+        lines = (proc.stdout + proc.stderr).strip().splitlines() or [f"exit code {proc.returncode}"]
+        return None, next((ln for ln in reversed(lines) if "rror" in ln), lines[-1]).strip()
+    import torch
+
+    return torch.load(out), ""
+
+
+def _compare(ref: dict, got: dict) -> tuple[float, float, int, float]:
+    a, b = ref["latents"].double(), got["latents"].double()
+    lat_abs = (a - b).abs().max().item()
+    fr_abs = (ref["frames"].int() - got["frames"].int()).abs().max().item()
+    return lat_abs, lat_abs / max(a.abs().max().item(), 1e-30), fr_abs, fr_abs / 255.0
+
+
+def run_parity(args) -> int:
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for m in modes:
+        if m not in MODES:
+            print(
+                f"ithaca parity: error: unknown mode {m!r}; choose from {', '.join(MODES)}", file=sys.stderr
+            )
+            return 2
+    if not checked(args, "parity", pipeline_config(args)):
+        return 2
+    exact_tol = args.tol if args.tol is not None else EXACT_TOL[args.dtype]
+    common = request_argv(args) + pipeline_argv(args)
+    rows: list[ParityRow] = []
+    # A run takes tens of seconds: each row prints as its run ends. With --json the table is progress on
+    # stderr and stdout holds only the JSON document.
+    table = _Table(sys.stderr if args.json else sys.stdout)
+    with tempfile.TemporaryDirectory(prefix="ithaca-parity-") as tmp:
+        start = time.perf_counter()
+        ref, err = _launch(common, 1, Path(tmp) / "reference.pt")
+        if ref is None:
+            print(f"ithaca parity: the 1-rank reference run failed: {err}", file=sys.stderr)
+            return 1
+        reference = ParityRow("reference", 1, "1x1x1", "alltoall", "ok", seconds=time.perf_counter() - start)
+        table.print(reference)
+        for mode in modes:
+            layout = _mode_layout(mode, args.nproc)
+            if isinstance(layout, str):
+                rows.append(ParityRow(mode, args.nproc, "-", "-", "skipped", note=layout))
+                table.print(rows[-1])
+                continue
+            u, r, c, comm = layout
+            tol = args.fp8_tol if "fp8" in comm else exact_tol
+            row = ParityRow(mode, args.nproc, f"{u}x{r}x{c}", comm, "error", tol=tol)
+            argv = [*common, "--ulysses", str(u), "--ring", str(r), "--cfg", str(c), "--comm", comm]
+            start = time.perf_counter()
+            got, err = _launch(argv, args.nproc, Path(tmp) / f"{mode}.pt")
+            row.seconds = time.perf_counter() - start
+            if got is None:
+                row.note = err
+            else:
+                row.latents_max_abs, row.latents_rel, row.frames_max_abs, row.frames_rel = _compare(ref, got)
+                frames_ok = "fp8" in comm or row.frames_max_abs <= FRAME_TOL_EXACT
+                row.status = "ok" if row.latents_rel <= tol and frames_ok else "FAIL"
+            rows.append(row)
+            table.print(row)
+    bad = [r.mode for r in rows if r.status not in ("ok", "skipped")]
+    skipped = sum(r.status == "skipped" for r in rows)
+    print(
+        f"parity: {len(rows) - len(bad) - skipped} of {len(rows)} modes match 1 rank"
+        + (f", {skipped} skipped" if skipped else "")
+        + (f"; FAIL: {', '.join(bad)}" if bad else ""),
+        file=table.out,
+        flush=True,
+    )
+    if args.json:
+        report = {"ok": not bad, "dtype": args.dtype, "reference_seconds": reference.seconds}
+        print(json.dumps({**report, "rows": [asdict(r) for r in rows]}, indent=2))
+    return 1 if bad else 0
+
+
+class _Table:
+    """Parity rows printed one at a time under a header, in fixed-width columns (the note comes last)."""
+
+    # (heading, width): wide enough for "reference", "alltoall", "1.23e-05", "1234.5 s"
+    COLUMNS = (("mode", 9), ("ranks", 5), ("u x r x c", 9), ("comm", 8), ("latents max abs", 15),
+               ("latents rel", 11), ("frames max abs", 14), ("frames rel", 10), ("tol", 8), ("time", 8),
+               ("result", 0))  # fmt: skip
+
+    def __init__(self, out):
+        self.out = out
+        self._line(head for head, _ in self.COLUMNS)
+
+    def print(self, r: ParityRow) -> None:
+        def fmt(v):
+            return "-" if v is None else (str(v) if isinstance(v, int) else f"{v:.2e}")
+
+        seconds = "-" if r.seconds is None else f"{r.seconds:.1f} s"
+        self._line((r.mode, str(r.ranks), r.layout, r.comm, fmt(r.latents_max_abs), fmt(r.latents_rel),
+                    fmt(r.frames_max_abs), fmt(r.frames_rel), fmt(r.tol), seconds,
+                    f"{r.status} {r.note}".strip()))  # fmt: skip
+
+    def _line(self, cells) -> None:
+        line = "  ".join(cell.ljust(w) for cell, (_, w) in zip(cells, self.COLUMNS, strict=True))
+        print(line.rstrip(), file=self.out, flush=True)

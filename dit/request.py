@@ -1,0 +1,95 @@
+"""A text-to-video request and its checks: the numbers (size, length, steps, guidance, fps, seed) against a
+model's `Limits`, None ones filled with its defaults. It imports no model code: `dit.preflight` checks a
+request with it before diffusers or transformers load; `Pipeline.validate` checks the rest (image, prompt,
+experts)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dit.families import Limits
+
+MAX_SEED = 2**63 - 1
+
+
+@dataclass
+class GenerationRequest:
+    """None fields take the model's defaults (`pipe.limits`)."""
+
+    prompt: str
+    negative_prompt: str = ""
+    num_frames: int | None = None
+    height: int | None = None
+    width: int | None = None
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    # a two-expert model's guidance below its boundary (the low-noise expert's); None: its default
+    guidance_scale_2: float | None = None
+    seed: int = 0
+    fps: int | None = None
+    cache: str | None = None  # off | fbcache[:THRESHOLD] (dit.cache); None: the pipeline's
+    # the first frame of an image-to-video model (optional for Wan2.2 TI2V-5B): RGB, a PIL image or uint8
+    # [H, W, 3] of any size (resized to cover the request's size, aspect kept, and centre-cropped:
+    # dit.image.fit); HunyuanVideo-1.5's takes its size from it when the request gives neither height nor
+    # width (`Limits.image_target_size`)
+    image: Any = None
+
+
+def _check_int(
+    name: str, value, low: int, high: int, rule: str = "an integer", step: int = 1, offset: int = 0
+):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not low <= value <= high
+        or (value - offset) % step
+    ):
+        raise ValueError(f"{name} must be {rule} between {low} and {high}, got {value!r}")
+
+
+def check_guidance(name: str, g, lim: Limits) -> None:
+    if isinstance(g, bool) or not isinstance(g, int | float) or not lim.min_guidance <= g <= lim.max_guidance:
+        raise ValueError(f"{name} must be between {lim.min_guidance} and {lim.max_guidance}, got {g!r}")
+
+
+def check_numbers(req: GenerationRequest, lim: Limits) -> GenerationRequest:
+    """The request's size, length, steps, guidance, fps and seed: None ones the model's defaults, each
+    checked against `lim` (ValueError naming the field). What `Pipeline.validate` checks first, and all
+    `dit.preflight` can check before the model loads."""
+    req = replace(
+        req,
+        num_frames=lim.default_frames if req.num_frames is None else req.num_frames,
+        height=lim.default_height if req.height is None else req.height,
+        width=lim.default_width if req.width is None else req.width,
+        num_inference_steps=lim.default_steps if req.num_inference_steps is None else req.num_inference_steps,
+        guidance_scale=lim.default_guidance if req.guidance_scale is None else req.guidance_scale,
+        fps=lim.default_fps if req.fps is None else req.fps,
+    )
+    step, mult = lim.frame_step, lim.size_multiple
+    _check_int(
+        "num_frames", req.num_frames, lim.min_frames, lim.max_frames, f"{step}k+1", step=step, offset=1
+    )
+    bad = []  # both named when both are wrong
+    for name in ("height", "width"):
+        try:
+            _check_int(name, getattr(req, name), lim.min_size, lim.max_size, step=mult)
+        except ValueError:
+            bad.append(name)
+    if bad:
+        got = " and ".join(repr(getattr(req, name)) for name in bad)
+        multiple = f"a multiple of {mult}" if len(bad) == 1 else f"multiples of {mult}"
+        raise ValueError(
+            f"{' and '.join(bad)} must be {multiple} between {lim.min_size} and {lim.max_size}, got {got}"
+        )
+    if lim.schedule is not None and req.num_inference_steps != lim.schedule.steps:
+        raise ValueError(
+            f"num_inference_steps must be {lim.schedule.steps}: the model's fixed schedule (timesteps "
+            f"{lim.schedule}) takes exactly that many, got {req.num_inference_steps!r}"
+        )
+    _check_int("num_inference_steps", req.num_inference_steps, lim.min_steps, lim.max_steps)
+    _check_int("fps", req.fps, lim.min_fps, lim.max_fps)
+    _check_int("seed", req.seed, 0, MAX_SEED)
+    check_guidance("guidance_scale", req.guidance_scale, lim)
+    return req
