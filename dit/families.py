@@ -20,8 +20,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from dit import i2v
-from dit import vae as wan_vae
 from dit.loading import model_names, presets
 from dit.model_card import apply_card
 from dit.presets import resolve
@@ -34,7 +32,6 @@ from dit.sampling import (
     make_scheduler,
     sampler_of,
 )
-from dit.text_encoder import load_text_encoder, load_tokenizer
 
 if TYPE_CHECKING:
     from diffusers import SchedulerMixin
@@ -70,7 +67,7 @@ class Limits:
     image: bool = False
     # the model takes a first-frame image but needs none (Wan2.2 TI2V-5B: text, or text and image, to video)
     image_optional: bool = False
-    # two experts (Wan2.2 A14B, dit.experts): a request may give the low-noise expert's `guidance_scale_2`
+    # two experts (Wan2.2 A14B, dit.wan.experts): a request may give the low-noise expert's `guidance_scale_2`
     two_experts: bool = False
     # a request with an image and neither height nor width takes the size the family's `video_size` makes
     # of the image at this target size (HunyuanVideo-1.5 image-to-video, as diffusers'); None: the defaults,
@@ -136,7 +133,8 @@ class PipelineFamily:
     # (Wan2.2 TI2V-5B's VAE: space ×16); None: `compression`
     vae_compression: Callable[[Path | None, int], tuple[int, int]] | None = None
     # (folder or None, preset name) → whether the model samples as diffusers' `expand_timesteps` pipelines
-    # (Wan2.2 TI2V-5B, dit.i2v.FirstFrame): per-token timesteps, an optional image as the first latent frame
+    # (Wan2.2 TI2V-5B, dit.first_frame.FirstFrame): per-token timesteps, an optional image as the first
+    # latent frame
     expand_timesteps: Callable[[Path | None, str], bool] = lambda folder, model: False
     # (vae, image uint8 [H, W, 3] at the video's size) → the latents `[1, C, 1, h, w]` such a model takes as
     # its first latent frame
@@ -275,34 +273,3 @@ def model_limits(
         min_size=-(-base.min_size // size_multiple) * size_multiple,  # the smallest multiple allowed
         size_multiple=size_multiple,
     )
-
-
-def _wan_limits(folder: Path | None, preset: str) -> Limits:
-    return TINY_LIMITS if folder is None and preset.startswith("tiny-") else Limits()  # tiny-*-random
-
-
-# Wan2.1 and Wan2.2: UMT5 (or the tiny encoder), AutoencoderKLWan (×4 time, ×8 space; Wan2.2 TI2V-5B's ×16),
-# UniPC flow sampling unless the folder's scheduler is flow-match Euler; image-to-video models take an image
-# (dit.i2v).
-WAN = PipelineFamily(
-    class_name="WanTransformer3DModel",
-    compression=wan_vae.WAN_COMPRESSION,
-    default_shift=3.0,  # Wan's 480p value
-    default_sampler="unipc",
-    wrap=lambda transformer, folder, model: i2v.wrap(transformer),
-    tokenizer=load_tokenizer,
-    text_encoder=lambda folder, model, tokenizer, dtype, device: load_text_encoder(
-        folder, tokenizer, dim=model.config.text_dim, dtype=dtype, device=device
-    ),
-    vae=lambda folder, channels, device: wan_vae.load_vae(folder, z_dim=channels, device=device),
-    decode=wan_vae.decode,
-    limits=_wan_limits,
-    samplers=SAMPLERS,
-    image_encoder=i2v.load_image_encoder,
-    image_condition=i2v.latent_condition,
-    vae_compression=wan_vae.compression,
-    expand_timesteps=i2v.expand_timesteps,
-    first_frame=i2v.frame_latents,
-)
-register_pipeline_family(WAN)
-register_pipeline_family(replace(WAN, class_name="WanModel"))  # an original Wan checkpoint folder

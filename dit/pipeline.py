@@ -22,16 +22,23 @@ import torch
 import dit
 import parallel
 from dit.cache import CacheConfig, Evaluations, StepCache, real_tokens
-from dit.checkpoint import Checkpointing, DenoiseState
 from dit.compile import compile_blocks
-from dit.experts import HostOffload, boundary_ratio, second_source
+from dit.denoise_state import Checkpointing, DenoiseState
 from dit.families import TINY_LIMITS, Limits, PipelineFamily, model_limits, pick_scheduler, pipeline_family
-from dit.i2v import FirstFrame, with_first_frame
+from dit.first_frame import FirstFrame, with_first_frame
 from dit.image import fit
 from dit.parallelize import set_comm
 from dit.presets import resolve
 from dit.preview import LatentPreview, PreviewCallback, fit_preview, read_preview
-from dit.sampling import NUM_TRAIN_TIMESTEPS, Callback, GenerationCancelled, SecondExpert, denoise
+from dit.sampling import (
+    NUM_TRAIN_TIMESTEPS,
+    Callback,
+    GenerationCancelled,
+    HostOffload,
+    SecondExpert,
+    denoise,
+)
+from dit.wan.experts import boundary_ratio, second_source
 
 if TYPE_CHECKING:
     from diffusers import SchedulerMixin
@@ -194,11 +201,11 @@ class Pipeline:
         folder: Path | None = None,
     ):
         self.config, self.mesh, self.family, self.model = config, mesh, family, model
-        # the VAE's (time, space) compression; `expand_timesteps`: the model is a `dit.i2v.FirstFrame` (Wan2.2
-        # TI2V-5B), whose image is the first latent frame
+        # the VAE's (time, space) compression; `expand_timesteps`: the model is a `dit.first_frame.FirstFrame`
+        # (Wan2.2 TI2V-5B), whose image is the first latent frame
         self.compression, self.expand_timesteps = compression, expand_timesteps
         self.image_encoder = image_encoder  # an image-to-video model's, on the replica leader; else None
-        # a two-expert model's low-noise expert and its boundary ratio (dit.experts), else None, None
+        # a two-expert model's low-noise expert and its boundary ratio (dit.wan.experts), else None, None
         self.model_2, self.boundary = second if second is not None else (None, None)
         self.tokenizer, self.limits = tokenizer, limits
         self.text_encoder = text_encoder  # None except on the replica leader
@@ -287,7 +294,7 @@ class Pipeline:
         the replica leader only, a uint8 RGB `[H, W, 3]` preview of the video's middle frame (at most
         dit.preview.MAX_SIDE on its long side) every `config.preview_every` steps and after the last.
         `resume` (every rank) goes on from a checkpoint of this request; `checkpoints` (the leader only)
-        hears the state every few steps (dit.checkpoint)."""
+        hears the state every few steps (dit.denoise_state)."""
         req = self.validate(req)
         _enter(on_phase, "encoding")
         cond, uncond = self.conditioning(req)

@@ -55,7 +55,7 @@ import uuid
 import numpy as np
 
 import parallel
-from dit.checkpoint import Checkpointing, DenoiseState, Expected, load_file
+from dit.denoise_state import Checkpointing, DenoiseState, Expected, load_file
 from dit.image import fit, read
 from dit.preview import frame_preview
 from dit.shape import launch_layout

@@ -5,8 +5,8 @@
 from dit.hunyuan.config import DIFFUSERS_CLASS_NAME, PRESETS, HunyuanVideo15Config
 from dit.hunyuan.model import HunyuanVideo15Transformer
 from dit.hunyuan.parallelize import parallelize_hunyuan
+from dit.hunyuan.state_dict import resolve
 from dit.hunyuan.t2v import HunyuanI2V, HunyuanT2V
-from dit.hunyuan.weights import resolve
 from dit.loading import Family, register_family
 from dit.parallelize import register_parallelizer
 from dit.presets import register_preset

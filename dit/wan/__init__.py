@@ -2,9 +2,9 @@
 checkpoint formats."""
 
 from dit.loading import Family, register_family
-from dit.wan.checkpoint import export_state_dict, key_map, normalize_key
 from dit.wan.config import WanConfig
 from dit.wan.model import FP32_PARAMS, WanModel
+from dit.wan.state_dict import export_state_dict, key_map, normalize_key
 
 __all__ = ["WanConfig", "WanModel", "export_state_dict", "resolver"]
 
@@ -58,3 +58,5 @@ register_family(
         complete_original,
     )
 )
+
+from dit.wan import family  # noqa: E402,F401  (registers the pipeline parts)
