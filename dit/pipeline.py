@@ -24,7 +24,7 @@ import parallel
 from dit.cache import CacheConfig, Evaluations, StepCache, real_tokens
 from dit.compile import compile_blocks
 from dit.denoise_state import Checkpointing, DenoiseState
-from dit.families import TINY_LIMITS, Limits, PipelineFamily, model_limits, pick_scheduler, pipeline_family
+from dit.families import TINY_LIMITS, Limits, ModelFamily, model_family, model_limits, pick_scheduler
 from dit.first_frame import FirstFrame, with_first_frame
 from dit.image import fit
 from dit.parallelize import set_comm
@@ -38,7 +38,6 @@ from dit.sampling import (
     SecondExpert,
     denoise,
 )
-from dit.wan.experts import boundary_ratio, second_source
 
 if TYPE_CHECKING:
     from diffusers import SchedulerMixin
@@ -186,7 +185,7 @@ class Pipeline:
         self,
         config: PipelineConfig,
         mesh,
-        family: PipelineFamily,
+        family: ModelFamily,
         model,
         tokenizer,
         text_encoder,
@@ -444,7 +443,7 @@ def load_prompt_tokenizer(model: str):
     model: the API process counts a prompt's tokens with it before queuing the job."""
     model = resolve(model)
     folder = Path(model) if Path(model).is_dir() else None
-    return pipeline_family(model).tokenizer(folder)
+    return model_family(model).tokenizer(folder)
 
 
 def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
@@ -459,11 +458,11 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     dtype = DTYPES[config.dtype]
     model_name = resolve(config.model)
     folder = Path(model_name) if Path(model_name).is_dir() else None
-    family = pipeline_family(model_name)
+    family = model_family(model_name)
     # the sampler and any fixed schedule, decided before any weights load
     *sampling, schedule = pick_scheduler(family, folder, config.sampler, config.flow_shift, config.timesteps)
 
-    boundary = boundary_ratio(model_name, folder)
+    boundary = family.boundary_ratio(model_name, folder)
     expand = family.expand_timesteps(folder, model_name)
     if boundary is not None and config.loras:
         raise ValueError(
@@ -479,7 +478,7 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
         return compile_blocks(model) if config.compile else model
 
     model = transformer(model_name)
-    second = None if boundary is None else (transformer(*second_source(model_name, folder)), boundary)
+    second = None if boundary is None else (transformer(*family.second_source(model_name, folder)), boundary)
     if second is not None and config.offload_idle_expert:
         second[0].to("cpu")  # in host memory until its first turn
     tokenizer = family.tokenizer(folder)

@@ -114,12 +114,12 @@ def count_params(module: torch.nn.Module) -> int:
 
 def transformer_shape(preset: str) -> tuple[int, dict]:
     """(parameter count, config json) of a dit preset, built on the meta device."""
-    from dit.loading import family_for, presets
+    from dit.families import presets, weight_format
 
     config_json = presets()[preset]
-    family = family_for(config_json["_class_name"])
+    weights = weight_format(config_json["_class_name"])
     with torch.device("meta"):
-        model = family.build(family.parse_config(config_json))
+        model = weights.build(weights.parse_config(config_json))
     return count_params(model), config_json
 
 

@@ -25,7 +25,6 @@ import torch
 from torch import nn
 
 from dit.first_frame import ImageEncoder, pixels
-from dit.parallelize import parallelize, register_parallelizer
 from dit.wan import vae as wan_vae
 
 MASK_CHANNELS = 4  # the VAE's time compression: one mask channel per frame of a latent frame
@@ -60,14 +59,6 @@ class WanI2V(nn.Module):
 def wrap(transformer: nn.Module) -> nn.Module:
     """The Wan family's adapter: image-to-video transformers get `WanI2V`, text-to-video ones none."""
     return WanI2V(transformer) if is_i2v(transformer) else transformer
-
-
-def _parallelize(model: WanI2V, mesh, comm, backend) -> WanI2V:
-    parallelize(model.transformer, mesh, comm=comm, backend=backend)
-    return model
-
-
-register_parallelizer(WanI2V, _parallelize)
 
 
 def load_image_encoder(folder: Path | None, model: nn.Module, dtype, device) -> ImageEncoder | None:
