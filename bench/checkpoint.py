@@ -1,4 +1,4 @@
-"""Denoising checkpoints (`dit.checkpoint`): what saving one costs against a denoising step.
+"""Denoising checkpoints (`dit.denoise_state`): what saving one costs against a denoising step.
 
     python bench/checkpoint.py         # the trained tiny model at its defaults, and a Wan2.1-14B-shaped state
 
@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from bench.preview import WAN14B_LATENT, median_s
-from dit.checkpoint import Checkpointing, capture, save_file
+from dit.denoise_state import Checkpointing, capture, save_file
 from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline
 from dit.sampling import make_scheduler
 from server.writers import CheckpointWriter

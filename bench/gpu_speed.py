@@ -221,14 +221,14 @@ def vae_decode(kit: Kit, report: Report) -> None:
     """Wan's VAE (published config, random weights) decoding 81 frames at 480p in float32, single rank."""
     from diffusers import AutoencoderKLWan
 
-    from dit.vae import decode, tiny_vae
+    from dit.wan.vae import decode, tiny_vae
 
     vae = kit.pick(AutoencoderKLWan, lambda: tiny_vae(16))().to(kit.device).eval()  # published config
     frames, height, width = kit.pick((81, 480, 832), (5, 32, 32))
     latents = torch.randn(1, 16, (frames - 1) // 4 + 1, height // 8, width // 8, device=kit.device)
     sec, video, peak = kit.time(lambda: decode(vae, latents), warmup=1, iters=2)
     report.table(
-        "VAE decode (dit.vae.decode: float32, to uint8 on the host)",
+        "VAE decode (dit.wan.vae.decode: float32, to uint8 on the host)",
         ["what", "s", "peak GiB"],
         [[f"{tuple(latents.shape)} → {tuple(video.shape)} frames", f"{sec:.3f}", gib(peak)]],
     )

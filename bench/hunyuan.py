@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from bench.common import add_run_args, compare, device_name, report  # noqa: E402
 from dit.hunyuan.config import PRESETS, HunyuanVideo15Config  # noqa: E402
 from dit.hunyuan.model import HunyuanVideo15Transformer  # noqa: E402
-from dit.hunyuan.weights import resolve  # noqa: E402
+from dit.hunyuan.state_dict import resolve  # noqa: E402
 from dit.pipeline import DTYPES  # noqa: E402
 from dit.weights import load_state, materialize, random_init  # noqa: E402
 

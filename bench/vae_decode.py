@@ -1,6 +1,6 @@
 """Band-parallel VAE decode (`dit.vae_parallel`) on P CPU processes (gloo) against diffusers' own decode in
 one process, on the same weights: seconds per decode, the peak memory a decode adds per process, and the
-largest difference from diffusers' frames. Both run the pipeline's decode (`dit.vae.decode`,
+largest difference from diffusers' frames. Both run the pipeline's decode (`dit.wan.vae.decode`,
 `dit.hunyuan.vae.decode`: latents → uint8 frames on the leader).
 
     python bench/vae_decode.py                                  # tiny Wan VAE, 33 frames of 256×256
@@ -40,7 +40,7 @@ SEED = 0
 def _build(args):
     """(VAE, latents, the family's decode)."""
     if args.family == "wan":
-        from dit.vae import decode, tiny_vae
+        from dit.wan.vae import decode, tiny_vae
 
         spatial = 8
     else:

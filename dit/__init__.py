@@ -1,13 +1,13 @@
 """Video DiT models, weight loading and the sequence-parallel step."""
 
-from dit.loading import Family, build_random, load_transformer, register_family
-from dit.parallelize import parallelize, register_parallelizer
+from dit.families import ModelFamily, register_family
+from dit.loading import build_random, load_transformer
+from dit.parallelize import parallelize
 
 __all__ = [
-    "Family",
+    "ModelFamily",
     "build_random",
     "load_transformer",
     "parallelize",
     "register_family",
-    "register_parallelizer",
 ]

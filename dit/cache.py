@@ -10,7 +10,7 @@ the replica: the sequence-parallel ranks' shards (padding excluded) and, under C
 (a decision from a rank's own shard would let the ranks diverge, and a collective skipped by some ranks
 would hang the others).
 
-A checkpoint (dit.checkpoint) keeps each rank's residuals (`StepCache.state`), so a resumed generation
+A checkpoint (dit.denoise_state) keeps each rank's residuals (`StepCache.state`), so a resumed generation
 takes the decisions, and adds the residuals, that the uninterrupted one would have: bit for bit on the CPU.
 """
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dit.hunyuan.parallelize import ParallelJointAttention
-
 
 def compile_blocks(model: nn.Module) -> nn.Module:
     """Compile every block of `model` (Wan or HunyuanVideo-1.5, after `dit.parallelize`) in place and return
@@ -25,7 +23,9 @@ def compile_blocks(model: nn.Module) -> nn.Module:
         op = torch.compiler.disable(sp.attention)
         for block in inner.blocks:
             block.self_attn.attention = op
-    if isinstance(getattr(inner, "attention", None), ParallelJointAttention):  # HunyuanVideo-1.5
+    # a family's own sequence-parallel op (HunyuanVideo-1.5's joint attention) carries `comm`, as
+    # `dit.parallelize.set_comm` finds it; the local op does not
+    if hasattr(getattr(inner, "attention", None), "comm"):
         inner.attention = torch.compiler.disable(inner.attention)
     for block in inner.blocks:
         block.compile()  # in place: parameter names (state_dict keys) stay unchanged

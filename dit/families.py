@@ -1,18 +1,22 @@
-"""Pipeline families: the parts that differ between model families (text encoders, VAE, scheduler, limits),
-picked from the model folder's `transformer/config.json` `_class_name` or the preset's.
+"""Model families: one `ModelFamily` record per family package (`dit/wan/`, `dit/hunyuan/`), registered by
+one `register_family` call when the package is imported, and found by the `_class_name` of a model folder's
+`transformer/config.json` or a preset's. The record holds what differs between families: the weight formats
+it loads (config parsing, model class, checkpoint key mapping), its sequence-parallel step, and the pipeline's
+parts (text encoders, VAE, image conditioning, scheduler, limits, a second expert).
 
 A family's model is called as `model(latents, timestep, **text)` where `text` is what its text encoder's
 `condition(prompt)` returns (Wan: `encoder_hidden_states`; HunyuanVideo-1.5: the states and masks of both of
 its encoders), so the shared pipeline needs no per-family switch; only the replica leader loads the text
-encoder, and the pipeline broadcasts `text` to the replica's other ranks. Families register here when their
-package is imported (`dit.loading.FAMILY_PACKAGES`).
+encoder, and the pipeline broadcasts `text` to the replica's other ranks. The packages in `FAMILY_PACKAGES`
+are imported on first use: adding a family is one package plus one entry there.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,11 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from dit import i2v
-from dit import vae as wan_vae
-from dit.loading import model_names, presets
 from dit.model_card import apply_card
-from dit.presets import resolve
+from dit.presets import PRESETS, SHIPPED, register_preset, resolve
 from dit.sampling import (
     FIXED_SCHEDULE_SAMPLERS,
     SAMPLERS,
@@ -34,10 +35,13 @@ from dit.sampling import (
     make_scheduler,
     sampler_of,
 )
-from dit.text_encoder import load_text_encoder, load_tokenizer
 
 if TYPE_CHECKING:
     from diffusers import SchedulerMixin
+
+    from dit.weights import Resolver
+
+FAMILY_PACKAGES = ("dit.wan", "dit.hunyuan")
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ class Limits:
     image: bool = False
     # the model takes a first-frame image but needs none (Wan2.2 TI2V-5B: text, or text and image, to video)
     image_optional: bool = False
-    # two experts (Wan2.2 A14B, dit.experts): a request may give the low-noise expert's `guidance_scale_2`
+    # two experts (Wan2.2 A14B, dit.wan.experts): a request may give the low-noise expert's `guidance_scale_2`
     two_experts: bool = False
     # a request with an image and neither height nor width takes the size the family's `video_size` makes
     # of the image at this target size (HunyuanVideo-1.5 image-to-video, as diffusers'); None: the defaults,
@@ -101,8 +105,32 @@ TINY_LIMITS = Limits(
 
 
 @dataclass(frozen=True)
-class PipelineFamily:
-    class_name: str  # the transformer's config.json `_class_name`
+class WeightFormat:
+    """One checkpoint layout a family loads, named by its config.json `_class_name` (Wan: diffusers' and the
+    original repository's)."""
+
+    class_name: str  # config.json `_class_name`
+    parse_config: Callable[[dict], Any]  # config.json dict → the family's config dataclass
+    build: Callable[[Any], nn.Module]  # config → model (called on the meta device)
+    resolver: Callable[
+        [Any], Resolver
+    ]  # config → the key mapping: checkpoint key → our parameter (dit.weights)
+    keep_fp32: tuple[str, ...] = ()  # parameter-name fragments kept float32 in lower-precision loads
+    # config → resolver of the weight names LoRA files use (see dit.lora); None: `resolver`'s
+    lora_resolver: Callable[[Any], Resolver] | None = None
+    # (config.json dict, the checkpoint's key names) → the dict completed with what only the weights tell
+    # (Wan2.2 I2V's original config reads as Wan2.1 I2V's but has no image embedder); None: as it is
+    complete_config: Callable[[dict, set[str]], dict] | None = None
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    name: str  # its package's: "wan", "hunyuan"
+    formats: tuple[WeightFormat, ...]  # the checkpoint layouts it loads, one per `_class_name`
+    # (model, mesh, comm, backend) → the model made sequence-parallel in place (`dit.parallelize`), for the
+    # models of `parallel_models` (the transformers and pipeline adapters it makes)
+    parallelize: Callable[..., nn.Module]
+    parallel_models: tuple[type, ...]
     compression: tuple[int, int]  # the VAE's (time, space) compression, unless `vae_compression` says
     # flow shift when neither the user nor the folder's scheduler/ gives one (a scheduler/ of the class
     # sampled gives its class's default when its config leaves the shift out)
@@ -136,7 +164,8 @@ class PipelineFamily:
     # (Wan2.2 TI2V-5B's VAE: space ×16); None: `compression`
     vae_compression: Callable[[Path | None, int], tuple[int, int]] | None = None
     # (folder or None, preset name) → whether the model samples as diffusers' `expand_timesteps` pipelines
-    # (Wan2.2 TI2V-5B, dit.i2v.FirstFrame): per-token timesteps, an optional image as the first latent frame
+    # (Wan2.2 TI2V-5B, dit.first_frame.FirstFrame): per-token timesteps, an optional image as the first
+    # latent frame
     expand_timesteps: Callable[[Path | None, str], bool] = lambda folder, model: False
     # (vae, image uint8 [H, W, 3] at the video's size) → the latents `[1, C, 1, h, w]` such a model takes as
     # its first latent frame
@@ -148,17 +177,66 @@ class PipelineFamily:
     # self-attention (else cross-attention): the layout planner's FLOPs (`dit.shape.model_shape`)
     text_tokens: int = 512
     joint_text: bool = False
+    # (preset name, folder or None) → the boundary ratio of a two-expert model (Wan2.2 A14B: the low-noise
+    # expert takes the timesteps below it × 1000), None for one expert
+    boundary_ratio: Callable[[str, Path | None], float | None] = lambda model, folder: None
+    # (preset name, folder or None) → (what `dit.load_transformer` loads the second expert from, its seed)
+    second_source: Callable[[str, Path | None], tuple[str, int]] | None = None
+    presets: Mapping[str, dict] = field(default_factory=dict)  # its presets (config.json form), by name
 
     def compression_of(self, folder: Path | None, channels: int) -> tuple[int, int]:
         """The (time, space) compression of the VAE the family loads for `folder` (or a preset's channels)."""
         return self.compression if self.vae_compression is None else self.vae_compression(folder, channels)
 
 
-_PIPELINE_FAMILIES: dict[str, PipelineFamily] = {}
+_FAMILIES: dict[str, ModelFamily] = {}  # by each weight format's `_class_name`
 
 
-def register_pipeline_family(family: PipelineFamily) -> None:
-    _PIPELINE_FAMILIES[family.class_name] = family
+def register_family(family: ModelFamily) -> None:
+    """Make `family` the one its formats' `_class_name`s name, and its presets loadable."""
+    for weights in family.formats:
+        _FAMILIES[weights.class_name] = family
+    for name, config in family.presets.items():
+        register_preset(name, config)
+
+
+def _import_families() -> None:
+    for package in FAMILY_PACKAGES:
+        try:
+            importlib.import_module(package)
+        except ModuleNotFoundError as e:
+            if e.name != package:
+                raise
+
+
+def families() -> list[ModelFamily]:
+    """Every registered family, once each."""
+    _import_families()
+    return list({id(family): family for family in _FAMILIES.values()}.values())
+
+
+def presets() -> dict[str, dict]:
+    """Every preset (config.json form), the families' own included."""
+    _import_families()
+    return PRESETS
+
+
+def model_names() -> list[str]:
+    """Every name a model can be given by: the shipped models' and the presets', sorted."""
+    return sorted([*SHIPPED, *presets()])
+
+
+def family_for(class_name: str | None, unknown: str = "unknown model class") -> ModelFamily:
+    """The family of a transformer `_class_name`; ValueError starting with `unknown` if none."""
+    _import_families()
+    if class_name not in _FAMILIES:
+        raise ValueError(f"{unknown} {class_name!r}; known: {sorted(_FAMILIES)}")
+    return _FAMILIES[class_name]
+
+
+def weight_format(class_name: str | None) -> WeightFormat:
+    """The weight format a transformer `_class_name` names."""
+    return next(w for w in family_for(class_name).formats if w.class_name == class_name)
 
 
 def model_class_name(model: str) -> str | None:
@@ -173,11 +251,9 @@ def model_class_name(model: str) -> str | None:
     raise FileNotFoundError(f"{model}: neither a model name ({', '.join(model_names())}) nor a model folder")
 
 
-def pipeline_family(model: str) -> PipelineFamily:
-    name = model_class_name(model)
-    if name not in _PIPELINE_FAMILIES:
-        raise ValueError(f"no pipeline for model class {name!r}; known: {sorted(_PIPELINE_FAMILIES)}")
-    return _PIPELINE_FAMILIES[name]
+def model_family(model: str) -> ModelFamily:
+    """The family of a preset, a shipped model or a folder."""
+    return family_for(model_class_name(model), "no pipeline for model class")
 
 
 def folder_config(folder: Path | None, component: str, file: str) -> dict:
@@ -192,7 +268,7 @@ SCHEDULE_KEY = "denoising_step_list"
 
 
 def pick_scheduler(
-    family: PipelineFamily,
+    family: ModelFamily,
     folder: Path | None,
     sampler: str | None = None,
     flow_shift: float | None = None,
@@ -205,7 +281,7 @@ def pick_scheduler(
 
 
 def pick_sampling(
-    family: PipelineFamily,
+    family: ModelFamily,
     folder: Path | None,
     sampler: str | None = None,
     flow_shift: float | None = None,
@@ -261,7 +337,7 @@ def pick_sampling(
 
 
 def model_limits(
-    family: PipelineFamily, folder: Path | None, model: str, channels: int, patch: tuple[int, ...]
+    family: ModelFamily, folder: Path | None, model: str, channels: int, patch: tuple[int, ...]
 ) -> Limits:
     """A model's request limits as its configs tell them, before any weight loads (`load_pipeline` adds
     what its tokenizer and weights tell): the family's, under the folder's own card (`dit.model_card`), the
@@ -275,34 +351,3 @@ def model_limits(
         min_size=-(-base.min_size // size_multiple) * size_multiple,  # the smallest multiple allowed
         size_multiple=size_multiple,
     )
-
-
-def _wan_limits(folder: Path | None, preset: str) -> Limits:
-    return TINY_LIMITS if folder is None and preset.startswith("tiny-") else Limits()  # tiny-*-random
-
-
-# Wan2.1 and Wan2.2: UMT5 (or the tiny encoder), AutoencoderKLWan (×4 time, ×8 space; Wan2.2 TI2V-5B's ×16),
-# UniPC flow sampling unless the folder's scheduler is flow-match Euler; image-to-video models take an image
-# (dit.i2v).
-WAN = PipelineFamily(
-    class_name="WanTransformer3DModel",
-    compression=wan_vae.WAN_COMPRESSION,
-    default_shift=3.0,  # Wan's 480p value
-    default_sampler="unipc",
-    wrap=lambda transformer, folder, model: i2v.wrap(transformer),
-    tokenizer=load_tokenizer,
-    text_encoder=lambda folder, model, tokenizer, dtype, device: load_text_encoder(
-        folder, tokenizer, dim=model.config.text_dim, dtype=dtype, device=device
-    ),
-    vae=lambda folder, channels, device: wan_vae.load_vae(folder, z_dim=channels, device=device),
-    decode=wan_vae.decode,
-    limits=_wan_limits,
-    samplers=SAMPLERS,
-    image_encoder=i2v.load_image_encoder,
-    image_condition=i2v.latent_condition,
-    vae_compression=wan_vae.compression,
-    expand_timesteps=i2v.expand_timesteps,
-    first_frame=i2v.frame_latents,
-)
-register_pipeline_family(WAN)
-register_pipeline_family(replace(WAN, class_name="WanModel"))  # an original Wan checkpoint folder

@@ -9,7 +9,8 @@ Contract a model follows to be parallelised (Wan here; other families may reuse 
   `blocks[i].self_attn.attention(q, k, v)`             — replaced by `parallel.attention` over the sp group
   `blocks[i].cross_attn.attention(q, k, v)`            — set to the local kernel on `backend`
 Only the sp group is used, so a mesh with cfg > 1 works unchanged (the pipeline combines CFG halves).
-A family whose model does not follow this contract registers its own step (`register_parallelizer`).
+`parallelize` hands a model to its family's step (`ModelFamily.parallelize` of the family whose
+`parallel_models` it is); `parallelize_by_contract` is the step for this contract.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import inspect
 from functools import partial
 
 import parallel
+from dit.families import families
 from parallel.kernels import BACKENDS
 
 
@@ -51,15 +53,6 @@ class SequenceParallel:
         return parallel.attention(q, k, v, self.mesh, info=self.info, comm=self.comm, backend=self.backend)
 
 
-_PARALLELIZERS: dict[type, object] = {}
-
-
-def register_parallelizer(model_class: type, fn) -> None:
-    """`fn(model, mesh, comm, backend)` parallelises instances of `model_class` (a family with its own
-    contract)."""
-    _PARALLELIZERS[model_class] = fn
-
-
 def check_backend(backend: str) -> None:
     """Fail at load time, not at the first attention call deep inside a forward."""
     if backend not in BACKENDS:
@@ -80,12 +73,19 @@ def set_comm(model, comm: str) -> None:
 
 
 def parallelize(model, mesh, comm="alltoall", backend="auto"):
-    """Make `model` run sequence-parallel over `mesh`'s sp group (in place, returned). Self-attention runs on
-    the attention kernel `backend` (one of `parallel.kernels.BACKENDS`), at sp size 1 too."""
+    """Make `model` run sequence-parallel over `mesh`'s sp group (in place, returned) by its family's step
+    (`parallelize_by_contract` for a model no family claims). Self-attention runs on the attention kernel
+    `backend` (one of `parallel.kernels.BACKENDS`), at sp size 1 too."""
     check_backend(backend)
-    for model_class, fn in _PARALLELIZERS.items():
-        if isinstance(model, model_class):
-            return fn(model, mesh, comm, backend)
+    for family in families():
+        if isinstance(model, family.parallel_models):
+            return family.parallelize(model, mesh, comm, backend)
+    return parallelize_by_contract(model, mesh, comm, backend)
+
+
+def parallelize_by_contract(model, mesh, comm="alltoall", backend="auto"):
+    """The step for a model that follows this module's contract (Wan's)."""
+    check_backend(backend)
     if getattr(model, "sequence_parallel", None) is not None:
         raise ValueError("model is already parallelized")
     local = partial(parallel.local_attention, backend=backend)

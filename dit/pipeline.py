@@ -22,18 +22,24 @@ import torch
 import dit
 import parallel
 from dit.cache import CacheConfig, Evaluations, StepCache, real_tokens
-from dit.checkpoint import Checkpointing, DenoiseState
 from dit.comm_choice import choose_comm
 from dit.compile import compile_blocks
-from dit.experts import HostOffload, boundary_ratio, second_source
-from dit.families import TINY_LIMITS, Limits, PipelineFamily, model_limits, pick_scheduler, pipeline_family
-from dit.i2v import FirstFrame, with_first_frame
+from dit.denoise_state import Checkpointing, DenoiseState
+from dit.families import TINY_LIMITS, Limits, ModelFamily, model_family, model_limits, pick_scheduler
+from dit.first_frame import FirstFrame, with_first_frame
 from dit.image import fit
 from dit.parallelize import set_comm
 from dit.presets import resolve
 from dit.preview import LatentPreview, PreviewCallback, fit_preview, read_preview
 from dit.request import GenerationRequest, check_guidance, check_numbers
-from dit.sampling import NUM_TRAIN_TIMESTEPS, Callback, GenerationCancelled, SecondExpert, denoise
+from dit.sampling import (
+    NUM_TRAIN_TIMESTEPS,
+    Callback,
+    GenerationCancelled,
+    HostOffload,
+    SecondExpert,
+    denoise,
+)
 from dit.settings import PipelineConfig
 
 if TYPE_CHECKING:
@@ -59,7 +65,7 @@ class Pipeline:
         self,
         config: PipelineConfig,
         mesh,
-        family: PipelineFamily,
+        family: ModelFamily,
         model,
         tokenizer,
         text_encoder,
@@ -74,11 +80,11 @@ class Pipeline:
         folder: Path | None = None,
     ):
         self.config, self.mesh, self.family, self.model = config, mesh, family, model
-        # the VAE's (time, space) compression; `expand_timesteps`: the model is a `dit.i2v.FirstFrame` (Wan2.2
-        # TI2V-5B), whose image is the first latent frame
+        # the VAE's (time, space) compression; `expand_timesteps`: the model is a `dit.first_frame.FirstFrame`
+        # (Wan2.2 TI2V-5B), whose image is the first latent frame
         self.compression, self.expand_timesteps = compression, expand_timesteps
         self.image_encoder = image_encoder  # an image-to-video model's, on the replica leader; else None
-        # a two-expert model's low-noise expert and its boundary ratio (dit.experts), else None, None
+        # a two-expert model's low-noise expert and its boundary ratio (dit.wan.experts), else None, None
         self.model_2, self.boundary = second if second is not None else (None, None)
         self.tokenizer, self.limits = tokenizer, limits
         self.text_encoder = text_encoder  # None except on the replica leader
@@ -165,7 +171,7 @@ class Pipeline:
         the replica leader only, a uint8 RGB `[H, W, 3]` preview of the video's middle frame (at most
         dit.preview.MAX_SIDE on its long side) every `config.preview_every` steps and after the last.
         `resume` (every rank) goes on from a checkpoint of this request; `checkpoints` (the leader only)
-        hears the state every few steps (dit.checkpoint)."""
+        hears the state every few steps (dit.denoise_state)."""
         req = self.validate(req)
         _enter(on_phase, "encoding")
         cond, uncond = self.conditioning(req)
@@ -315,7 +321,7 @@ def load_prompt_tokenizer(model: str):
     model: the API process counts a prompt's tokens with it before queuing the job."""
     model = resolve(model)
     folder = Path(model) if Path(model).is_dir() else None
-    return pipeline_family(model).tokenizer(folder)
+    return model_family(model).tokenizer(folder)
 
 
 def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
@@ -330,11 +336,11 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     dtype = DTYPES[config.dtype]
     model_name = resolve(config.model)
     folder = Path(model_name) if Path(model_name).is_dir() else None
-    family = pipeline_family(model_name)
+    family = model_family(model_name)
     # the sampler and any fixed schedule, decided before any weights load
     *sampling, schedule = pick_scheduler(family, folder, config.sampler, config.flow_shift, config.timesteps)
 
-    boundary = boundary_ratio(model_name, folder)
+    boundary = family.boundary_ratio(model_name, folder)
     expand = family.expand_timesteps(folder, model_name)
     if boundary is not None and config.loras:
         raise ValueError(
@@ -350,7 +356,7 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
         return compile_blocks(model) if config.compile else model
 
     model = transformer(model_name)
-    second = None if boundary is None else (transformer(*second_source(model_name, folder)), boundary)
+    second = None if boundary is None else (transformer(*family.second_source(model_name, folder)), boundary)
     if second is not None and config.offload_idle_expert:
         second[0].to("cpu")  # in host memory until its first turn
     tokenizer = family.tokenizer(folder)

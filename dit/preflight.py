@@ -70,8 +70,7 @@ def preflight(
             "--attn-backend flash needs a CUDA device and flash-attn installed; use auto or sdpa"
         )
 
-    from dit.families import pick_sampling, pipeline_family
-    from dit.loading import model_names
+    from dit.families import model_family, model_names, pick_sampling
     from dit.pipeline import DTYPES
     from dit.presets import resolve
     from dit.sampling import SAMPLERS
@@ -86,7 +85,7 @@ def preflight(
         raise ValueError(f"--model-path {model_path}: no such folder")
     else:
         try:
-            pipeline_family(model_path)
+            model_family(model_path)
         except FileNotFoundError:
             raise ValueError(
                 f"--model-path {model_path}: not a model folder (a diffusers pipeline folder with "
@@ -97,7 +96,7 @@ def preflight(
     # The sampler against the folder's scheduler/ and the fixed schedule (reads JSON, loads no weights).
     model = resolve(config.model)
     pick_sampling(
-        pipeline_family(model), Path(model) if Path(model).is_dir() else None, sampler, None, timesteps
+        model_family(model), Path(model) if Path(model).is_dir() else None, sampler, None, timesteps
     )
     if request is not None:
         from dit.request import check_numbers

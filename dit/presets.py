@@ -28,8 +28,8 @@ PRESETS: dict[str, dict] = {
     "tiny-random": _TINY,
     # tiny-random as image-to-video: 16 noise + 4 mask + 16 image latent channels in, image tokens 32 wide
     "tiny-i2v-random": {**_TINY, "in_channels": 36, "image_dim": 32, "added_kv_proj_dim": 64},
-    "tiny-moe-random": _TINY,  # two experts (dit.experts), for tests
-    # tiny-random as Wan2.2 TI2V-5B: 48 latent channels in and out, with the tiny Wan2.2 VAE (dit.vae)
+    "tiny-moe-random": _TINY,  # two experts (dit.wan.experts), for tests
+    # tiny-random as Wan2.2 TI2V-5B: 48 latent channels in and out, with the tiny Wan2.2 VAE (dit.wan.vae)
     "tiny-ti2v-random": {**_TINY, "in_channels": 48, "out_channels": 48},
     "wan2.1-1.3b": {**_WAN, "num_layers": 30, "num_attention_heads": 12, "ffn_dim": 8960},
     "wan2.1-14b": {**_WAN, "num_layers": 40, "num_attention_heads": 40, "ffn_dim": 13824},
@@ -52,7 +52,7 @@ PRESETS: dict[str, dict] = {
         "in_channels": 48,
         "out_channels": 48,
     },  # fmt: skip
-    # Wan2.2 A14B text-to-video: two experts of Wan2.1-14B's shape (dit.experts pairs the second)
+    # Wan2.2 A14B text-to-video: two experts of Wan2.1-14B's shape (dit.wan.experts pairs the second)
     "wan2.2-t2v-a14b": {**_WAN, "num_layers": 40, "num_attention_heads": 40, "ffn_dim": 13824},
 }
 

@@ -16,7 +16,7 @@ import torch
 
 import parallel
 from dit.cache import Evaluations, StepCache, attached, real_tokens
-from dit.checkpoint import Checkpointing, DenoiseState, capture, restore
+from dit.denoise_state import Checkpointing, DenoiseState, capture, restore
 
 if TYPE_CHECKING:
     from diffusers import SchedulerMixin
@@ -200,6 +200,20 @@ class SecondExpert:
     enter: Callable[[object], None] = lambda model: None
 
 
+class HostOffload:
+    """Keeps the expert about to run on `device` and the other in host memory (`enter` each time one
+    starts); both stay resident when the device is the host."""
+
+    def __init__(self, experts: tuple, device: torch.device):
+        self.experts, self.device = experts, device
+
+    def __call__(self, running) -> None:
+        for expert in self.experts:
+            if expert is not running:
+                expert.to("cpu")
+        running.to(self.device)
+
+
 @torch.no_grad()
 def denoise(
     model,
@@ -230,8 +244,8 @@ def denoise(
     the current estimate of the clean latents after each step (1-based; the caller passes it on the ranks that
     want it: it runs no collective): every sampler here predicts a flow-matching velocity v, so
     x0 = x_t − σ_t · v, as diffusers' stochastic flow-match Euler computes it. It reads, never changes, the
-    latents. `resume` (dit.checkpoint, on every rank) goes on from a checkpoint's step: its latents, scheduler
-    and generator state replace `latents` and the generator's, this rank's residuals the cache's;
+    latents. `resume` (dit.denoise_state, on every rank) goes on from a checkpoint's step: its latents,
+    scheduler and generator state replace `latents` and the generator's, this rank's residuals the cache's;
     `checkpoints` (the replica leader's) hears the state when due, each rank of a cached replica adding its
     residuals."""
     dtype = next(model.parameters()).dtype

@@ -59,16 +59,16 @@ def request_limits(model: str, *, sampler: str | None = None, timesteps: str | N
 
 
 def _read(model: str, sampler: str | None, timesteps: str | None):
-    """(pipeline family, folder or None, the transformer's parsed config, request limits) from configs."""
-    from dit.families import model_limits, pick_sampling, pipeline_family
-    from dit.loading import _source, family_for
+    """(model family, folder or None, the transformer's parsed config, request limits) from configs."""
+    from dit.families import model_family, model_limits, pick_sampling, weight_format
+    from dit.loading import _source
     from dit.presets import resolve
 
     name = resolve(model)
     folder = Path(name) if Path(name).is_dir() else None
-    family = pipeline_family(name)
+    family = model_family(name)
     _, config_json = _source(name)
-    config = family_for(config_json.get("_class_name")).parse_config(config_json)
+    config = weight_format(config_json.get("_class_name")).parse_config(config_json)
     schedule = pick_sampling(family, folder, sampler, None, timesteps)[3]
     limits = model_limits(family, folder, str(name), config.in_channels, _patch(config))
     return family, folder, config, limits.with_schedule(schedule)

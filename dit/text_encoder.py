@@ -1,5 +1,6 @@
-"""Text encoders: UMT5 (real Wan weights) and a tiny built-in one (random weights, nothing downloaded), each
-with its tokenizer kept apart from the weights.
+"""What every family's text encoders share: the prompt tokenizer's contract, the encoder's common part, and a
+tiny built-in encoder (random weights, nothing downloaded), each with its tokenizer kept apart from the
+weights. A family's real encoders live in its package (Wan's UMT5: `dit.wan.umt5`).
 
 Only the replica leader loads an encoder; every rank loads the (small) tokenizer, so every rank can count a
 prompt's tokens and reject a request the same way without the encoder's weights.
@@ -10,8 +11,6 @@ in cross-attention, so real weights only reproduce the reference outputs with th
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -47,20 +46,6 @@ class ByteTokenizer(PromptTokenizer):
         return [b + 1 for b in text.encode("utf-8")] + [self.EOS]
 
 
-class UMT5Tokenizer(PromptTokenizer):
-    """Wan's umt5-xxl tokenizer from a diffusers pipeline folder's `tokenizer/`. Prompts pad to Wan's 512
-    tokens, or to the tokenizer's `model_max_length` where it declares fewer (the trained tiny model: 16)."""
-
-    def __init__(self, folder: str | Path):
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(Path(folder) / "tokenizer")
-        self.max_tokens = min(512, self.tokenizer.model_max_length)
-
-    def token_ids(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=True).input_ids
-
-
 class TextEncoder(nn.Module):
     """Common part: clean the prompt, tokenize, run the encoder, zero everything past the real tokens."""
 
@@ -91,23 +76,6 @@ class TextEncoder(nn.Module):
         return {"encoder_hidden_states": self.encode(text)}
 
 
-class UMT5TextEncoder(TextEncoder):
-    """Wan's umt5-xxl encoder from a diffusers pipeline folder's `text_encoder/`."""
-
-    def __init__(
-        self, folder: str | Path, tokenizer: UMT5Tokenizer, *, dtype: torch.dtype, device: torch.device | str
-    ):
-        super().__init__(tokenizer)
-        from transformers import UMT5EncoderModel
-
-        folder = Path(folder)
-        self.model = UMT5EncoderModel.from_pretrained(folder / "text_encoder", dtype=dtype).to(device).eval()
-        self.dim = self.model.config.d_model
-
-    def hidden_states(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.model(ids, mask).last_hidden_state
-
-
 class TinyTextEncoder(TextEncoder):
     """Byte tokens → embedding → one transformer layer → projection to the DiT's text width. Random weights
     from a fixed seed: the same on every rank and run."""
@@ -127,27 +95,3 @@ class TinyTextEncoder(TextEncoder):
     def hidden_states(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = self.layer(self.embed(ids), src_key_padding_mask=mask == 0)
         return self.proj(x)
-
-
-def _has_umt5(folder: str | Path | None) -> bool:
-    return folder is not None and (Path(folder) / "text_encoder").is_dir()
-
-
-def load_tokenizer(folder: str | Path | None) -> PromptTokenizer:
-    """UMT5's tokenizer when `folder` has a `text_encoder/`, else the tiny encoder's byte tokens."""
-    return UMT5Tokenizer(folder) if _has_umt5(folder) else ByteTokenizer()
-
-
-def load_text_encoder(
-    folder: str | Path | None,
-    tokenizer: PromptTokenizer,
-    *,
-    dim: int,
-    dtype: torch.dtype,
-    device: torch.device | str,
-) -> TextEncoder:
-    """UMT5 from `folder` when it has a `text_encoder/`; else the tiny encoder at the DiT's text width.
-    `tokenizer` is `load_tokenizer(folder)`'s, shared rather than loaded twice."""
-    if _has_umt5(folder):
-        return UMT5TextEncoder(folder, tokenizer, dtype=dtype, device=device)
-    return TinyTextEncoder(dim, tokenizer).to(device=device, dtype=dtype)

@@ -176,14 +176,6 @@ def all_to_all(x: torch.Tensor, group, kind: str = "alltoall", async_op: bool = 
     return _result(_a2a(x, group, kind, async_op), async_op)
 
 
-def all_to_all_split(
-    x: torch.Tensor, sizes_in: list[int], sizes_out: list[int], group, kind: str = "alltoall", async_op=False
-):
-    """Flat x: its first sizes_in[0] elements for group rank 0, the next sizes_in[1] for rank 1, ... → flat,
-    sizes_out[i] elements from rank i, in rank order."""
-    return _result(_a2a_split(x, sizes_in, sizes_out, group, kind, async_op), async_op)
-
-
 def exchange(x: torch.Tensor, group, cfg: CommConfig, use_fp8: bool, async_op: bool = False):
     """all_to_all of x [P, ..., D], FP8-compressed on the wire when use_fp8."""
     if not use_fp8:

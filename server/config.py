@@ -167,7 +167,7 @@ class ServeConfig:
 
     @property
     def checkpoint_steps(self) -> int | None:
-        """Steps between checkpoints: None off, 0 auto (dit.checkpoint.Checkpointing)."""
+        """Steps between checkpoints: None off, 0 auto (dit.denoise_state.Checkpointing)."""
         every = self.checkpoint_every
         return None if every == "off" else 0 if every == "auto" else int(every)
 

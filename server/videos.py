@@ -15,7 +15,7 @@ result. It goes with the job on delete; `sweep` removes those of deleted jobs, a
 does not know unless the store holds no jobs at all (a lost store: they are left with the videos).
 
 In its `checkpoints/` folder the latest denoising checkpoint of each running job, `<job id>.pt`
-(dit.checkpoint: written then renamed by the worker's leader every few steps), read when an interrupted job
+(dit.denoise_state: written then renamed by the worker's leader every few steps), read when an interrupted job
 runs again and removed when the job ends; `sweep` removes those of jobs that are over or unknown.
 """
 

@@ -54,7 +54,7 @@ import uuid
 
 import numpy as np
 
-from dit.checkpoint import Checkpointing, DenoiseState, Expected, load_file
+from dit.denoise_state import Checkpointing, DenoiseState, Expected, load_file
 from dit.image import fit, read
 from dit.preview import frame_preview
 from dit.settings import checkpoint_key

@@ -3,7 +3,7 @@ disk, and writes only the latest item it was handed (a newer one replaces one st
 fails is logged and left out: previews and checkpoints are worth having, never worth failing a job for.
 
 - `PreviewWriter`: a job's live preview image → WebP in `videos/previews/`, then its step in the store.
-- `CheckpointWriter`: a job's denoising state → `videos/checkpoints/<job id>.pt` (dit.checkpoint), written
+- `CheckpointWriter`: a job's denoising state → `videos/checkpoints/<job id>.pt` (dit.denoise_state), written
   then renamed, so an interrupted job goes on from its last one.
 """
 
@@ -17,7 +17,7 @@ import time
 import numpy as np
 from PIL import Image
 
-from dit.checkpoint import DenoiseState, save_file
+from dit.denoise_state import DenoiseState, save_file
 from server import videos
 from server.store import JobStore
 

@@ -25,7 +25,7 @@ import torch
 from PIL import Image
 
 from dit.cache import Evaluations
-from dit.checkpoint import capture
+from dit.denoise_state import capture
 from dit.image import fit
 from dit.pipeline import TINY_LIMITS, GenerationCancelled, GenerationRequest, Pipeline, PipelineConfig
 from dit.sampling import passes_per_step, should_continue

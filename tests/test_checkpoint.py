@@ -1,4 +1,4 @@
-"""Denoising checkpoints (dit/checkpoint.py): a generation resumed from any step's checkpoint ends with the
+"""Denoising checkpoints (dit/denoise_state.py): a generation resumed from any step's checkpoint ends with the
 same latents, bit for bit on the CPU, as one that never stopped: every sampler (UniPC's multistep history,
 renoise's generator), the two-expert model across its switch, and 2 ranks (gloo). Files round-trip through
 `torch.load(weights_only=True)`; a file of another key, format or a torn one is refused with the reason."""
@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from dit.checkpoint import Checkpointing, DenoiseState, Expected, load_file, save_file
+from dit.denoise_state import Checkpointing, DenoiseState, Expected, load_file, save_file
 from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline
 from tests.distributed import run_distributed
 

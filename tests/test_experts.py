@@ -1,6 +1,6 @@
-"""Wan2.2 A14B's two experts (dit/experts.py): a folder with transformer/ and transformer_2/ and a boundary
-ratio gives diffusers' WanPipeline latents from the same noise, each expert with its own guidance; both
-experts run sequence-parallel and CFG-parallel equal to one rank; the step cache starts afresh when the
+"""Wan2.2 A14B's two experts (dit/wan/experts.py): a folder with transformer/ and transformer_2/ and a
+boundary ratio gives diffusers' WanPipeline latents from the same noise, each expert with its own guidance;
+both experts run sequence-parallel and CFG-parallel equal to one rank; the step cache starts afresh when the
 low-noise expert takes over; the checks of `guidance_scale_2`."""
 
 from __future__ import annotations

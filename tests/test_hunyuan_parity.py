@@ -7,7 +7,7 @@ import torch
 
 from dit import load_transformer
 from dit.hunyuan import HunyuanVideo15Config, HunyuanVideo15Transformer
-from dit.hunyuan.weights import map_key
+from dit.hunyuan.state_dict import map_key
 
 TINY = dict(
     in_channels=5,

@@ -1,4 +1,4 @@
-"""Wan image-to-video through the pipeline (dit/i2v.py): a tiny folder in the published layout of
+"""Wan image-to-video through the pipeline (dit/wan/i2v.py): a tiny folder in the published layout of
 Wan2.1-I2V (transformer with image K/V, CLIP `image_encoder/` + `image_processor/`, VAE, UMT5, UniPC) gives
 diffusers' `WanImageToVideoPipeline` latents from the same noise and image; the tiny preset runs
 sequence-parallel and CFG-parallel equal to one rank; an image-to-video model needs an image and a
@@ -30,7 +30,7 @@ def folder(tmp_path_factory):
     from diffusers import WanImageToVideoPipeline, WanPipeline, WanTransformer3DModel
     from transformers import CLIPImageProcessor
 
-    from dit.i2v import tiny_image_encoder
+    from dit.wan.i2v import tiny_image_encoder
     from tests.test_pipeline_folder import folders
 
     base = WanPipeline.from_pretrained(folders.__wrapped__(tmp_path_factory)["unipc"])

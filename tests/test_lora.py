@@ -16,7 +16,7 @@ from dit.lora import parse_spec, parse_specs
 from tests.test_wan_model import TINY, inputs, reference, rel_err
 
 RANK = 4
-# original Wan module → diffusers module, written out here apart from dit/wan/checkpoint.py's table
+# original Wan module → diffusers module, written out here apart from dit/wan/state_dict.py's table
 BLOCK = {"self_attn.q": "attn1.to_q", "self_attn.k": "attn1.to_k", "self_attn.v": "attn1.to_v",
          "self_attn.o": "attn1.to_out.0", "cross_attn.q": "attn2.to_q", "cross_attn.k": "attn2.to_k",
          "cross_attn.v": "attn2.to_v", "cross_attn.o": "attn2.to_out.0", "ffn.0": "ffn.net.0.proj",

@@ -140,18 +140,18 @@ def test_text_encoder_device_is_its_own(monkeypatch):
     """`text_encoder_device` places the text encoder apart from the DiT (e.g. host memory on a GPU box)."""
     from dataclasses import replace
 
-    from dit.families import pipeline_family, register_pipeline_family
+    from dit.families import model_family, register_family
 
-    family, devices = pipeline_family("tiny"), []
+    family, devices = model_family("tiny"), []
 
     def placed(folder, model, tokenizer, dtype, device):
         devices.append(torch.device(device))
         return family.text_encoder(folder, model, tokenizer, dtype, "cpu")
 
-    register_pipeline_family(replace(family, text_encoder=placed))
+    register_family(replace(family, text_encoder=placed))
     try:
         load_pipeline(PipelineConfig(model="tiny-random", device="cpu", text_encoder_device="meta"))
         load_pipeline(PipelineConfig(model="tiny-random", device="cpu"))
     finally:
-        register_pipeline_family(family)
+        register_family(family)
     assert devices == [torch.device("meta"), torch.device("cpu")]

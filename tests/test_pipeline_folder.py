@@ -18,8 +18,8 @@ import torch
 
 from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline
 from dit.presets import PRESETS
-from dit.text_encoder import UMT5TextEncoder
-from dit.vae import tiny_vae
+from dit.wan.umt5 import UMT5TextEncoder
+from dit.wan.vae import tiny_vae
 
 WORDS = ["<pad>", "</s>", "<unk>", "a", "red", "fox", "in", "snow", "blurry"]
 # Wan2.1-T2V-*-Diffusers/scheduler/scheduler_config.json and vae/config.json's latent statistics.

@@ -112,22 +112,22 @@ def _text_on_leader_only(cases):
     from torch import nn
 
     import parallel
-    from dit.families import pipeline_family, register_pipeline_family
+    from dit.families import model_family, register_family
     from dit.pipeline import PipelineConfig, load_pipeline
 
     out = []
     for model, degrees, overrides in cases:
-        family, loads = pipeline_family(model), []
+        family, loads = model_family(model), []
 
         def counted(*args, load=family.text_encoder, loads=loads):
             loads.append(1)
             return load(*args)
 
-        register_pipeline_family(replace(family, text_encoder=counted))
+        register_family(replace(family, text_encoder=counted))
         try:
             pipe = load_pipeline(PipelineConfig(model=model, device="cpu"), parallel.init_parallel(**degrees))
         finally:
-            register_pipeline_family(family)
+            register_family(family)
         held = sum(p.numel() for m in vars(pipe).values() if isinstance(m, nn.Module) for p in m.parameters())
         dit_params = sum(p.numel() for p in pipe.model.parameters())
         vae_params = sum(p.numel() for p in pipe.vae.parameters()) if pipe.vae is not None else 0

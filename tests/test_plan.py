@@ -168,7 +168,7 @@ def test_text_tokens_work_that_every_rank_repeats():
 def test_every_shipped_model_gets_a_layout_on_1_to_8_ranks():
     """`ithaca serve --nproc N` with no degrees given: for every model name and N = 1..8 auto finds a layout
     that fits (degrees divide N, Ulysses at most the heads) and the settings pass the launch's checks."""
-    from dit.loading import model_names
+    from dit.families import model_names
     from dit.preflight import preflight
     from dit.shape import model_shape, plan_layout
 

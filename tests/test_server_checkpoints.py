@@ -13,7 +13,7 @@ import signal
 import pytest
 import torch
 
-from dit.checkpoint import DenoiseState, save_file
+from dit.denoise_state import DenoiseState, save_file
 from server import videos
 from server.store import JobStore
 from tests.server_process import FAKE, ServerProcess, wait_until

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from dit import sizing
+from scripts import sizing
 
 
 def test_table_matches_the_models_and_the_operator_guide():
@@ -27,4 +27,4 @@ def test_table_matches_the_models_and_the_operator_guide():
     assert by["Wan2.1 14B", "480p", 8]["other_gib"] < 28 < by["Wan2.1 14B", "480p", 8]["leader_gib"] < 40
     assert by["Wan2.1 1.3B", "480p", 8]["ulysses_heads"] == (2, 1)  # 12 heads: uneven Ulysses
     guide = (Path(__file__).parents[1] / "deploy" / "README.md").read_text()
-    assert sizing.markdown(rows) in guide, "regenerate the table: python -m dit.sizing"
+    assert sizing.markdown(rows) in guide, "regenerate the table: python scripts/sizing.py"

@@ -1,4 +1,4 @@
-"""Wan2.2 TI2V-5B through the pipeline (dit.i2v.FirstFrame): a tiny folder in its published layout
+"""Wan2.2 TI2V-5B through the pipeline (dit.first_frame.FirstFrame): a tiny folder in its published layout
 (`model_index.json` `expand_timesteps: true`, a 48-channel transformer, the Wan2.2 VAE: time ×4, space ×16)
 gives diffusers' `WanPipeline` latents without an image and `WanImageToVideoPipeline`'s with one, guided and
 not; the tiny preset runs Ulysses 2 and CFG-parallel equal to one rank; the image is optional; frames come in
@@ -29,7 +29,7 @@ def folder(tmp_path_factory):
     VAE, saved by diffusers' WanPipeline with `expand_timesteps`."""
     from diffusers import WanPipeline, WanTransformer3DModel
 
-    from dit.vae import tiny_vae
+    from dit.wan.vae import tiny_vae
     from tests.test_pipeline_folder import folders
 
     base = WanPipeline.from_pretrained(folders.__wrapped__(tmp_path_factory)["unipc"])

@@ -26,7 +26,7 @@ from dit.tiny.language import (
 )
 from dit.tiny.render import render
 from dit.tiny.score import generate_and_read, rates
-from dit.vae import to_uint8
+from dit.vae_frames import to_uint8
 from dit.vocabulary import read_vocabulary
 
 

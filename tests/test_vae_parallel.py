@@ -26,7 +26,7 @@ def same_frames(a: np.ndarray, b: np.ndarray) -> bool:
 
 def _vae(family: str, channels: int):
     if family == "wan":
-        from dit.vae import tiny_vae
+        from dit.wan.vae import tiny_vae
     else:
         from dit.hunyuan.vae import tiny_vae
     return tiny_vae(channels, seed=1)
@@ -59,7 +59,7 @@ def references():
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_banded_decode_matches_diffusers(references, world):
-    from dit.vae import to_uint8
+    from dit.vae_frames import to_uint8
 
     ranks = run_distributed(world, _banded_decodes, CASES, timeout=180)
     for (family, _, shape), want, leader in zip(CASES, references, ranks[0], strict=True):

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
+from dit.first_frame import ImageEncoder, pixels
 from dit.hunyuan import vae
-from dit.i2v import ImageEncoder, pixels
 
 PIPELINE_CLASS_NAME = "HunyuanVideo15ImageToVideoPipeline"
 PRESETS = ("tiny-joint-i2v",)  # the presets that are image-to-video

@@ -1,6 +1,5 @@
 """HunyuanVideo-1.5 text-to-video and image-to-video for the shared pipeline (`dit.pipeline`): the model
-adapters and the pipeline family (text encoders, VAE, image encoder, flow-match Euler schedule, limits)
-registered for its `_class_name`.
+adapters its family record (`dit.hunyuan.family`) wraps the transformer in.
 
 HunyuanVideo-1.5's input is `[noisy latent, conditioning latent, mask]` along channels (2C+1); for
 text-to-video the last two are zero, and there are no image tokens (the reference passes all-zero image
@@ -11,18 +10,14 @@ states with `encoder_attention_mask_2`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
-from dit.families import TINY_LIMITS, Limits, PipelineFamily, folder_config, register_pipeline_family
-from dit.hunyuan import i2v, vae
-from dit.hunyuan.config import DIFFUSERS_CLASS_NAME, PRESETS
+from dit.hunyuan import i2v
 from dit.hunyuan.model import HunyuanVideo15Transformer
-from dit.hunyuan.text import BYT5_MAX_TOKENS, MLLM_MAX_TOKENS, load_text_encoders, load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -78,55 +73,3 @@ class HunyuanI2V(HunyuanT2V):
 
 def wrap(transformer: HunyuanVideo15Transformer, folder: Path | None, model: str) -> HunyuanT2V:
     return (HunyuanI2V if i2v.is_i2v(folder, model) else HunyuanT2V)(transformer)
-
-
-def _limits(folder: Path | None, preset: str) -> Limits:
-    # image-to-video: a request with no size takes the image's (`i2v.video_size`), as the reference's does
-    target = PRESETS[preset].target_size if folder is None else _folder_target_size(folder)
-    from_image = {"image_target_size": target} if i2v.is_i2v(folder, preset) else {}
-    if folder is None and preset in ("tiny-joint", *i2v.PRESETS):
-        return replace(TINY_LIMITS, **from_image)
-    # The reference's defaults: 121 frames at 24 fps, the 16:9 size closest to the model's target size
-    # (480p: 480x848), the guidance its guider/ was published with.
-    height, width = i2v.closest_size(9, 16, target)
-    guidance = folder_config(folder, "guider", "guider_config.json").get("guidance_scale", 6.0)
-    return Limits(
-        max_frames=241,
-        default_frames=121,
-        default_height=height,
-        default_width=width,
-        default_guidance=guidance,
-        default_fps=24,
-        **from_image,
-    )
-
-
-def _folder_target_size(folder: Path) -> int:
-    return folder_config(folder, "transformer", "config.json").get("target_size", 640)
-
-
-def _sigmas(steps: int) -> list[float]:
-    """The reference's schedule: linspace(1, 0) without the final 0 (the scheduler shifts it)."""
-    return np.linspace(1.0, 0.0, steps + 1)[:-1].tolist()
-
-
-FAMILY = PipelineFamily(
-    class_name=DIFFUSERS_CLASS_NAME,
-    compression=vae.COMPRESSION,
-    default_shift=5.0,  # the 480p text-to-video scheduler's shift
-    default_sampler="euler",
-    wrap=wrap,
-    tokenizer=load_tokenizer,
-    text_encoder=load_text_encoders,
-    vae=vae.load_vae,
-    decode=vae.decode,
-    limits=_limits,
-    samplers=("euler",),  # its published flow-match Euler
-    text_tokens=MLLM_MAX_TOKENS + BYT5_MAX_TOKENS,  # joined to the image tokens, masked
-    joint_text=True,
-    sigmas=_sigmas,
-    image_encoder=i2v.load_image_encoder,
-    image_condition=i2v.latent_condition,
-    video_size=i2v.video_size,
-)
-register_pipeline_family(FAMILY)

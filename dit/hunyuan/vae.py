@@ -1,6 +1,6 @@
 """HunyuanVideo-1.5's VAE (diffusers `AutoencoderKLHunyuanVideo15`: ×4 time, ×16 space, 32 channels) from a
 pipeline folder's `vae/`, or a tiny random one of the same compression for `tiny-joint`. Encodes (an
-image-to-video model's first frame) and decodes in float32 (as `dit.vae` does for Wan)."""
+image-to-video model's first frame) and decodes in float32 (as `dit.wan.vae` does for Wan)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from dit.vae import check_vae, frames, quantize
+from dit.vae_frames import check_vae, decode_frames
 
-if TYPE_CHECKING:  # diffusers loads when a VAE is made (as in dit.vae)
+if TYPE_CHECKING:  # diffusers loads when a VAE is made (as in dit.wan.vae)
     from diffusers import AutoencoderKLHunyuanVideo15
 
 COMPRESSION = (4, 16)
@@ -53,8 +53,6 @@ def encode(vae: AutoencoderKLHunyuanVideo15, video: torch.Tensor) -> torch.Tenso
 @torch.no_grad()
 def decode(vae: AutoencoderKLHunyuanVideo15, latents: torch.Tensor, group=None) -> np.ndarray | None:
     """Latents `[1, C, f, h, w]` (the DiT's space: the VAE's latents × scaling_factor) → uint8 frames; with a
-    group, decoded in bands across it as `dit.vae.decode` does."""
+    group, decoded in bands across it (`dit.vae_frames.decode_frames`)."""
     z = latents.to(next(vae.parameters()).device, torch.float32) / vae.config.scaling_factor
-    from dit import vae_parallel
-
-    return frames(vae_parallel.decode(vae, z, group, finish=quantize))
+    return decode_frames(vae, z, group)

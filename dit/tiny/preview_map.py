@@ -26,7 +26,7 @@ def fit(vae, cfg) -> LatentPreview:
     """The map for a trained tiny VAE (its config holding the latents' mean and std), fitted on
     `cfg.preview_clips` clips of the training (a `dit.tiny.train.TrainConfig`)."""
     from dit.tiny.train import clip
-    from dit.vae import decode
+    from dit.wan.vae import decode
 
     generator = torch.Generator().manual_seed(cfg.seed)
     shape = (1, -1, 1, 1, 1)

@@ -84,7 +84,7 @@ class WanConfig:
         if model_type not in ("t2v", "ti2v", "i2v", "flf2v"):
             raise ValueError(f"unsupported Wan model_type {model_type!r} (t2v, ti2v, i2v or flf2v)")
         dim, heads = cfg.get("dim", 2048), cfg.get("num_heads", 16)
-        # Wan2.2 I2V A14B says i2v too but has no CLIP image tokens (`complete_original` reads its weights)
+        # Wan2.2 I2V A14B says i2v too but has no CLIP image tokens (`complete_original`)
         image = model_type in ("i2v", "flf2v") and cfg.get("image_encoder", True)
         return cls(
             num_layers=cfg.get("num_layers", 32),
@@ -124,3 +124,11 @@ class WanConfig:
         if WanConfig.from_original(cfg) != self:
             raise ValueError(f"the original Wan config.json cannot express {self}")
         return cfg
+
+
+def complete_original(config_json: dict, keys: set[str]) -> dict:
+    """An original config whose checkpoint has no image embedder (Wan2.2 I2V A14B: `model_type` i2v, like
+    Wan2.1 I2V's, but no CLIP image tokens) gains `image_encoder: false`."""
+    if config_json.get("model_type") in ("i2v", "flf2v") and not any("img_emb." in k for k in keys):
+        return config_json | {"image_encoder": False}
+    return config_json

@@ -1,6 +1,7 @@
 """Wan2.2 A14B's two experts: a high-noise transformer for the early timesteps and a low-noise one (diffusers'
 `transformer_2`) for those below `boundary_ratio` × 1000, each with its own guidance scale. Both are
-sequence-parallel like any DiT; with `offload_idle_expert` the one not running waits in host memory.
+sequence-parallel like any DiT; with `offload_idle_expert` the one not running waits in host memory
+(`dit.sampling.HostOffload`).
 
 A pipeline folder has two experts when it holds `transformer_2/`; its `model_index.json` gives the boundary
 (Wan2.2 T2V: 0.875, I2V: 0.9). A preset named in `PRESET_BOUNDARIES` pairs its config with a second set of
@@ -11,8 +12,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import torch
 
 PRESET_BOUNDARIES = {"wan2.2-t2v-a14b": 0.875, "tiny-moe-random": 0.5}
 
@@ -33,17 +32,3 @@ def boundary_ratio(model: str, folder: Path | None) -> float | None:
 def second_source(model: str, folder: Path | None) -> tuple[str, int]:
     """(what `dit.load_transformer` loads the low-noise expert from, its random-weight seed)."""
     return (str(folder / "transformer_2"), 0) if folder is not None else (model, 1)
-
-
-class HostOffload:
-    """Keeps the expert about to run on `device` and the other in host memory (`enter` each time one
-    starts); both stay resident when the device is the host."""
-
-    def __init__(self, experts: tuple, device: torch.device):
-        self.experts, self.device = experts, device
-
-    def __call__(self, running) -> None:
-        for expert in self.experts:
-            if expert is not running:
-                expert.to("cpu")
-        running.to(self.device)

@@ -9,8 +9,9 @@ The replica leader builds both from the request's image (`Pipeline.image_conditi
 other ranks with the text conditioning, as keyword arguments of `WanI2V`, which concatenates the volume to the
 latents.
 
-Wan2.2 TI2V-5B samples as diffusers' `expand_timesteps` pipelines (`FirstFrame`): 48 latent channels in and
-out, a timestep per token, and an optional image whose latents stand in for the first latent frame.
+Wan2.2 TI2V-5B samples as diffusers' `expand_timesteps` pipelines (`dit.first_frame.FirstFrame`): 48 latent
+channels in and out, a timestep per token, and an optional image whose latents stand in for the first
+latent frame.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from dit import vae as wan_vae
-from dit.parallelize import parallelize, register_parallelizer
+from dit.first_frame import ImageEncoder, pixels
+from dit.wan import vae as wan_vae
 
 MASK_CHANNELS = 4  # the VAE's time compression: one mask channel per frame of a latent frame
-EXPAND_TIMESTEPS_PRESETS = ("tiny-ti2v-random", "wan2.2-ti2v-5b")  # the presets sampled as `FirstFrame`
+EXPAND_TIMESTEPS_PRESETS = ("tiny-ti2v-random", "wan2.2-ti2v-5b")  # sampled as `dit.first_frame.FirstFrame`
 
 
 def is_i2v(transformer) -> bool:
@@ -60,39 +61,6 @@ def wrap(transformer: nn.Module) -> nn.Module:
     return WanI2V(transformer) if is_i2v(transformer) else transformer
 
 
-def _parallelize(model: WanI2V, mesh, comm, backend) -> WanI2V:
-    parallelize(model.transformer, mesh, comm=comm, backend=backend)
-    return model
-
-
-register_parallelizer(WanI2V, _parallelize)
-
-
-class ImageEncoder:
-    """A vision tower's features of an image: the hidden states of `layer` (Wan's CLIP: -2, the penultimate,
-    as diffusers' `WanImageToVideoPipeline.encode_image`), or the last ones for None (HunyuanVideo-1.5's
-    SigLIP); `preprocess`: the processor's options. `fitted`: the tower sees the image fitted to the video
-    (HunyuanVideo-1.5's reference crops it first), else the image as given, which its processor resizes
-    (Wan's reference)."""
-
-    def __init__(
-        self, processor, model: nn.Module, layer: int | None = None, fitted: bool = False, **preprocess
-    ):
-        self.processor, self.model, self.layer, self.preprocess = processor, model, layer, preprocess
-        self.fitted = fitted
-
-    @torch.no_grad()
-    def encode(self, image) -> torch.Tensor:
-        """`image`: a PIL image or uint8 [H, W, 3]."""
-        device = next(self.model.parameters()).device
-        inputs = self.processor(images=image, return_tensors="pt", **self.preprocess)
-        hidden = self.layer is not None
-        out = self.model(
-            pixel_values=inputs.pixel_values.to(device, self.model.dtype), output_hidden_states=hidden
-        )
-        return out.hidden_states[self.layer] if hidden else out.last_hidden_state
-
-
 def load_image_encoder(folder: Path | None, model: nn.Module, dtype, device) -> ImageEncoder | None:
     """The folder's CLIP vision encoder when the transformer takes image features (Wan2.1 I2V), a tiny random
     one of its `image_dim` for a preset, None otherwise."""
@@ -118,11 +86,6 @@ def tiny_image_encoder(hidden: int, seed: int = 0):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return CLIPVisionModel(config).eval()
-
-
-def pixels(image: np.ndarray) -> torch.Tensor:
-    """uint8 `[H, W, 3]` → a one-frame video `[1, 3, 1, H, W]` in [-1, 1]."""
-    return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None, :, None].float() / 127.5 - 1
 
 
 def latent_condition(vae, image: np.ndarray, num_frames: int) -> torch.Tensor:
@@ -151,30 +114,3 @@ def frame_latents(vae, image: np.ndarray) -> torch.Tensor:
     """The latents `[1, C, 1, h, w]` of an image at the video's size (uint8 [H, W, 3]) as a one-frame video,
     float32: `FirstFrame`'s `first_frame`."""
     return wan_vae.encode(vae, pixels(image))
-
-
-def with_first_frame(latents: torch.Tensor, first_frame: torch.Tensor) -> torch.Tensor:
-    """`latents` with their first latent frame replaced by `first_frame`, in their dtype."""
-    return torch.cat([first_frame.to(latents), latents[:, :, 1:]], dim=2)
-
-
-class FirstFrame(nn.Module):
-    """A transformer sampled as diffusers' `expand_timesteps` pipelines (Wan2.2 TI2V-5B). Its timestep is per
-    token (all the step's); given `first_frame` (an image's latents, `frame_latents`), those stand in for the
-    first latent frame of every step's input and its tokens see timestep 0 (clean), while the sampler keeps
-    stepping its own latents; the pipeline puts the frame into the final latents too. Every rank of a
-    replica holds the same latents and frame, so every rank replaces alike."""
-
-    def __init__(self, transformer: nn.Module):
-        super().__init__()
-        self.transformer, self.config = transformer, transformer.config
-
-    def forward(self, latents, timestep, first_frame=None, **text):
-        f, h, w = latents.shape[-3:]
-        _, ph, pw = self.config.patch_size
-        frames = torch.ones(f, device=latents.device)  # float32, as diffusers' mask
-        if first_frame is not None:
-            latents = with_first_frame(latents, first_frame)
-            frames[0] = 0
-        per_token = frames.repeat_interleave((h // ph) * (w // pw))  # tokens run frame by frame
-        return self.transformer(latents, timestep[:, None] * per_token, **text)

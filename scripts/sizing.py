@@ -6,16 +6,20 @@ exact for those configs. Activation memory is an estimate from the tensor shapes
 holds a full copy of the DiT's weights and of the VAE (each rank decodes a band of rows). Only the replica
 leader holds the text encoder(s) (it encodes the prompts and broadcasts the conditioning), so the table gives
 the leader's memory and the other ranks'. A two-expert model (Wan2.2 A14B) has rows with both experts on the
-device and with the idle one in host memory. `python -m dit.sizing` prints the table in deploy/README.md.
+device and with the idle one in host memory. `python scripts/sizing.py` prints the table in deploy/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 BF16 = 2
 FP32 = 4  # the VAE decodes in float32 whatever the DiT runs in
@@ -41,7 +45,7 @@ class ModelShape:
     vae_spatial: int  # pixels per latent pixel
     vae_temporal: int  # frames per latent frame
     resolutions: tuple[Resolution, ...]
-    experts: int = 1  # Wan2.2 A14B: two transformers of the preset's shape (dit.experts)
+    experts: int = 1  # Wan2.2 A14B: two transformers of the preset's shape (dit.wan.experts)
     vae_config: tuple = ()  # (key, value) pairs over the VAE class's default config (Wan2.2's VAE)
 
 
@@ -110,12 +114,12 @@ def count_params(module: torch.nn.Module) -> int:
 
 def transformer_shape(preset: str) -> tuple[int, dict]:
     """(parameter count, config json) of a dit preset, built on the meta device."""
-    from dit.loading import family_for, presets
+    from dit.families import presets, weight_format
 
     config_json = presets()[preset]
-    family = family_for(config_json["_class_name"])
+    weights = weight_format(config_json["_class_name"])
     with torch.device("meta"):
-        model = family.build(family.parse_config(config_json))
+        model = weights.build(weights.parse_config(config_json))
     return count_params(model), config_json
 
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from dit.vae_frames import check_vae, decode_frames
+
 if TYPE_CHECKING:  # diffusers loads when a VAE is made, not when the pipeline's modules are imported
     from diffusers import AutoencoderKLWan
 
@@ -71,32 +73,17 @@ def load_vae(folder: str | Path | None, *, z_dim: int, device: torch.device | st
     return check_vae(vae, cfg.z_dim, z_dim, found, compression(folder, z_dim)).to(device)
 
 
-def check_vae(vae, channels: int, expected_channels: int, compression, expected_compression):
-    """The VAE in eval mode; ValueError if it does not fit the DiT (channels) or the latents (compression)."""
-    if channels != expected_channels:
-        raise ValueError(f"the VAE has {channels} latent channels but the DiT expects {expected_channels}")
-    if tuple(compression) != tuple(expected_compression):
-        raise ValueError(
-            f"the VAE compresses (time, space) by {tuple(compression)}; "
-            f"this pipeline expects {tuple(expected_compression)}"
-        )
-    return vae.eval()
-
-
 @torch.no_grad()
 def decode(vae: AutoencoderKLWan, latents: torch.Tensor, group=None) -> np.ndarray | None:
     """Latents `[1, C, f, h, w]` (the DiT's normalised space) → uint8 frames `[F, H, W, 3]`. With a group,
-    every rank of it decodes a band of rows (`dit.vae_parallel`) and its rank 0 gets the frames (None
-    elsewhere)."""
+    every rank of it decodes a band of rows (`dit.vae_frames.decode_frames`)."""
     cfg = vae.config
     shape = (1, cfg.z_dim, 1, 1, 1)
     mean = torch.tensor(cfg.latents_mean, dtype=torch.float32).view(shape)
     std = torch.tensor(cfg.latents_std, dtype=torch.float32).view(shape)
     device = next(vae.parameters()).device
     z = latents.to(device, torch.float32) * std.to(device) + mean.to(device)
-    from dit import vae_parallel  # diffusers' VAE modules: loaded by then
-
-    return frames(vae_parallel.decode(vae, z, group, finish=quantize))
+    return decode_frames(vae, z, group)
 
 
 @torch.no_grad()
@@ -110,18 +97,3 @@ def encode(vae: AutoencoderKLWan, video: torch.Tensor) -> torch.Tensor:
     std = torch.tensor(cfg.latents_std, dtype=torch.float32, device=device).view(shape)
     z = vae.encode(video.to(device, torch.float32)).latent_dist.mode()
     return (z - mean) / std
-
-
-def quantize(video: torch.Tensor) -> torch.Tensor:
-    """A decoded video (or band of one) in [-1, 1] → uint8 levels, the same layout."""
-    return ((video.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
-
-
-def frames(video: torch.Tensor | None) -> np.ndarray | None:
-    """uint8 `[1, 3, F, H, W]` → frames `[F, H, W, 3]` on the host (None stays None: not the leader)."""
-    return None if video is None else video[0].permute(1, 2, 3, 0).cpu().numpy()
-
-
-def to_uint8(video: torch.Tensor) -> np.ndarray:
-    """A decoded video `[1, 3, F, H, W]` in [-1, 1] → uint8 frames `[F, H, W, 3]`."""
-    return frames(quantize(video))

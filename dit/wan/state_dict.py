@@ -136,3 +136,21 @@ def export_state_dict(model, naming: str) -> dict:
     return {
         getattr(r, naming): params[r.ours].chunk(r.parts, 0)[r.part].clone() for r in key_table(model.config)
     }
+
+
+def resolver(config: WanConfig, naming: str):
+    """Checkpoint key → (our parameter, part, parts); None for keys the reference ignores; KeyError else."""
+    table = key_map(config, naming)
+
+    def resolve(key: str):
+        key = normalize_key(key, naming)
+        return None if key is None else table[key]
+
+    return resolve
+
+
+def lora_resolver(config: WanConfig):
+    """LoRA files name Wan's weights either way, diffusers' or the original's, whatever the checkpoint's:
+    LightX2V's LoRAs use the original names on diffusers folders (a name both use is the same weight)."""
+    table = {**key_map(config, "original"), **key_map(config, "diffusers")}
+    return table.__getitem__
