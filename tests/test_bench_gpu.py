@@ -26,7 +26,7 @@ def test_cpu_smoke_runs_every_section(tmp_path, capsys):
         numbers += [cell for t in s["tables"] for row in t["rows"] for cell in row if _number(cell)]
         assert numbers, f"{name}: no figures"
         assert all(c["ok"] is not False for c in s["checks"]), name
-    assert "| pass |" in md and "skip: fp8.pack compiles CUDA tensors only" in md
+    assert "| pass |" in md and "skip: fp8.pack fuses CUDA tensors only" in md
     assert printed.rstrip().endswith(md.rstrip())  # the Markdown comes last
 
 
