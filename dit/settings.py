@@ -187,8 +187,8 @@ class PipelineConfig:
     # replica leader alone holds it and decodes the whole video while the others wait (the comparison
     # bench/job.py draws)
     parallel_decode: bool = setting(True, commands=())
-    # a two-expert model (Wan2.2 A14B, dit.wan.experts): keep the expert not running in host memory, moving each
-    # in at its turn (saves one expert's weights of device memory per rank, costs two copies per job)
+    # a two-expert model (Wan2.2 A14B, dit.wan.experts): keep the expert not running in host memory, moving
+    # each in at its turn (saves one expert's weights of device memory per rank, costs two copies per job)
     offload_idle_expert: bool = setting(
         False, "a two-expert model (Wan2.2 A14B): keep the expert not running in host memory"
     )
