@@ -13,7 +13,7 @@ import imageio.v3 as iio
 import openai
 import pytest
 
-from tests.server_process import ServerProcess, wait_until
+from testing.server_process import ServerProcess, wait_until
 
 pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")  # the SDK's notice
 KEY = "test-key-123"

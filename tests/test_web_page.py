@@ -16,7 +16,7 @@ from PIL import Image
 
 from server.app import create_app
 from server.config import ServeConfig
-from tests.server_process import ServerProcess
+from testing.server_process import ServerProcess
 
 playwright = pytest.importorskip("playwright.sync_api")
 CHROMIUM = "/usr/bin/chromium"
