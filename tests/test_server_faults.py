@@ -1,7 +1,8 @@
-"""Faults with real processes (real `tiny` pipeline, 2 CPU ranks): a rank killed with SIGKILL mid-job (the
-job resumes from its checkpoint in the restarted group and ends with the frames of an uninterrupted run),
-the API killed with jobs queued and one running, a job past its time limit, a graceful SIGTERM with a job in
-flight. The tests run in order and share one data folder (one job store) across server restarts.
+"""Faults with real processes (2 CPU ranks): a rank killed with SIGKILL mid-job (the real `tiny` pipeline: the
+job resumes from its checkpoint in the restarted group and ends with the frames of an uninterrupted run), a
+job past its time limit; the API killed with jobs queued and one running, a graceful SIGTERM with a job in
+flight (the fake pipeline, testing/fake_pipeline.py: what they test is processes and the store). The tests run
+in order and share one data folder (one job store) across server restarts.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from dit.video import read_mp4
 from server import videos
 from server.store import JobStore
-from testing.server_process import ServerProcess, group_pids
+from testing.server_process import FAKE, ServerProcess, group_pids
 
 LONG = {"num_frames": 33, "height": 256, "width": 256, "num_inference_steps": 50}
 RESUMED = {"prompt": "a green triangle moving up", "num_frames": 17, "height": 128, "width": 128,
@@ -99,7 +100,8 @@ def test_api_restart_runs_queued_jobs_and_requeues_the_interrupted_one(data_dir)
     finally:
         attached.stop(signal.SIGKILL)
 
-    srv = ServerProcess(data_dir, *INSTANCE, "--orphan-timeout", "2")
+    srv = ServerProcess(data_dir, *INSTANCE, "--orphan-timeout", "2", "--pipeline-module", FAKE,
+                        env={"ITHACA_FAKE_STEP_S": "0.1"})  # fmt: skip
     try:
         srv.wait()
         for job in queued:
