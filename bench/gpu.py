@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from bench import gpu_correct, gpu_modelled, gpu_speed  # noqa: E402
 from bench.gpu_kit import Kit, Report, Skip, fmt  # noqa: E402
 
-OURS = ("bench", "dit", "parallel", "server", "tests")  # a module of ours missing is a bug, not a skip
+# a module of ours missing is a bug, not a skip
+OURS = ("bench", "dit", "parallel", "server", "testing", "tests")
 SMOKE_SCALE = 0.1  # toy sizes take a tenth of a section's GPU budget, so --cpu-smoke never skips for time
 
 

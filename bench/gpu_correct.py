@@ -113,7 +113,7 @@ def _vs_diffusers(report: Report, name: str, build, kit: Kit) -> None:
 
 def models(kit: Kit, report: Report) -> None:
     """Wan and HunyuanVideo-1.5 forwards at small configs vs diffusers' models with the same weights."""
-    from bench.dit import SMALL, diffusers_model, ours_from, wan_inputs
+    from bench.forward import SMALL, diffusers_model, ours_from, wan_inputs
     from bench.hunyuan import SMALL as HY_SMALL
     from bench.hunyuan import hunyuan_inputs
     from bench.hunyuan import models as hunyuan_models
@@ -182,7 +182,7 @@ def serve(kit: Kit, report: Report) -> None:
     ]
     if missing:
         raise Skip(f"{', '.join(missing)} not installed")
-    from tests.server_process import ServerProcess
+    from testing.server_process import ServerProcess
 
     start = time.monotonic()
     srv = ServerProcess(

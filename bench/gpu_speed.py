@@ -127,7 +127,7 @@ def _forwards(kit: Kit, models: dict, call, compile: bool) -> tuple[list[list], 
 
 
 def _wan(kit: Kit, report: Report, preset: str, target: float) -> None:
-    from bench.dit import diffusers_model, ours_from, wan_inputs
+    from bench.forward import diffusers_model, ours_from, wan_inputs
     from dit.presets import PRESETS
 
     config = dict(kit.pick(PRESETS[preset], PRESETS["tiny-random"]))

@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dit.pipeline import TINY_LIMITS  # noqa: E402
 from server import limits  # noqa: E402
 from server.store import JobStore  # noqa: E402
-from tests.server_process import ServerProcess  # noqa: E402
+from testing.server_process import ServerProcess  # noqa: E402
 
 
 def _publish_i2v(data_dir: str) -> None:

@@ -42,7 +42,9 @@ COLUMNS = dict(zip(TIMED_PHASES, ("encode", "denoise", "decode", "write"), stric
 def _rank(model: str, config: dict, request: dict, iters: int, out: str) -> None:
     """One rank: a warm-up job, then `iters` timed ones; the leader writes the median job to `out`."""
     mesh = init_parallel(backend="gloo")
-    pipe = load_pipeline(PipelineConfig(**{"device": "cpu", **config, "model": model}), mesh)
+    # preview_every 0 unless asked: no job here takes previews, so no VAE decodes to fit their colour map
+    config = {"device": "cpu", "preview_every": 0, **config, "model": model}
+    pipe = load_pipeline(PipelineConfig(**config), mesh)
     req = pipe.validate(GenerationRequest(**{"prompt": PROMPT, **request}))
     runs = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -30,7 +30,7 @@ from dit.first_frame import FirstFrame, with_first_frame
 from dit.image import fit
 from dit.parallelize import set_comm
 from dit.presets import resolve
-from dit.preview import LatentPreview, PreviewCallback, fit_preview, read_preview
+from dit.preview import LatentPreview, PreviewCallback, read_preview, vae_preview
 from dit.request import GenerationRequest, check_guidance, check_numbers
 from dit.sampling import (
     NUM_TRAIN_TIMESTEPS,
@@ -95,8 +95,8 @@ class Pipeline:
         # the latent → RGB map of live previews (dit.preview), on the replica leader when previews are on
         self.preview: LatentPreview | None = None
         if mesh.is_replica_leader and config.preview_every > 0 and vae is not None:
-            channels, scale, decode = model.config.in_channels, compression[1], partial(family.decode, vae)
-            self.preview = read_preview(folder, scale) or fit_preview(decode, channels, scale)
+            channels, scale = model.config.in_channels, compression[1]
+            self.preview = read_preview(folder, scale) or vae_preview(vae, family.decode, channels, scale)
 
     def validate(self, req: GenerationRequest) -> GenerationRequest:
         """The request with defaults filled in; ValueError naming the field and its allowed values if not."""

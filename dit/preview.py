@@ -19,9 +19,11 @@ family's encode, where decoding uses the `decode` every family has.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -146,6 +148,28 @@ def fit_preview(
         z = (z * FIT_AMPLITUDES[i % len(FIT_AMPLITUDES)])[:, :, None]  # [1, C, 1, h, w]
         rows.append(fit_rows(z, decode(z), 1))
     return solve(torch.cat([x for x, _ in rows]), torch.cat([y for _, y in rows]), scale)
+
+
+_FITTED: dict[tuple, LatentPreview] = {}  # (the VAE's weights' digest, channels, scale) → its fitted map
+
+
+def vae_preview(vae: torch.nn.Module, decode: Callable, channels: int, scale: int) -> LatentPreview:
+    """`fit_preview` of `decode(vae, latents)`, fitted once per process for the same weights: the fit decodes
+    `FIT_SAMPLES` images (seconds on a CPU), and a process that loads one model again (the tests, their
+    reused ranks) would pay it at every load."""
+    key = (_digest(vae), channels, scale)
+    if key not in _FITTED:
+        _FITTED[key] = fit_preview(partial(decode, vae), channels, scale)
+    return _FITTED[key]
+
+
+def _digest(module: torch.nn.Module) -> str:
+    """A digest of the module's type, weights and their devices (a fit on another device may round apart)."""
+    digest = hashlib.sha256(type(module).__qualname__.encode())
+    for name, tensor in module.state_dict().items():
+        digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)} {tensor.device}".encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def write_preview(vae_folder: Path, preview: LatentPreview) -> None:

@@ -1,9 +1,11 @@
 """A pool of CPU processes joined in one gloo process group, reused across tests.
 
-Spawning a fresh group per test costs seconds of `import torch`; the pool starts each world size once and
-runs module-level functions on every rank. Every collective runs under a short gloo timeout, and every call
-under a wall-clock deadline, so a mismatch fails the test instead of hanging it. After any failure the pool
-is torn down and the next call starts a fresh one, so one broken group never poisons later tests.
+Spawning a fresh group per test costs seconds of `import torch` (and each rank's later imports and fits);
+the pool starts each world size once and runs module-level functions on every rank. The pools of 2 and 4
+ranks, which most tests take in turns, stay up side by side, with one of any other size beside them. Every
+collective runs under a short gloo timeout, and every call under a wall-clock deadline, so a mismatch fails
+the test instead of hanging it. After any failure the pool is torn down and the next call starts a fresh one,
+so one broken group never poisons later tests.
 """
 
 from __future__ import annotations
@@ -130,21 +132,21 @@ class DistPool:
                 p.join(timeout=2)
 
 
-_POOL: DistPool | None = None
+KEPT = (2, 4)  # world sizes whose pools stay up beside the others
+_POOLS: dict[int, DistPool] = {}
 
 
 def run_distributed(world_size: int, fn, *args, timeout: float = 120.0, **kwargs) -> list:
-    """Run a module-level function on `world_size` gloo ranks (one live pool at a time, reused)."""
-    global _POOL
-    if _POOL is None or not _POOL.healthy or _POOL.world_size != world_size:
-        if _POOL is not None:
-            _POOL.close()
-        _POOL = DistPool(world_size)
-    return _POOL.run(fn, *args, timeout=timeout, **kwargs)
+    """Run a module-level function on `world_size` gloo ranks (a live pool of that size, reused)."""
+    pool = _POOLS.get(world_size)
+    if pool is None or not pool.healthy:
+        others = () if world_size in KEPT else [size for size in _POOLS if size not in KEPT]
+        for size in {world_size, *others} & _POOLS.keys():
+            _POOLS.pop(size).close()
+        pool = _POOLS[world_size] = DistPool(world_size)
+    return pool.run(fn, *args, timeout=timeout, **kwargs)
 
 
 def shutdown() -> None:
-    global _POOL
-    if _POOL is not None:
-        _POOL.close()
-        _POOL = None
+    while _POOLS:
+        _POOLS.popitem()[1].close()

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import yaml
 
-from tests.server_process import REPO, ServerProcess
+from testing.server_process import REPO, ServerProcess
 
 DEPLOY = os.path.join(REPO, "deploy")
 COMPOSE_FILES = ("docker-compose.yml", "docker-compose.replicas.yml")

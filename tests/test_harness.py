@@ -37,6 +37,21 @@ def test_results_in_rank_order():
     assert run_distributed(3, _rank_sum) == [(0, 6.0), (1, 6.0), (2, 6.0)]
 
 
+def _pid():
+    import os
+
+    return os.getpid()
+
+
+def test_pools_of_two_and_four_ranks_stay_up_beside_one_other():
+    two, four, three = (run_distributed(n, _pid) for n in (2, 4, 3))
+    assert run_distributed(2, _pid) == two and run_distributed(4, _pid) == four  # the same processes
+    assert run_distributed(3, _pid) == three
+    five = run_distributed(5, _pid)  # takes the place of the 3 ranks
+    assert run_distributed(3, _pid) != three and run_distributed(2, _pid) == two
+    assert len({*two, *four, *five}) == 11
+
+
 def test_error_on_one_rank_is_reported():
     with pytest.raises(DistError, match="boom on rank one"):
         run_distributed(2, _fail_on_rank_one)

@@ -12,9 +12,9 @@ import signal
 
 import pytest
 
+from testing.server_process import FAKE, ServerProcess, group_pids, wait_until
 from tests import netns
 from tests.postgres import started_cluster
-from tests.server_process import FAKE, ServerProcess, group_pids, wait_until
 
 ENV = {"ITHACA_DIST_TIMEOUT": "20", "ITHACA_FAKE_STEP_S": "0.2", "PYTHONUNBUFFERED": "1"}
 ORPHAN_TIMEOUT_S = 4

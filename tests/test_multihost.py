@@ -24,8 +24,8 @@ import threading
 import pytest
 
 from server.config import ServeConfig, add_arguments, from_args
+from testing.server_process import FAKE, REPO, ServerProcess, group_pids, wait_until
 from tests import netns
-from tests.server_process import FAKE, REPO, ServerProcess, group_pids, wait_until
 
 RDZV_PORT = 29400  # inside host 0's namespace: nothing else listens there
 TIMEOUTS = {"ITHACA_DIST_TIMEOUT": "20", "GLOO_SOCKET_IFNAME": netns.IFNAME, "PYTHONUNBUFFERED": "1"}

@@ -107,6 +107,36 @@ def test_a_shipped_map_reads_back_as_written(pipe, tmp_path):
     assert read_preview(tmp_path / "elsewhere", 8) is None
 
 
+def test_a_vae_is_fitted_once_per_process_for_the_same_weights():
+    """A model loaded again in one process (the tests' pool ranks load presets dozens of times) reuses its
+    fit; other weights, even in a copy of the module, are fitted again; the map is the direct fit's."""
+    import copy
+    from functools import partial
+
+    from dit.preview import FIT_SAMPLES, vae_preview
+
+    torch.manual_seed(11)
+    vae = torch.nn.Conv3d(4, 3, 1)  # a "VAE" of scale 1: one latent pixel → one pixel
+    decoded = []
+
+    def decode(vae, z):
+        decoded.append(z.shape)
+        rgb = (vae(z)[0, :, 0].tanh() + 1) * 127.5  # [3, h, w]
+        return rgb.round().to(torch.uint8).permute(1, 2, 0)[None].numpy()
+
+    first = vae_preview(vae, decode, 4, 1)
+    assert len(decoded) == FIT_SAMPLES
+    direct = fit_preview(partial(decode, vae), 4, 1)
+    assert torch.equal(first.weight, direct.weight) and torch.equal(first.bias, direct.bias)
+    same = copy.deepcopy(vae)
+    assert vae_preview(vae, decode, 4, 1) is first and vae_preview(same, decode, 4, 1) is first
+    assert len(decoded) == 2 * FIT_SAMPLES  # the direct fit's decodes alone
+    with torch.no_grad():
+        same.bias += 0.25
+    other = vae_preview(same, decode, 4, 1)
+    assert len(decoded) == 3 * FIT_SAMPLES and not torch.equal(other.bias, first.bias)
+
+
 def test_preview_every_zero_gives_none():
     off = load_pipeline(PipelineConfig(model="tiny", device="cpu", preview_every=0))
     got = []

@@ -2,7 +2,7 @@
 keeps only the checkpoints of jobs that may run again, and a server killed mid-job (API and group together)
 is followed by one that resumes the job from its checkpoint and ignores, with a log line, a checkpoint made
 for another request or malformed. Real servers (uvicorn, torchrun, 1 rank) running the FAKE INSTANT PIPELINE
-(tests/fake_pipeline.py, slowed by ITHACA_FAKE_STEP_S); tests/test_server_faults.py kills a rank of the real
+(testing/fake_pipeline.py, slowed by ITHACA_FAKE_STEP_S); tests/test_server_faults.py kills a rank of the real
 tiny model and compares the resumed video's frames with an uninterrupted run's."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from dit.denoise_state import DenoiseState, save_file
 from server import videos
 from server.store import JobStore
-from tests.server_process import FAKE, ServerProcess, wait_until
+from testing.server_process import FAKE, ServerProcess, wait_until
 
 FLAGS = ["--pipeline-module", FAKE, "--nproc", "1", "--checkpoint-every", "2", "--instance", "resume-box"]
 SLOW = {"ITHACA_FAKE_STEP_S": "0.25"}

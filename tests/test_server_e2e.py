@@ -1,6 +1,6 @@
 """The server end to end: real uvicorn on a loopback port, a real worker group of 2 CPU ranks (gloo) running
-the real `tiny` pipeline, API key on. One server for the whole module (starting a group costs ~20 s on 2
-cores).
+the real `tiny` pipeline, API key on: the session's `tiny_server` (tests/conftest.py), shared with the web
+page's tests.
 """
 
 from __future__ import annotations
@@ -13,21 +13,15 @@ import imageio.v3 as iio
 import openai
 import pytest
 
-from tests.server_process import ServerProcess, wait_until
+from testing.server_process import ServerProcess, wait_until
 
 pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")  # the SDK's notice
-KEY = "test-key-123"
 LONG = {"num_frames": 33, "height": 256, "width": 256, "num_inference_steps": 50}  # seconds of work on CPU
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = ServerProcess(tmp_path_factory.mktemp("e2e"), "--max-queue", "4", "--nproc", "2", api_key=KEY)
-    try:
-        srv.wait()
-        yield srv
-    finally:
-        srv.stop()
+@pytest.fixture
+def server(tiny_server):
+    return tiny_server
 
 
 def _events(srv: ServerProcess, job_id: str) -> list[tuple[str, dict]]:
@@ -130,7 +124,7 @@ def test_api_key(server):
     ]:
         assert bare.request(method, path).status_code == 401
     assert bare.get("/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
-    assert bare.get("/jobs", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    assert bare.get("/jobs", headers={"Authorization": f"Bearer {server.api_key}"}).status_code == 200
 
 
 def _malformed(job_id: str):
@@ -207,7 +201,7 @@ def test_malformed_requests_get_4xx_never_5xx(server):
 
 
 def test_openai_sdk_create_retrieve_list_download(server, tmp_path):
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.api_key)
     video = client.videos.create(prompt="a paper boat on a pond", seconds="1", size="84x44")
     assert video.object == "video" and video.status == "queued"
     assert video.size == "80x48"  # the nearest multiples of 16, as the reply says
@@ -226,7 +220,7 @@ def test_openai_sdk_create_retrieve_list_download(server, tmp_path):
 
 
 def test_openai_errors_have_openai_shape(server):
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.api_key, max_retries=0)
     with pytest.raises(openai.UnprocessableEntityError) as bad:
         client.videos.create(prompt="a boat", seconds="-3")
     assert "seconds" in bad.value.message and bad.value.body["param"] == "seconds"

@@ -1,7 +1,8 @@
-"""Faults with real processes (real `tiny` pipeline, 2 CPU ranks): a rank killed with SIGKILL mid-job (the
-job resumes from its checkpoint in the restarted group and ends with the frames of an uninterrupted run),
-the API killed with jobs queued and one running, a job past its time limit, a graceful SIGTERM with a job in
-flight. The tests run in order and share one data folder (one job store) across server restarts.
+"""Faults with real processes (2 CPU ranks): a rank killed with SIGKILL mid-job (the real `tiny` pipeline: the
+job resumes from its checkpoint in the restarted group and ends with the frames of an uninterrupted run), a
+job past its time limit; the API killed with jobs queued and one running, a graceful SIGTERM with a job in
+flight (the fake pipeline, testing/fake_pipeline.py: what they test is processes and the store). The tests run
+in order and share one data folder (one job store) across server restarts.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from dit.video import read_mp4
 from server import videos
 from server.store import JobStore
-from tests.server_process import ServerProcess, group_pids
+from testing.server_process import FAKE, ServerProcess, group_pids
 
 LONG = {"num_frames": 33, "height": 256, "width": 256, "num_inference_steps": 50}
 RESUMED = {"prompt": "a green triangle moving up", "num_frames": 17, "height": 128, "width": 128,
@@ -99,7 +100,8 @@ def test_api_restart_runs_queued_jobs_and_requeues_the_interrupted_one(data_dir)
     finally:
         attached.stop(signal.SIGKILL)
 
-    srv = ServerProcess(data_dir, *INSTANCE, "--orphan-timeout", "2")
+    srv = ServerProcess(data_dir, *INSTANCE, "--orphan-timeout", "2", "--pipeline-module", FAKE,
+                        env={"ITHACA_FAKE_STEP_S": "0.1"})  # fmt: skip
     try:
         srv.wait()
         for job in queued:
@@ -137,7 +139,7 @@ def test_group_that_never_becomes_ready_ends_the_server(tmp_path):
 
 def test_a_damaged_store_ends_serve_with_one_line(tmp_path):
     (tmp_path / "jobs.db").write_bytes(b"SQLite format 3\x00" + b"\x07" * 300)  # a header, then garbage
-    srv = ServerProcess(tmp_path, "--pipeline-module", "tests.fake_pipeline")
+    srv = ServerProcess(tmp_path, "--pipeline-module", "testing.fake_pipeline")
     try:
         assert srv.proc.wait(timeout=120) == 2
         lines = srv.log().strip().splitlines()
@@ -153,7 +155,7 @@ def test_the_supervisor_thread_outlives_any_error_and_a_watchdog_starts_it_again
     and goes on supervising the same group. (The group here: a `sleep`, no ranks.)"""
     from server import supervisor as supervisor_mod
     from server.config import ServeConfig
-    from tests.server_process import wait_until
+    from testing.server_process import wait_until
 
     monkeypatch.setattr(supervisor_mod, "launch_group", lambda *_: subprocess.Popen(["sleep", "60"]))
     config = ServeConfig(data_dir=str(tmp_path))

@@ -28,7 +28,7 @@ from server.app import create_app
 from server.config import ServeConfig
 from server.middleware import GuardMiddleware
 from server.store import JobStore
-from tests.server_process import FAKE, ServerProcess, wait_until
+from testing.server_process import FAKE, ServerProcess, wait_until
 
 IMAGE_LIMITS = ImageLimits(max_bytes=100_000, max_pixels=200_000)
 SETTINGS = {"max_image_bytes": 100_000, "max_image_pixels": 200_000}  # the default body limit, 64 KiB

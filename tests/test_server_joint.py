@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import imageio.v3 as iio
 
-from tests.server_process import ServerProcess
+from testing.server_process import ServerProcess
 
 
 def test_tiny_joint_serves_a_video(tmp_path):

@@ -1,6 +1,6 @@
 """Worker groups never outlive their server, SIGTERM stops claiming at once, a cancel after the last step is
 honoured, and job phases and state-change log lines. Real processes (uvicorn, torchrun, 2 gloo ranks) running
-the FAKE INSTANT PIPELINE (tests/fake_pipeline.py: no model work, a slow decode set by ITHACA_FAKE_DECODE_S),
+the FAKE INSTANT PIPELINE (testing/fake_pipeline.py: no model work, a slow decode by ITHACA_FAKE_DECODE_S),
 so the test is about processes and the store, not the model."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 import pytest
 
 from server.store import TIMED_PHASES, JobStore
-from tests.server_process import FAKE, ServerProcess, group_pids, wait_until
+from testing.server_process import FAKE, ServerProcess, group_pids, wait_until
 
 SLOW_DECODE = {"ITHACA_FAKE_STEP_S": "0.05", "ITHACA_FAKE_DECODE_S": "1.5"}
 

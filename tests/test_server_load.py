@@ -1,5 +1,5 @@
 """Concurrent clients against a real server and worker group (2 CPU ranks as two data-parallel replicas)
-running the FAKE INSTANT PIPELINE (tests/fake_pipeline.py: the real request checks, callback and cancel
+running the FAKE INSTANT PIPELINE (testing/fake_pipeline.py: the real request checks, callback and cancel
 broadcast, no model work), so the test exercises the server, the job store and the worker loop, not the model.
 API key off."""
 
@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.server_process import FAKE, ServerProcess
+from testing.server_process import FAKE, ServerProcess
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Live previews: the worker's leader writes the pipeline's preview images as WebP beside the results, the
 job view, the SSE stream and both APIs serve them; a finished job's is the middle frame of its video. One
-real server (uvicorn, torchrun, 2 gloo ranks) running the FAKE INSTANT PIPELINE (tests/fake_pipeline.py: a
+real server (uvicorn, torchrun, 2 gloo ranks) running the FAKE INSTANT PIPELINE (testing/fake_pipeline.py: a
 32×48 gradient after every step, slowed by ITHACA_FAKE_STEP_S); the sweep and the writer on their own."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dit.video import read_mp4
 from server import videos
 from server.store import JobStore
 from server.writers import PreviewWriter
-from tests.server_process import FAKE, ServerProcess, wait_until
+from testing.server_process import FAKE, ServerProcess, wait_until
 
 STEPS = 8
 

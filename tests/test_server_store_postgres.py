@@ -79,7 +79,7 @@ def test_postgres_idempotency_keys_race_to_one_job(postgres_cluster):
 
 
 def test_a_server_runs_a_job_on_a_postgres_store(postgres_cluster, tmp_path):
-    from tests.server_process import FAKE, ServerProcess
+    from testing.server_process import FAKE, ServerProcess
 
     url = postgres_cluster.new_database()
     server = ServerProcess(tmp_path / "data", "--pipeline-module", FAKE, "--nproc", "1", "--store", url)
@@ -106,7 +106,7 @@ def test_a_postgres_outage_costs_a_wait_never_a_job(postgres_cluster, tmp_path):
     """PostgreSQL stopped mid-job and started again, then every connection cut twice mid-job: the running
     jobs complete on their first attempt, the queued ones run after, with no restart of the server; while
     the store is down /ready and the API say it is unreachable and /health says degraded."""
-    from tests.server_process import FAKE, ServerProcess, wait_until
+    from testing.server_process import FAKE, ServerProcess, wait_until
 
     url = postgres_cluster.new_database()
     server = ServerProcess(tmp_path / "data", "--pipeline-module", FAKE, "--nproc", "1", "--store", url,

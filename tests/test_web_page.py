@@ -1,6 +1,7 @@
 """The web page (`GET /`) in a real browser: Playwright driving Debian's Chromium (/usr/bin/chromium, never
-a downloaded one) against real `ithaca serve` processes running the TRAINED TINY MODEL: one worker group (1
-rank) under a server with an API key, and a second API process without a key attached to the same store.
+a downloaded one) against real `ithaca serve` processes running the TRAINED TINY MODEL: the session's
+`tiny_server` (tests/conftest.py: one worker group of 2 ranks under a server with an API key), and a second
+API process without a key attached to the same store.
 Without a key: submit from the page, the progress bar moves, a preview shows, the finished MP4 plays from its
 URL. With one: the page asks for the key, the same flow works through blob: URLs, and a running job is
 cancelled. Screenshots go to pytest's tmp_path."""
@@ -16,7 +17,7 @@ from PIL import Image
 
 from server.app import create_app
 from server.config import ServeConfig
-from tests.server_process import ServerProcess
+from testing.server_process import ServerProcess
 
 playwright = pytest.importorskip("playwright.sync_api")
 CHROMIUM = "/usr/bin/chromium"
@@ -62,19 +63,15 @@ MAX_POSTER_DIFFERENCE = 4
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    """(open, keyed): one tiny-model worker group under a server with an API key, and a second API process
-    without a key attached to the same store (--no-workers), so both ways the page works cost one group."""
-    data = tmp_path_factory.mktemp("web")
-    keyed = ServerProcess(data, "--nproc", "1", api_key=KEY)
-    opened = ServerProcess(data, "--no-workers", "--instance", "web-open")
+def servers(tiny_server):
+    """(open, keyed): the session's tiny-model server with an API key, and a second API process without a key
+    attached to the same store (--no-workers), so both ways the page works cost no group of their own."""
+    opened = ServerProcess(tiny_server.data_dir, "--no-workers", "--instance", "web-open")
     try:
-        keyed.wait()
         opened.wait()
-        yield opened, keyed
+        yield opened, tiny_server
     finally:
         opened.stop()
-        keyed.stop()
 
 
 @pytest.fixture(scope="module")
@@ -202,10 +199,10 @@ def test_the_page_asks_for_the_key_and_cancels(servers, page, tmp_path):
     key.fill("wrong")
     key.press("Enter")
     page.get_by_text("The server refused that key").wait_for()
-    key.fill(KEY)
+    key.fill(keyed.api_key)
     page.get_by_role("button", name="Use key").click()
     page.wait_for_function("() => !document.getElementById('generate').disabled")
-    assert page.evaluate("sessionStorage.getItem('ithaca-api-key')") == KEY
+    assert page.evaluate("sessionStorage.getItem('ithaca-api-key')") == keyed.api_key
 
     page.evaluate(RECORDER)
     _submit(page, "a blue square moving up", Steps=16)

@@ -1,4 +1,4 @@
-"""Start `ithaca serve` as a real process on a free loopback port (server tests and bench/server.py)."""
+"""`ithaca serve` as a real process on a free loopback port (server tests, bench/server_overhead.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 import httpx
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAKE = "tests.fake_pipeline"  # the fake instant pipeline (see tests/fake_pipeline.py)
+FAKE = "testing.fake_pipeline"  # the fake instant pipeline (see testing/fake_pipeline.py)
 
 
 def free_port() -> int:

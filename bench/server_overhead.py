@@ -1,7 +1,7 @@
-"""Server overhead with the FAKE INSTANT PIPELINE (tests/fake_pipeline.py: no model work), real everything
+"""Server overhead with the FAKE INSTANT PIPELINE (testing/fake_pipeline.py: no model work), real everything
 else: uvicorn, the SQLite job store, a 2-rank gloo worker group, the real MP4 encoder.
 
-    python bench/server.py [--jobs 100] [--poll-seconds 5] [--poll-threads 4] [--json]
+    python bench/server_overhead.py [--jobs 100] [--poll-seconds 5] [--poll-threads 4] [--json]
 
 - submit-to-complete: jobs submitted one at a time; from the job's created_at to its finished_at (server
   clocks), "overhead" subtracts the pipeline call and the MP4 write (`timings.total_s`): what the queue,
@@ -25,7 +25,7 @@ import time
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.server_process import FAKE, ServerProcess  # noqa: E402
+from testing.server_process import FAKE, ServerProcess  # noqa: E402
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -1,9 +1,9 @@
 """DiT forward time: ours vs diffusers' WanTransformer3DModel with the same weights, in the same run.
 
-    python bench/dit.py                      # CPU: a small Wan config at 128x128, 33 frames, fp32
-    python bench/dit.py --family hunyuanvideo-1.5 [...]   # HunyuanVideo-1.5: the options of bench/hunyuan.py
-    python bench/dit.py --compile --json     # adds torch.compile for both; JSON after the table
-    python bench/dit.py --preset wan2.1-14b  # CUDA default: 480x832, 81 frames (32760 tokens), bf16
+    python bench/forward.py                      # CPU: a small Wan config at 128x128, 33 frames, fp32
+    python bench/forward.py --family hunyuanvideo-1.5 [...]   # the options of bench/hunyuan.py
+    python bench/forward.py --compile --json     # adds torch.compile for both; JSON after the table
+    python bench/forward.py --preset wan2.1-14b  # CUDA default: 480x832, 81 frames (32760 tokens), bf16
 
 Frames/height/width are video sizes; the latent is (frames-1)/4+1 × height/8 × width/8 (Wan VAE strides).
 Times are the median of --iters forwards after --warmup ones (compiled runs warm up more). No asserts: this

@@ -1,4 +1,4 @@
-"""A fake instant pipeline with the `dit.pipeline` surface, for the server's load tests and bench/server.py.
+"""A fake instant pipeline with the `dit.pipeline` surface, for server tests and bench/server_overhead.py.
 
 No model work: `generate` sleeps `ITHACA_FAKE_STEP_S` seconds per step and `ITHACA_FAKE_DECODE_S` in its
 decode (defaults 0) and returns small random frames; on the replica leader it calls `on_preview` after every
@@ -9,7 +9,7 @@ and cancel broadcast of `dit.sampling`, the real mesh. `ITHACA_FAKE_I2V=1` makes
 every request needs an image (the real `validate` says so), and the video's first frame is that image fitted
 to its size, its second the image as the leader got it squeezed to the frame (what tells the image as given,
 which Wan's CLIP sees, from the fitted one).
-Selected with `--pipeline-module tests.fake_pipeline`.
+Selected with `--pipeline-module testing.fake_pipeline`.
 """
 
 from __future__ import annotations
