@@ -276,21 +276,17 @@ def test_the_api_refuses_a_step_count_the_schedule_does_not_allow(tmp_path):
 
     from dit.pipeline import TINY_LIMITS
     from server import limits
-    from server.app import create_app
-    from server.config import ServeConfig
+    from testing.published import published_app
 
-    app = create_app(ServeConfig(workers=False, data_dir=str(tmp_path), preset="tiny-random"))
-    described = limits.describe(TINY_LIMITS.with_schedule(FixedSchedule.parse(LIGHTX2V)))
+    model = TINY_LIMITS.with_schedule(FixedSchedule.parse(LIGHTX2V))
+    app = published_app(tmp_path, model)
+    described = limits.describe(model)
     assert described["num_inference_steps"] == {
         "min": 4,
         "max": 4,
         "default": 4,
         "timesteps": [1000, 750, 500, 250],
     }
-    info = {"limits": described, "defaults": limits.defaults(described), "model": "tiny-random"}
-    app.state.services.store.heartbeat(
-        "test/g/replica0", instance="test", group_id="g", state="ready", info=info
-    )
     with TestClient(app) as client:
         r = client.post("/generate", json={"prompt": "a fox", "num_inference_steps": 8})
         assert r.status_code == 422 and r.json()["detail"] == [{

@@ -1,73 +1,37 @@
 """The first-frame image of an image-to-video model through the server: /generate (multipart file part or a
 data URL in JSON) and /v1/videos (`input_reference`), the checks at the door (413, 415, 422 naming the
-field), the image kept as sent beside the job and removed with it, and the worker handing the pixels to
-every rank. In-process (the ASGI app, no worker group, an image-to-video model's limits published as a
-worker would) for the routes; one real server running the FAKE PIPELINE as an image-to-video model
-(ITHACA_FAKE_I2V=1) for the worker's side."""
+field), the image kept as sent beside the job and removed with it. In-process: the ASGI app, no worker group,
+an image-to-video model's limits published as a worker would (the worker's side:
+test_server_images_worker.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import dataclasses
-import hashlib
-import io
 import json
 import os
 
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from PIL import Image
 
-from dit.image import ImageError, ImageLimits, UnsupportedFormat, read
+from dit.image import ImageError, UnsupportedFormat, read
 from dit.pipeline import TINY_LIMITS
-from dit.video import read_mp4
-from server import images, limits, videos
-from server.app import create_app
-from server.config import ServeConfig
+from server import images, videos
 from server.middleware import GuardMiddleware
 from server.store import JobStore
-from testing.server_process import FAKE, ServerProcess, wait_until
+from testing.images import DESCRIBED, PNG, data_url, encoded, stripes
+from testing.published import published_app
 
-IMAGE_LIMITS = ImageLimits(max_bytes=100_000, max_pixels=200_000)
 SETTINGS = {"max_image_bytes": 100_000, "max_image_pixels": 200_000}  # the default body limit, 64 KiB
-
-
-def _encoded(pixels: np.ndarray, fmt: str = "PNG") -> bytes:
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format=fmt)
-    return out.getvalue()
-
-
-def _data_url(data: bytes, media_type: str = "image/png") -> str:
-    return f"data:{media_type};base64,{base64.b64encode(data).decode()}"
-
-
-def _stripes() -> np.ndarray:
-    """160×40 (4:1): red | green | blue, green the middle half, so a 64×64 frame fitted from it is green."""
-    pixels = np.zeros((40, 160, 3), np.uint8)
-    pixels[:, :40], pixels[:, 40:120], pixels[:, 120:] = (255, 0, 0), (0, 255, 0), (0, 0, 255)
-    return pixels
-
-
-PNG = _encoded(_stripes())
-DESCRIBED = {"width": 160, "height": 40, "sha256": hashlib.sha256(PNG).hexdigest()}
-
-
-def _publish(store: JobStore, *, image: bool) -> None:
-    described = limits.describe(dataclasses.replace(TINY_LIMITS, image=image), IMAGE_LIMITS)
-    info = {"limits": described, "defaults": limits.defaults(described), "model": "tiny-random"}
-    store.heartbeat("test/g/replica0", instance="test", group_id="g", state="ready", info=info)
 
 
 def _client(tmp_path, *, image: bool | None):
     """A client of an app whose published model takes an image (True), refuses one (False), or that no
     worker has published limits for yet (None)."""
-    app = create_app(ServeConfig(workers=False, data_dir=str(tmp_path), preset="tiny-random", **SETTINGS))
-    if image is not None:
-        _publish(app.state.services.store, image=image)
-    return TestClient(app, raise_server_exceptions=False)
+    model = None if image is None else dataclasses.replace(TINY_LIMITS, image=image)
+    return TestClient(published_app(tmp_path, model, **SETTINGS), raise_server_exceptions=False)
 
 
 @pytest.fixture
@@ -101,34 +65,34 @@ def test_multipart_and_data_url_submits_keep_the_image_and_describe_it(i2v, tmp_
         "num_frames": 9,
         "image": DESCRIBED,
     }
-    as_json = i2v.post("/generate", json={"prompt": "fox", "image": _data_url(PNG)})
+    as_json = i2v.post("/generate", json={"prompt": "fox", "image": data_url(PNG)})
     assert as_json.status_code == 202 and as_json.json()["request"]["image"] == DESCRIBED, as_json.text
     assert "base64" not in i2v.get(f"/jobs/{as_json.json()['id']}").text  # a description, never pixels
     jobs = [form.json()["id"], as_json.json()["id"]]
     assert _inputs(tmp_path) == sorted(f"{j}.png" for j in jobs)
-    assert np.array_equal(read(videos.input_path(str(tmp_path / "videos"), jobs[0])), _stripes())
+    assert np.array_equal(read(videos.input_path(str(tmp_path / "videos"), jobs[0])), stripes())
 
 
 def test_the_submit_routes_leave_room_for_an_image_in_the_body(i2v, tmp_path):
     """An image near --max-image-bytes fits under the default 64 KiB body limit on the two submit routes,
     as a file part and as a data URL; other routes keep the plain limit."""
     noise = np.random.default_rng(3).integers(0, 256, (180, 180, 3), dtype=np.uint8)
-    big = _encoded(noise)
+    big = encoded(noise)
     assert 65536 < len(big) <= SETTINGS["max_image_bytes"]
     r = i2v.post("/generate", data={"prompt": "fox"}, files={"image": ("big.png", big)})
     assert r.status_code == 202, r.text
-    r = i2v.post("/generate", json={"prompt": "fox", "image": _data_url(big)})
+    r = i2v.post("/generate", json={"prompt": "fox", "image": data_url(big)})
     assert r.status_code == 202, r.text
     r = i2v.post("/v1/videos", data={"prompt": "fox"}, files={"input_reference": ("big.png", big)})
     assert r.status_code in (200, 202), r.text
     r = i2v.post("/jobs/x/cancel", content=b"x" * 70000, headers={"content-type": "application/json"})
     assert r.status_code == 413, r.text
     # a data URL in a form's text part, as long as one (Starlette's own limit on a part is 1 MB, ours 64 KiB)
-    r = i2v.post("/generate", files={"prompt": (None, "fox"), "image": (None, _data_url(big))})
+    r = i2v.post("/generate", files={"prompt": (None, "fox"), "image": (None, data_url(big))})
     assert r.status_code == 202 and r.json()["request"]["image"]["width"] == 180, r.text
     for form in (
-        {"data": {"prompt": "fox", "input_reference": _data_url(big)}},
-        {"files": {"prompt": (None, "fox"), "input_reference": (None, _data_url(big))}},
+        {"data": {"prompt": "fox", "input_reference": data_url(big)}},
+        {"files": {"prompt": (None, "fox"), "input_reference": (None, data_url(big))}},
     ):
         r = i2v.post("/v1/videos", **form)
         assert r.status_code == 200, r.text
@@ -136,7 +100,7 @@ def test_the_submit_routes_leave_room_for_an_image_in_the_body(i2v, tmp_path):
 
 def test_a_json_body_may_pass_the_body_limit_by_its_image_alone(i2v):
     """Past --max-body-bytes (64 KiB), a JSON body owes the rest to one data URL, wherever it stands."""
-    url = _data_url(_encoded(np.random.default_rng(3).integers(0, 256, (180, 180, 3), dtype=np.uint8)))
+    url = data_url(encoded(np.random.default_rng(3).integers(0, 256, (180, 180, 3), dtype=np.uint8)))
     assert len(url) > 65536
     for body in (
         {"prompt": "fox", "image": url, "seed": 1},
@@ -206,22 +170,22 @@ def test_a_large_body_without_an_image_is_refused_unread():
 def test_jpeg_and_webp_are_kept_as_sent(i2v, tmp_path):
     """The bytes the client sent, named for their format: never re-encoded (a camera JPEG stays its size)."""
     for fmt, media_type, suffix in (("JPEG", "image/jpeg", ".jpg"), ("WEBP", "image/webp", ".webp")):
-        data = _encoded(_stripes(), fmt)
-        r = i2v.post("/generate", json={"prompt": "fox", "image": _data_url(data, media_type)})
+        data = encoded(stripes(), fmt)
+        r = i2v.post("/generate", json={"prompt": "fox", "image": data_url(data, media_type)})
         assert r.status_code == 202, r.text
         path = videos.input_path(str(tmp_path / "videos"), r.json()["id"])
         assert path.endswith(r.json()["id"] + suffix) and open(path, "rb").read() == data
         stored = read(path)
-        assert stored.shape == (40, 160, 3) and np.abs(stored.astype(int) - _stripes()).mean() < 10
+        assert stored.shape == (40, 160, 3) and np.abs(stored.astype(int) - stripes()).mean() < 10
 
 
 def test_data_urls():
-    data = _encoded(np.zeros((4, 4, 3), np.uint8))
-    encoded = base64.b64encode(data).decode()
-    assert images.from_data_url(f"data:image/png;base64,{encoded}") == data
-    assert images.from_data_url(f"DATA:Image/JPEG;base64,{encoded}") == data  # the media type is only checked
+    data = encoded(np.zeros((4, 4, 3), np.uint8))
+    text = base64.b64encode(data).decode()
+    assert images.from_data_url(f"data:image/png;base64,{text}") == data
+    assert images.from_data_url(f"DATA:Image/JPEG;base64,{text}") == data  # the media type is only checked
     with pytest.raises(UnsupportedFormat, match="image/gif"):
-        images.from_data_url(f"data:image/gif;base64,{encoded}")
+        images.from_data_url(f"data:image/gif;base64,{text}")
     for bad, says in [
         ("https://example.com/a.png", "must be a data URL"),
         (b"data:image/png;base64,AAAA", "must be a data URL"),
@@ -245,19 +209,19 @@ def test_data_urls_are_decoded_in_pieces(monkeypatch):
 
 def test_the_idempotency_key_covers_the_image(i2v, tmp_path):
     key = {"Idempotency-Key": "img-1"}
-    first = i2v.post("/generate", json={"prompt": "fox", "image": _data_url(PNG)}, headers=key)
+    first = i2v.post("/generate", json={"prompt": "fox", "image": data_url(PNG)}, headers=key)
     again = i2v.post("/generate", data={"prompt": "fox"}, files={"image": ("a.png", PNG)}, headers=key)
     assert again.status_code == 202 and again.headers["Idempotent-Replayed"] == "true"
     assert again.json()["id"] == first.json()["id"]
-    other = _encoded(np.full((8, 8, 3), 7, np.uint8))
-    conflict = i2v.post("/generate", json={"prompt": "fox", "image": _data_url(other)}, headers=key)
+    other = encoded(np.full((8, 8, 3), 7, np.uint8))
+    conflict = i2v.post("/generate", json={"prompt": "fox", "image": data_url(other)}, headers=key)
     assert conflict.status_code == 409 and first.json()["id"] in conflict.json()["detail"]
     assert _inputs(tmp_path) == [f"{first.json()['id']}.png"]  # the replay and the conflict left no file
 
 
-GIF = _data_url(_encoded(_stripes(), "GIF"), "image/png")  # what the bytes are decides, not the label
-NOISE = _encoded(np.random.default_rng(0).integers(0, 255, (200, 200, 3), np.uint8))  # > 100 000 bytes
-WIDE = _encoded(np.zeros((400, 600, 3), np.uint8))  # 240 000 pixels in a few hundred bytes
+GIF = data_url(encoded(stripes(), "GIF"), "image/png")  # what the bytes are decides, not the label
+NOISE = encoded(np.random.default_rng(0).integers(0, 255, (200, 200, 3), np.uint8))  # > 100 000 bytes
+WIDE = encoded(np.zeros((400, 600, 3), np.uint8))  # 240 000 pixels in a few hundred bytes
 
 
 @pytest.mark.parametrize(
@@ -269,8 +233,8 @@ WIDE = _encoded(np.zeros((400, 600, 3), np.uint8))  # 240 000 pixels in a few hu
         ("data:image/png;base64,ÿÿÿÿ", 422, "invalid base64"),
         ("data:image/gif;base64,R0lGODlh", 415, "send PNG, JPEG or WebP"),
         (GIF, 415, "the image is GIF"),
-        (_data_url(NOISE), 413, "at most 100000 are accepted"),
-        (_data_url(WIDE), 413, "600x400 (240000 pixels); at most 200000"),
+        (data_url(NOISE), 413, "at most 100000 are accepted"),
+        (data_url(WIDE), 413, "600x400 (240000 pixels); at most 200000"),
     ],
 )
 def test_bad_images_are_refused_naming_the_field(i2v, tmp_path, image, status, says):
@@ -317,8 +281,8 @@ def test_a_text_to_video_model_refuses_an_image(tmp_path):
 def test_before_any_worker_published_an_image_is_taken_if_it_decodes_within_the_limits(tmp_path):
     with _client(tmp_path, image=None) as bare:
         assert bare.post("/generate", json={"prompt": "fox"}).status_code == 202
-        assert bare.post("/generate", json={"prompt": "fox", "image": _data_url(PNG)}).status_code == 202
-        assert bare.post("/generate", json={"prompt": "fox", "image": _data_url(WIDE)}).status_code == 413
+        assert bare.post("/generate", json={"prompt": "fox", "image": data_url(PNG)}).status_code == 202
+        assert bare.post("/generate", json={"prompt": "fox", "image": data_url(WIDE)}).status_code == 413
 
 
 def test_multipart_fields_are_checked_as_json_ones(i2v):
@@ -331,7 +295,7 @@ def test_multipart_fields_are_checked_as_json_ones(i2v):
     assert r.status_code == 422 and r.json()["detail"][0]["type"] == "extra_forbidden"
     r = i2v.post("/generate", files={"prompt": ("p.txt", b"fox"), "image": ("a.png", PNG)})
     assert r.status_code == 422 and _error(r) == ("prompt", "'prompt' cannot be a file; only image can")
-    r = i2v.post("/generate", files={"prompt": (None, "fox"), "image": (None, _data_url(PNG))})  # a text part
+    r = i2v.post("/generate", files={"prompt": (None, "fox"), "image": (None, data_url(PNG))})  # a text part
     assert r.status_code == 202 and r.json()["request"]["image"] == DESCRIBED
 
 
@@ -341,7 +305,7 @@ def test_openai_input_reference(i2v, tmp_path):
     )
     assert r.status_code == 200 and r.json()["object"] == "video", r.text
     assert i2v.get(f"/jobs/{r.json()['id']}").json()["request"]["image"] == DESCRIBED
-    as_json = i2v.post("/v1/videos", json={"prompt": "fox", "input_reference": _data_url(PNG)})
+    as_json = i2v.post("/v1/videos", json={"prompt": "fox", "input_reference": data_url(PNG)})
     assert as_json.status_code == 200, as_json.text
     assert _inputs(tmp_path) == sorted([f"{r.json()['id']}.png", f"{as_json.json()['id']}.png"])
     r = i2v.post("/v1/videos", data={"prompt": "fox"}, files={"size": ("s", b"64x64")})
@@ -350,7 +314,7 @@ def test_openai_input_reference(i2v, tmp_path):
 
 def test_the_input_is_removed_with_its_job_and_kept_by_a_cancel(i2v, tmp_path):
     kept, deleted = (
-        i2v.post("/generate", json={"prompt": "fox", "image": _data_url(PNG)}).json()["id"] for _ in "ab"
+        i2v.post("/generate", json={"prompt": "fox", "image": data_url(PNG)}).json()["id"] for _ in "ab"
     )
     assert i2v.delete(f"/jobs/{kept}").json()["status"] == "cancelled"  # cancelled, still listed
     assert i2v.delete(f"/v1/videos/{deleted}").status_code == 200  # deleted
@@ -386,101 +350,3 @@ def test_openapi_shows_the_image_field_and_its_rule(i2v):
             "properties"
         ]
     )
-
-
-# -- a real server: the worker reads the image and every rank gets it ----------------------------------------
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("images")
-    srv = ServerProcess(
-        data_dir,
-        "--pipeline-module",
-        FAKE,
-        env={"ITHACA_FAKE_I2V": "1", "ITHACA_FAKE_DECODE_S": "0.5"},  # time to delete a job mid-decode
-    )
-    try:
-        srv.wait()
-        yield srv
-    finally:
-        srv.stop()
-
-
-def test_the_video_starts_from_the_fitted_image(server, tmp_path):
-    """The fake's first frame is the image it got: the stripes cropped to their green middle at 64×64; its
-    second, the image the leader got squeezed to the frame: the whole stripes, red on the left (the leader
-    keeps the image as given, for Wan's CLIP). The job completes, so the replica's other rank got it too (the
-    fake refuses a request without one)."""
-    r = server.client.post("/generate", data={"prompt": "fox"}, files={"image": ("a.png", PNG)})
-    assert r.status_code == 202, r.text
-    job = server.wait_job(r.json()["id"])
-    assert job["status"] == "completed", job
-    assert job["request"]["image"] == DESCRIBED and job["request"]["height"] == 64  # the defaults filled in
-    (tmp_path / "v.mp4").write_bytes(server.client.get(f"/jobs/{job['id']}/video").content)
-    first, second = read_mp4(tmp_path / "v.mp4").frames[:2].astype(int)
-    assert first.shape == (64, 64, 3) and first[..., 1].min() > 200 and first[..., [0, 2]].max() < 60
-    assert second[:, :12, 0].mean() > 200 and second[:, :12, 1:].mean() < 60, second[:, :12].mean((0, 1))
-
-
-def test_openai_input_reference_end_to_end(server):
-    files = {"input_reference": ("a.png", PNG)}
-    r = server.client.post("/v1/videos", data={"prompt": "fox", "seconds": "1"}, files=files)
-    assert r.status_code == 200, r.text
-    assert server.wait_job(r.json()["id"])["status"] == "completed"
-    assert server.client.delete(f"/v1/videos/{r.json()['id']}").status_code == 200
-    assert not os.path.exists(videos.input_path(os.path.join(server.data_dir, "videos"), r.json()["id"]))
-
-
-def test_a_missing_or_corrupt_input_fails_the_job_not_the_group(server):
-    store = JobStore(os.path.join(server.data_dir, "jobs.db"))
-    folder = os.path.join(server.data_dir, "videos")
-    restarts = server.client.get("/ready").json()["restarts"]
-    corrupt = "c" * 32
-    videos.write_input(folder, corrupt, b"not a png", "image/png")
-    store.create({"prompt": "fox", "image": DESCRIBED}, job_id=corrupt)
-    missing, _ = store.create({"prompt": "fox", "image": DESCRIBED})
-    for job_id, says in ((corrupt, "the data is not an image"), (missing.id, "No such file")):
-        job = server.wait_job(job_id)
-        assert job["status"] == "failed", job
-        assert (
-            job["error"].startswith(f"invalid request: cannot read {folder}/inputs/{job_id}.png: ")
-            and says in job["error"]
-        )
-    ok = server.client.post("/generate", json={"prompt": "fox", "image": _data_url(PNG)}).json()
-    assert server.wait_job(ok["id"])["status"] == "completed"
-    assert server.client.get("/ready").json()["restarts"] == restarts
-
-
-def test_a_job_deleted_while_it_runs_loses_its_input_when_it_ends(server):
-    job_id = server.client.post("/generate", json={"prompt": "fox", "image": _data_url(PNG)}).json()["id"]
-    path = videos.input_path(os.path.join(server.data_dir, "videos"), job_id)
-    wait_until(lambda: server.client.get(f"/jobs/{job_id}").json()["phase"] == "decoding", 30, "decoding")
-    assert server.client.delete(f"/v1/videos/{job_id}").status_code == 200
-    assert os.path.exists(path)  # still running (a 0.5 s decode): the file stays until the job is over
-    wait_until(lambda: not os.path.exists(path), 30, "the worker removes the input of the deleted job")
-    store = JobStore(os.path.join(server.data_dir, "jobs.db"))
-    assert store.get(job_id, include_deleted=True).status == "cancelled"
-
-
-def test_a_real_image_to_video_model_serves_a_job(tmp_path):
-    """The real pipeline (`tiny-joint-i2v`, HunyuanVideo-1.5) on a 2-rank Ulysses group: the leader encodes
-    the image, both ranks denoise with its conditioning, and the published limits ask for an image. A request
-    without a size takes the image's (the stripes' 1:4 at target size 64: 32×128), and the job shows it."""
-    srv = ServerProcess(tmp_path, "--preset", "tiny-joint-i2v", "--nproc", "2")
-    try:
-        srv.wait()
-        assert srv.client.get("/openapi.json").status_code == 200
-        assert "height" not in srv.client.get("/limits").json()["defaults"]  # the image's, not one default
-        r = srv.client.post("/generate", json={"prompt": "a red fox", "num_frames": 5})
-        assert r.status_code == 422 and _error(r)[0] == "image", r.text
-        fields = {"prompt": "a red fox", "num_frames": "5", "num_inference_steps": "2", "seed": "3"}
-        r = srv.client.post("/generate", data=fields, files={"image": ("a.png", PNG)})
-        assert r.status_code == 202, r.text
-        job = srv.wait_job(r.json()["id"])
-        assert job["status"] == "completed" and job["timings"]["evaluated"] == 4, job
-        assert (job["request"]["height"], job["request"]["width"]) == (32, 128)
-        (tmp_path / "v.mp4").write_bytes(srv.client.get(f"/jobs/{job['id']}/video").content)
-        assert read_mp4(tmp_path / "v.mp4").frames.shape[:3] == (5, 32, 128)
-    finally:
-        srv.stop()

@@ -6,49 +6,28 @@ published into the store as a worker would."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
-import re
 import sqlite3
 import threading
 import time
 
 import httpx
 import pytest
-import schemathesis
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from schemathesis import GenerationMode
 
-from dit.pipeline import TINY_LIMITS
 from dit.vocabulary import read_vocabulary
-from server import limits
 from server.app import create_app
 from server.config import ServeConfig
 from server.store import JobStore
+from testing.published import TINY_RANDOM_TOKENS as MAX_TOKENS
+from testing.published import tiny_random_app
 
-MAX_TOKENS = 128  # the random tiny preset's byte tokenizer (a token per byte: long prompts are cheap to make)
 NUMBERS = ("num_frames", "height", "width", "num_inference_steps", "guidance_scale", "seed", "fps")
-
-
-def _publish(store: JobStore, vocabulary: dict | None = None) -> None:
-    described = limits.describe(dataclasses.replace(TINY_LIMITS, max_prompt_tokens=MAX_TOKENS))
-    info = {"limits": described, "defaults": limits.defaults(described), "model": "tiny-random"}
-    info["vocabulary"] = vocabulary
-    store.heartbeat("test/g/replica0", instance="test", group_id="g", state="ready", info=info)
-
-
-def _app(tmp_path, vocabulary: dict | None = None, **settings_):
-    config = ServeConfig(workers=False, data_dir=str(tmp_path), preset="tiny-random", **settings_)
-    app = create_app(config)
-    _publish(app.state.services.store, vocabulary)
-    return app
 
 
 @pytest.fixture
 def client(tmp_path):
-    with TestClient(_app(tmp_path), raise_server_exceptions=False) as c:
+    with TestClient(tiny_random_app(tmp_path), raise_server_exceptions=False) as c:
         yield c
 
 
@@ -244,117 +223,11 @@ def test_a_store_from_an_earlier_version_gains_the_hash_column(tmp_path):
     assert store.create({"prompt": "a"}, idempotency_key="generate:n", request_hash="h")[1]
 
 
-# -- 5. the OpenAPI document ---------------------------------------------------------------------------------
-
-
-def test_openapi_tells_the_truth(client):
-    doc = client.get("/openapi.json").json()
-    paths = doc["paths"]
-    body = paths["/v1/videos"]["post"]["requestBody"]["content"]
-    assert {"application/json", "multipart/form-data", "application/x-www-form-urlencoded"} <= set(body)
-    for path, method, codes in [
-        ("/generate", "post", {"400", "401", "409", "413", "415", "422", "429", "503"}),
-        ("/v1/videos", "post", {"400", "401", "409", "413", "415", "422", "429", "503"}),
-        ("/jobs/{job_id}", "get", {"401", "404", "503"}),
-        ("/jobs/{job_id}", "delete", {"401", "404", "409", "503"}),
-        ("/v1/videos/{video_id}", "get", {"401", "404", "503"}),
-    ]:
-        assert codes <= set(paths[path][method]["responses"]), (path, method)
-    for path in ("/jobs/{job_id}/video", "/v1/videos/{video_id}/content"):
-        assert "video/mp4" in paths[path]["get"]["responses"]["200"]["content"]
-    assert "text/event-stream" in paths["/jobs/{job_id}/events"]["get"]["responses"]["200"]["content"]
-    fields = doc["components"]["schemas"]["GenerateBody"]["properties"]
-    frames = next(b for b in fields["num_frames"]["anyOf"] if b.get("type") == "integer")
-    assert frames["maximum"] == TINY_LIMITS.max_frames and frames["minimum"] == TINY_LIMITS.min_frames
-    assert f"at most {MAX_TOKENS} tokens" in fields["prompt"]["description"]
-    assert client.head("/health").status_code == 200
-
-
-def test_schema_fuzzing(tmp_path):
-    """Every operation of the app's own OpenAPI, positive and negative examples, under every schemathesis
-    check: no 5xx, every reply one the document declares (status, media type, body schema), every request
-    the document calls valid taken and every invalid one refused. Bounded: a fixed number of examples."""
-    app = _app(tmp_path, max_queue=10_000)
-    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
-    start, count = time.monotonic(), 0
-    for result in schema.get_all_operations():
-        strategy = st.one_of(*(result.ok().as_strategy(mode) for mode in GenerationMode))
-
-        @settings(
-            max_examples=40,
-            deadline=None,
-            database=None,
-            derandomize=True,
-            suppress_health_check=list(HealthCheck),
-        )
-        @given(strategy)
-        def run(case):
-            nonlocal count
-            count += 1
-            case.call_and_validate()
-
-        run()
-    print(f"schema fuzzing: {count} requests in {time.monotonic() - start:.1f} s")
-    assert count > 300
-    # a job's Server-Sent Events (the examples' ids find no job): each event as the document declares it
-    with TestClient(app) as client:
-        job_id = client.post("/generate", json={"prompt": "fox"}).json()["id"]
-        client.delete(f"/jobs/{job_id}")  # cancelled: the stream ends with its `done`
-        events = schema["/jobs/{job_id}/events"]["GET"].Case(path_parameters={"job_id": job_id})
-        response = events.call_and_validate()
-        assert response.text.count("event: done") == 1
-
-
-def test_a_405_names_every_method_of_the_path(client):
-    paths = client.get("/openapi.json").json()["paths"]
-    for path, operations in paths.items():
-        url = path.replace("{job_id}", "a" * 32).replace("{video_id}", "a" * 32)
-        r = client.request("PATCH", url)
-        assert r.status_code == 405, (path, r.text)
-        assert set(r.headers["allow"].split(", ")) == {method.upper() for method in operations}, path
-
-
-def test_a_video_answers_head(client, tmp_path):
-    store = client.app.state.services.store
-    job, _ = store.create({"prompt": "fox"})
-    store.claim("w", "box")
-    (tmp_path / "videos").mkdir(exist_ok=True)
-    (tmp_path / "videos" / f"{job.id}.mp4").write_bytes(b"mp4" * 100)
-    store.finish(job.id, "w", "completed", video=f"{job.id}.mp4")
-    for url in (f"/jobs/{job.id}/video", f"/v1/videos/{job.id}/content"):
-        r = client.head(url)
-        assert r.status_code == 200 and r.headers["content-length"] == "300" and r.content == b"", url
-        assert r.headers["content-type"] == "video/mp4" and client.get(url).content == b"mp4" * 100
-    assert client.head(f"/jobs/{'b' * 32}/video").status_code == 404
-
-
-def test_the_document_describes_what_the_routes_take(client):
-    """A form has no null; a text-to-video model's bodies have no image; /v1's seconds and size patterns
-    take exactly what the route does."""
-    doc = client.get("/openapi.json").json()
-    body = doc["paths"]["/generate"]["post"]["requestBody"]["content"]
-    form = doc["components"]["schemas"][body["multipart/form-data"]["schema"]["$ref"].split("/")[-1]]
-    assert "null" not in json.dumps(form) and "image" not in form["properties"]
-    assert "image" not in doc["components"]["schemas"]["GenerateBody"]["properties"]
-    for media in doc["paths"]["/v1/videos"]["post"]["requestBody"]["content"].values():
-        assert set(media["schema"]["properties"]) == {"prompt", "model", "seconds", "size"}
-    fields = doc["paths"]["/v1/videos"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
-    seconds, size = (re.compile(fields["properties"][name]["pattern"]) for name in ("seconds", "size"))
-    texts = [f"{n}" for n in range(0, 4000, 41)] + ["0.0", "0.000001", "3600", "3600.0", "3600.000001"]
-    texts += ["3599.999999", "0001", ".5", "1e3", "12.5", "4000", "٤"]
-    for text in texts:
-        r = client.post("/v1/videos", data={"prompt": "fox", "seconds": text})
-        assert (r.status_code != 422) == bool(seconds.fullmatch(text)), (text, r.text)
-    for text in ("0x480", "832x0", "00x480", "0016x0480", "99999x1", "1x1", "832x480"):
-        r = client.post("/v1/videos", data={"prompt": "fox", "size": text})
-        assert (r.status_code != 422) == bool(size.fullmatch(text)), (text, r.text)
-
-
-# -- 6. a locked store ---------------------------------------------------------------------------------------
+# -- 5. a locked store ---------------------------------------------------------------------------------------
 
 
 def test_a_locked_store_makes_requests_fail_fast_not_hang(tmp_path):
-    app = _app(tmp_path, store_busy_timeout=0.3)
+    app = tiny_random_app(tmp_path, store_busy_timeout=0.3)
     held, release = threading.Event(), threading.Event()
 
     def hold_lock():
@@ -445,7 +318,7 @@ def test_v1_refuses_a_size_or_duration_the_model_cannot_make_and_says_what_it_ro
 
 def test_a_prompt_outside_a_declared_vocabulary_is_warned_of_on_both_apis(client, tmp_path):
     vocabulary = read_vocabulary("tiny")  # what a worker of the trained tiny model publishes
-    with TestClient(_app(tmp_path / "tiny", vocabulary), raise_server_exceptions=False) as tiny:
+    with TestClient(tiny_random_app(tmp_path / "tiny", vocabulary), raise_server_exceptions=False) as tiny:
         job = tiny.post("/generate", json={"prompt": "a red fox in snow"}).json()
         (warning,) = job["warnings"]
         assert warning.startswith("the model does not know the words fox, in, snow: it draws coloured shapes")
