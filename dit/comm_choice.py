@@ -4,16 +4,29 @@ the fastest mode that works on every rank (the same choice on every rank of the 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
+
+import torch
 
 import parallel
+from dit.settings import PipelineConfig
 from dit.shape import model_shape
 
-if TYPE_CHECKING:
-    from dit.pipeline import Pipeline  # which calls `choose_comm` (`Pipeline.choose_comm`)
+
+class Switchable(Protocol):
+    """What the choice reads from and switches on a loaded pipeline (`dit.pipeline.Pipeline` is one)."""
+
+    config: PipelineConfig
+    mesh: parallel.ParallelMesh
+    model: torch.nn.Module
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def set_comm(self, comm: str) -> None: ...
 
 
-def attention_shape(pipe: Pipeline) -> tuple[int, int, int, int]:
+def attention_shape(pipe: Switchable) -> tuple[int, int, int, int]:
     """The q/k/v shard shape [B, S_local, H, D] of one self-attention call at the default video size
     (`dit.shape.model_shape`: the planner's reading of the same model): one video per pass (the guided passes
     run one after the other), its tokens padded to a multiple of sp."""
@@ -23,7 +36,7 @@ def attention_shape(pipe: Pipeline) -> tuple[int, int, int, int]:
 
 
 def choose_comm(
-    pipe: Pipeline,
+    pipe: Switchable,
     mesh: parallel.ParallelMesh,
     allow_lossy: bool = False,
     timeout_s: float = 60.0,
