@@ -16,6 +16,7 @@ from dit.cli_args import (
     add_model_args,
     add_request_args,
     checked,
+    found_model,
     pipeline_config,
     request,
     torchrun,  # fmt: skip
@@ -95,6 +96,8 @@ def read_image(path: str):
 
 
 def run_generate(args) -> int:
+    if not found_model(args, "generate"):
+        return 2
     config = pipeline_config(args)
     if not checked(args, "generate", config, ulysses=args.ulysses, ring=args.ring, cfg=args.cfg):
         return 2

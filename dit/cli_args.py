@@ -135,6 +135,20 @@ def request_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
+def found_model(args, command: str) -> bool:
+    """Whether the model can be had: a Hub name given as --model-path becomes its cached folder
+    (downloaded if need be, `dit.hub`); if not, the one line why goes to stderr (from rank 0 alone)."""
+    from dit.hub import local_model
+
+    try:
+        args.model_path = local_model(args.model_path)
+    except ValueError as e:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"ithaca {command}: error: {e}", file=sys.stderr)
+        return False
+    return True
+
+
 def checked(args, command: str, config: PipelineConfig, *, ulysses=None, ring=1, cfg=1) -> bool:
     """Whether dit.preflight accepts the settings; if not, its one line goes to stderr (from rank 0 alone)."""
     from dit.preflight import preflight

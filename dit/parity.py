@@ -16,6 +16,7 @@ from dit.cli_args import (
     add_model_args,
     add_request_args,
     checked,
+    found_model,
     pipeline_argv,
     pipeline_config,  # fmt: skip
     request_argv,
@@ -111,7 +112,7 @@ def run_parity(args) -> int:
                 f"ithaca parity: error: unknown mode {m!r}; choose from {', '.join(MODES)}", file=sys.stderr
             )
             return 2
-    if not checked(args, "parity", pipeline_config(args)):
+    if not found_model(args, "parity") or not checked(args, "parity", pipeline_config(args)):
         return 2
     exact_tol = args.tol if args.tol is not None else EXACT_TOL[args.dtype]
     common = request_argv(args) + pipeline_argv(args)

@@ -9,6 +9,7 @@ import logging
 import sys
 import textwrap
 
+from dit.hub import local_model
 from server import config as config_mod
 from server import logs
 from server.store import StoreError
@@ -29,6 +30,8 @@ def serve(args: argparse.Namespace) -> int:
         if config.api:
             _check_port(config.host, config.port)
         if config.workers or not config.api:  # a group started apart (--no-workers) checks its own settings
+            # a Hub name: its cached folder is what the ranks load
+            config = dataclasses.replace(config, model_path=local_model(config.model_path))
             _preflight(config)
             choice = _layout(config)
             layout = choice.layout  # the workers get the degrees resolved, not "auto"
@@ -140,6 +143,7 @@ def plan(args: argparse.Namespace) -> int:
 
     node = args.nproc_per_node or args.nproc
     try:
+        args.model_path = local_model(args.model_path)
         preflight(model_path=args.model_path, preset=args.preset, device="cpu", nproc=args.nproc)
         if args.nproc % node:
             raise ValueError(f"--nproc-per-node {node} does not divide --nproc {args.nproc}")
@@ -201,7 +205,7 @@ def _add_plan(subparsers) -> None:
     p.add_argument("--nproc", type=int, required=True, help="ranks (GPUs)")
     p.add_argument("--nproc-per-node", type=int, default=None, help="ranks per machine (default: --nproc)")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--model-path", help="a model folder (diffusers pipeline or transformer)")
+    src.add_argument("--model-path", help="a model folder (diffusers pipeline or transformer), or a Hub name")
     src.add_argument("--preset", default="tiny", help="a model name, e.g. wan2.1-14b (default: tiny)")
     p.add_argument("--frames", type=int, default=None, help="default: the model's")
     p.add_argument("--height", type=int, default=None, help="default: the model's")

@@ -1,0 +1,65 @@
+"""A model by its Hugging Face Hub name (`dit.hub`), offline: a Hub cache laid out as huggingface_hub lays it
+out (models--ORG--NAME/snapshots/REV, refs/main) holding the shipped tiny folder, and HF_HUB_OFFLINE=1, so
+no test touches the network. `generate` and `serve` take the name; a name that is not cached is one line and
+exit 2."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from dit.presets import SHIPPED
+from dit.video import read_mp4
+from testing.server_process import FAKE, ServerProcess
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(scope="module")
+def hub_env(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("hub")
+    repo = cache / "models--acme--tiny-video"
+    shutil.copytree(SHIPPED["tiny"], repo / "snapshots" / REVISION)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(REVISION)
+    return {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+
+
+def _ithaca(env: dict, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "server.cli", *argv], env=os.environ | env,
+                          capture_output=True, text=True, timeout=240)  # fmt: skip
+
+
+def test_generate_takes_a_hub_name_and_its_folder_defaults(hub_env, tmp_path):
+    out = tmp_path / "v.mp4"
+    name = f"acme/tiny-video@{REVISION}"
+    run = _ithaca(hub_env, "generate", "a red circle moving right", "--model-path", name, "--steps", "2",
+                  "--out", str(out))  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert read_mp4(out).frames.shape == (17, 64, 64, 3)  # the folder's own defaults (its ithaca.json)
+
+
+@pytest.mark.parametrize(
+    ("command", "name"), [("generate", "acme/not-cached"), ("serve", "acme/tiny-video@v9")]
+)
+def test_a_name_that_is_not_cached_offline_is_one_line(hub_env, command, name):
+    argv = [command, "a red circle"] if command == "generate" else [command]
+    run = _ithaca(hub_env, *argv, "--model-path", name)
+    assert run.returncode == 2, run.stderr
+    (line,) = run.stderr.strip().splitlines()
+    assert "not in the Hugging Face cache" in line and "HF_HUB_OFFLINE" in line and name in line, line
+
+
+def test_serve_takes_a_hub_name(hub_env, tmp_path):
+    """The API process resolves the name; its worker group loads the cached folder."""
+    srv = ServerProcess(tmp_path, "--pipeline-module", FAKE, "--model-path", "acme/tiny-video", env=hub_env)
+    try:
+        srv.wait()
+        model = srv.client.get("/limits").json()["model"]
+        assert model.endswith(os.path.join("models--acme--tiny-video", "snapshots", REVISION)), model
+    finally:
+        srv.stop()
