@@ -41,6 +41,7 @@ from dit.sampling import (
     denoise,
 )
 from dit.settings import PipelineConfig
+from dit.text_cache import TextCache
 
 if TYPE_CHECKING:
     from diffusers import SchedulerMixin
@@ -88,6 +89,7 @@ class Pipeline:
         self.model_2, self.boundary = second if second is not None else (None, None)
         self.tokenizer, self.limits = tokenizer, limits
         self.text_encoder = text_encoder  # None except on the replica leader
+        self.texts = TextCache()  # recent prompts' text conditioning (the leader's)
         self.vae = vae  # on every rank when the replica decodes together, else on the leader alone
         # `families.pick_scheduler`'s choice; `denoise` resets the scheduler's state at every run
         self.sampler, self.flow_shift, self.scheduler = sampling
@@ -261,11 +263,15 @@ class Pipeline:
 
     def text_condition(self, text: str, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The model's text keyword arguments (replica leader only); states in the model's dtype, masks as
-        they come."""
-        return {
-            name: t.to(dtype) if t.is_floating_point() else t
-            for name, t in self.text_encoder.condition(text).items()
-        }
+        they come. Recent texts come from `self.texts`."""
+
+        def encode(text: str) -> dict[str, torch.Tensor]:
+            return {
+                name: t.to(dtype) if t.is_floating_point() else t
+                for name, t in self.text_encoder.condition(text).items()
+            }
+
+        return self.texts.get(text, encode)
 
     def image_condition(self, req: GenerationRequest, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """An image-to-video model's image keyword arguments (replica leader only): the conditioning volume

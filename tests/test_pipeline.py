@@ -155,3 +155,35 @@ def test_text_encoder_device_is_its_own(monkeypatch):
     finally:
         register_family(family)
     assert devices == [torch.device("meta"), torch.device("cpu")]
+
+
+def test_recent_prompts_are_encoded_once(pipe, monkeypatch):
+    """The leader keeps recent prompts' text conditioning (`dit.text_cache`): a negative prompt shared by
+    jobs is encoded once, and the video is the one a fresh encoding gives."""
+    from dit.text_cache import TextCache
+
+    encoded, condition = [], pipe.text_encoder.condition
+    monkeypatch.setattr(pipe.text_encoder, "condition", lambda text: encoded.append(text) or condition(text))
+    monkeypatch.setattr(pipe, "texts", TextCache())
+    fox, whale = (
+        GenerationRequest(p, negative_prompt="blurry", guidance_scale=3.0, **SMALL)
+        for p in ("a fox", "a whale")
+    )
+    pipe.denoise(fox)
+    cached = pipe.denoise(whale)
+    assert encoded == ["a fox", "blurry", "a whale"] and pipe.texts.hits == 1
+    monkeypatch.setattr(pipe, "texts", TextCache(max_bytes=0))  # keeps nothing
+    assert torch.equal(pipe.denoise(whale), cached) and encoded[3:] == ["a whale", "blurry"]
+
+
+def test_the_text_cache_is_bounded_in_bytes():
+    from dit.text_cache import TextCache
+
+    cache = TextCache(max_bytes=3 * 4 * 8)  # three float32 [8] states
+    state = {text: {"states": torch.full((8,), float(i))} for i, text in enumerate("abcde")}
+    for text in "abca":  # "a" is the most recent now; "b" the least
+        cache.get(text, state.get)
+    cache.get("d", state.get)  # evicts "b"
+    assert list(cache._entries) == ["c", "a", "d"] and cache.bytes == 96
+    assert cache.get("e", lambda text: {"big": torch.zeros(100)})["big"].numel() == 100  # too big: not kept
+    assert list(cache._entries) == ["c", "a", "d"]
