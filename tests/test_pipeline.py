@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dit.pipeline import GenerationCancelled, GenerationRequest, PipelineConfig, load_pipeline
-from dit.video import read_mp4, write_mp4
+from dit.video import Mp4Writer, read_mp4, write_mp4
 
 SMALL = dict(num_frames=5, height=32, width=48, num_inference_steps=2)
 
@@ -105,6 +105,26 @@ def test_mp4_rejects_bad_frames(tmp_path):
         write_mp4(np.zeros((3, 16, 16), np.uint8), tmp_path / "v.mp4", fps=8)
     with pytest.raises(ValueError, match="must be even"):
         write_mp4(np.zeros((3, 15, 16, 3), np.uint8), tmp_path / "v.mp4", fps=8)
+
+
+def test_an_mp4_written_chunk_by_chunk_is_the_whole_one(tmp_path):
+    """`Mp4Writer` takes frames as a decode makes them: the same video as one write; a with-block that fails
+    leaves no file."""
+    frames = np.random.default_rng(1).integers(0, 256, size=(9, 32, 48, 3), dtype=np.uint8)
+    whole = read_mp4(write_mp4(frames, tmp_path / "whole.mp4", fps=8)).frames
+    with Mp4Writer(tmp_path / "chunks.mp4", 32, 48, fps=8) as writer:
+        for chunk in (frames[:1], frames[1:5], frames[5:]):  # Wan's decode: 1 frame, then 4 per latent frame
+            writer.write(chunk)
+    assert writer.frames == 9 and np.array_equal(read_mp4(writer.path).frames, whole)
+    with pytest.raises(RuntimeError), Mp4Writer(tmp_path / "cancelled.mp4", 32, 48, fps=8) as writer:
+        writer.write(frames[:1])
+        raise RuntimeError("cancelled")
+    assert not (tmp_path / "cancelled.mp4").exists()
+    with (
+        pytest.raises(ValueError, match=r"frames must be uint8 \[n, 32, 48, 3\]"),
+        Mp4Writer(tmp_path / "bad.mp4", 32, 48, fps=8) as writer,
+    ):
+        writer.write(frames[:, :16])
 
 
 def test_tiny_text_encoder_pads_like_wan(pipe):
