@@ -39,29 +39,32 @@ PROMPT = "a red circle moving right"
 COLUMNS = dict(zip(TIMED_PHASES, ("encode", "denoise", "decode", "write"), strict=True))
 
 
-def _rank(model: str, config: dict, request: dict, iters: int, out: str) -> None:
-    """One rank: a warm-up job, then `iters` timed ones; the leader writes the median job to `out`."""
+def _rank(model: str, variants: list[tuple[str, dict, dict]], iters: int, out: str) -> None:
+    """One rank, every variant in turn (one process start for all): a warm-up job, then `iters` timed ones;
+    the leader writes each variant's median job to `out`."""
     mesh = init_parallel(backend="gloo")
-    # preview_every 0 unless asked: no job here takes previews, so no VAE decodes to fit their colour map
-    config = {"device": "cpu", "preview_every": 0, **config, "model": model}
-    pipe = load_pipeline(PipelineConfig(**config), mesh)
-    req = pipe.validate(GenerationRequest(**{"prompt": PROMPT, **request}))
-    runs = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(1 + iters):
-            clock, start = PhaseClock(), time.perf_counter()
-            frames = pipe.generate(req, None, clock.enter)
-            if mesh.is_replica_leader:
-                clock.enter("writing")
-                write_mp4(frames, os.path.join(tmp, "job.mp4"), req.fps)
-            clock.enter(None)
-            runs.append(clock.seconds | {"total": time.perf_counter() - start})
-    if mesh.rank == 0:  # the job of median total: its parts add up, as a column-wise median's need not
-        row = sorted(runs[1:], key=lambda r: r["total"])[iters // 2]
+    rows = []
+    for name, config, request in variants:
+        # preview_every 0 unless asked: no job here takes previews, so no VAE decodes to fit their colour map
+        config = {"device": "cpu", "preview_every": 0, **config, "model": model}
+        pipe = load_pipeline(PipelineConfig(**config), mesh)
+        req = pipe.validate(GenerationRequest(**{"prompt": PROMPT, **request}))
+        runs = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for _ in range(1 + iters):
+                clock, start = PhaseClock(), time.perf_counter()
+                frames = pipe.generate(req, None, clock.enter)
+                if mesh.is_replica_leader:
+                    clock.enter("writing")
+                    write_mp4(frames, os.path.join(tmp, "job.mp4"), req.fps)
+                clock.enter(None)
+                runs.append(clock.seconds | {"total": time.perf_counter() - start})
+        row = sorted(runs[1:], key=lambda r: r["total"])[iters // 2]  # its parts add up, as medians' need not
+        rows.append({"model": model, "ranks": mesh.world_size, **row, "request": dataclasses.asdict(req)})
+        rows[-1]["variant"] = name
+    if mesh.rank == 0:
         with open(out, "w") as f:
-            json.dump(
-                {"model": model, "ranks": mesh.world_size, **row, "request": dataclasses.asdict(req)}, f
-            )
+            json.dump(rows, f)
 
 
 def run(
@@ -70,14 +73,18 @@ def run(
     """Rows for every model × variant × rank count; a variant is (name, config fields, request fields) laid
     over `config` and `request`."""
     rows = []
+    laid = [
+        (name, config | vary_config, request | vary_request) for name, vary_config, vary_request in variants
+    ]
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "row.json")
+        out = os.path.join(tmp, "rows.json")
         for model in models:
-            for name, vary_config, vary_request in variants:
-                for n in ranks:
-                    spawn_local(_rank, n, model, config | vary_config, request | vary_request, iters, out)
-                    with open(out) as f:
-                        rows.append(json.load(f) | {"variant": name})
+            by_ranks = []
+            for n in ranks:
+                spawn_local(_rank, n, model, laid, iters, out)
+                with open(out) as f:
+                    by_ranks.append(json.load(f))
+            rows += [row for at_variant in zip(*by_ranks, strict=True) for row in at_variant]
     return rows
 
 

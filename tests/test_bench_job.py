@@ -13,6 +13,7 @@ from bench import job
 @pytest.mark.slow
 def test_rows_split_a_job_into_its_phases(capsys):
     argv = ["--models", "tiny-random", "--ranks", "1", "2", "--iters", "1", "--json"]
+    argv += ["--request", "num_frames=5", "--request", "num_inference_steps=3"]  # the phases, not the size
     job.main([*argv, "--vary", "parallel_decode=false", "--vary", "cache=fbcache:0.5"])
     rows = json.loads(capsys.readouterr().out)["rows"]
     variants = ["", "parallel_decode=false", "cache=fbcache:0.5"]
