@@ -23,3 +23,23 @@ def tiny_server(tmp_path_factory):
         yield srv
     finally:
         srv.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_pipe():
+    """The trained tiny model on one CPU process, as `generate` loads it but with previews (every 2 steps).
+    Shared: tests must not change it."""
+    from dit.pipeline import PipelineConfig, load_pipeline
+
+    return load_pipeline(PipelineConfig(model="tiny", device="cpu"))
+
+
+@pytest.fixture(scope="session")
+def tiny_scenes(tiny_pipe):
+    """All 72 scenes of the tiny model's language at its defaults (17 frames of 64×64, 12 steps), each read
+    back by the detector, with its previews: the model's quality bar (test_tiny_model.py) and its previews'
+    colour (test_preview.py) from one set of videos."""
+    from dit.tiny.language import all_scenes
+    from dit.tiny.score import generate_and_read
+
+    return generate_and_read(tiny_pipe, all_scenes())

@@ -70,18 +70,15 @@ def test_shipped_folder_is_small_and_knows_every_caption_word():
 
 
 @pytest.fixture(scope="module")
-def pipe():
-    from dit.pipeline import PipelineConfig, load_pipeline
-
-    return load_pipeline(PipelineConfig(model="tiny", device="cpu"))
+def pipe(tiny_pipe):
+    return tiny_pipe
 
 
 @pytest.fixture(scope="module")
-def scored(pipe):
+def scored(tiny_scenes):
     """All 72 prompts with the default settings, read back by the detector."""
-    scored = generate_and_read(pipe, all_scenes())
-    print(f"\nall 72: {rates(scored)}\nheld out (6): {rates([s for s in scored if s.held_out])}")
-    return scored
+    print(f"\nall 72: {rates(tiny_scenes)}\nheld out (6): {rates([s for s in tiny_scenes if s.held_out])}")
+    return tiny_scenes
 
 
 @pytest.mark.slow

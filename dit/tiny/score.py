@@ -5,7 +5,7 @@ option."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -20,6 +20,7 @@ class Scored:
     seconds: float  # denoise + decode
     frames: np.ndarray  # uint8 [F, H, W, 3]
     skipped: float = 0.0  # the share of transformer evaluations a step cache skipped
+    previews: dict[int, np.ndarray] = field(default_factory=dict)  # the live previews, by step
 
     @property
     def held_out(self) -> bool:
@@ -28,16 +29,16 @@ class Scored:
 
 def generate_and_read(pipe, scenes: list[Scene], **request) -> list[Scored]:
     """One video per scene (its canonical prompt; `request` sets steps, guidance, seed, size…) on a
-    one-rank pipeline, each read back."""
+    one-rank pipeline, each read back (its live previews kept when the pipeline makes them)."""
     from dit.pipeline import GenerationRequest
 
     out = []
     for scene in scenes:
-        start = time.perf_counter()
-        frames = pipe.generate(GenerationRequest(scene.prompt, **request))
+        start, previews = time.perf_counter(), {}
+        frames = pipe.generate(GenerationRequest(scene.prompt, **request), on_preview=previews.__setitem__)
         stats = pipe.evaluations
         skipped = stats.skipped / (stats.evaluated + stats.skipped)
-        out.append(Scored(scene, read(frames), time.perf_counter() - start, frames, skipped))
+        out.append(Scored(scene, read(frames), time.perf_counter() - start, frames, skipped, previews))
     return out
 
 
