@@ -43,7 +43,7 @@ from dit.sampling import (
 from dit.settings import PipelineConfig
 
 if TYPE_CHECKING:
-    from diffusers import SchedulerMixin
+    from dit.flow_schedulers import FlowScheduler
 
 __all__ = [
     "GenerationCancelled",
@@ -71,7 +71,7 @@ class Pipeline:
         text_encoder,
         vae,
         limits: Limits,
-        sampling: tuple[str, float, SchedulerMixin],
+        sampling: tuple[str, float, FlowScheduler],
         second: tuple[Any, float] | None = None,
         image_encoder=None,
         *,
