@@ -87,7 +87,7 @@ def capture(
     return DenoiseState(
         step=step,
         latents=latents.detach().to("cpu", torch.float32, copy=True),
-        scheduler={k: _copy(k, v) for k, v in vars(scheduler).items() if k != "_internal_dict"},
+        scheduler={k: _copy(k, v) for k, v in vars(scheduler).items() if k != "config"},
         generator=(generator or torch.Generator()).get_state(),
         evaluated=counts.evaluated if counts is not None else 0,
         skipped=counts.skipped if counts is not None else 0,

@@ -37,8 +37,7 @@ from dit.sampling import (
 )
 
 if TYPE_CHECKING:
-    from diffusers import SchedulerMixin
-
+    from dit.flow_schedulers import FlowScheduler
     from dit.weights import Resolver
 
 FAMILY_PACKAGES = ("dit.wan", "dit.hunyuan")
@@ -273,9 +272,9 @@ def pick_scheduler(
     sampler: str | None = None,
     flow_shift: float | None = None,
     timesteps: str | None = None,
-) -> tuple[str, float, SchedulerMixin, FixedSchedule | None]:
+) -> tuple[str, float, FlowScheduler, FixedSchedule | None]:
     """(sampler, flow shift, scheduler, fixed schedule or None) of a pipeline: `pick_sampling`'s choice with
-    its scheduler made (diffusers loads here)."""
+    its scheduler made."""
     sampler, flow_shift, own, schedule = pick_sampling(family, folder, sampler, flow_shift, timesteps)
     return sampler, flow_shift, make_scheduler(sampler, flow_shift, own), schedule
 
@@ -333,6 +332,11 @@ def pick_sampling(
         flow_shift = config_shift(sampler, own)
     elif flow_shift is None:
         flow_shift = config.get("flow_shift", config.get("shift", family.default_shift))
+    if own is not None:  # an option value the scheduler does not support is refused before any model loads
+        try:
+            make_scheduler(sampler, flow_shift, own)
+        except ValueError as e:
+            raise ValueError(f"{folder / 'scheduler' / 'scheduler_config.json'}: {e}") from None
     return sampler, flow_shift, own, schedule
 
 

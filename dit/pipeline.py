@@ -44,7 +44,7 @@ from dit.settings import PipelineConfig
 from dit.text_cache import TextCache
 
 if TYPE_CHECKING:
-    from diffusers import SchedulerMixin
+    from dit.flow_schedulers import FlowScheduler
 
 __all__ = [
     "GenerationCancelled",
@@ -72,7 +72,7 @@ class Pipeline:
         text_encoder,
         vae,
         limits: Limits,
-        sampling: tuple[str, float, SchedulerMixin],
+        sampling: tuple[str, float, FlowScheduler],
         second: tuple[Any, float] | None = None,
         image_encoder=None,
         *,

@@ -4,32 +4,27 @@ step."""
 
 from __future__ import annotations
 
-import importlib
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from itertools import pairwise
-from typing import TYPE_CHECKING
 
 import torch
 
 import parallel
 from dit.cache import Evaluations, StepCache, attached, real_tokens
 from dit.denoise_state import Checkpointing, DenoiseState, capture, restore
+from dit.flow_schedulers import FlowMatchEulerScheduler, FlowScheduler, UniPCFlowScheduler
 
-if TYPE_CHECKING:
-    from diffusers import SchedulerMixin
-
-# The diffusers schedulers Ithaca samples with (class names), by their `--sampler` name; a pipeline folder's
-# `scheduler/` must be one of these classes. Named, not imported: diffusers loads when a scheduler is made.
-SCHEDULERS: dict[str, str] = {
-    "unipc": "UniPCMultistepScheduler",
-    "euler": "FlowMatchEulerDiscreteScheduler",
-    "renoise": "FlowMatchEulerDiscreteScheduler",
+# Ithaca's schedulers (dit.flow_schedulers: torch only, diffusers' numbers) by their `--sampler` name; a
+# pipeline folder's `scheduler/` must be of the diffusers class one of them equals (SCHEDULERS).
+_CLASSES: dict[str, type[FlowScheduler]] = {
+    "unipc": UniPCFlowScheduler,
+    "euler": FlowMatchEulerScheduler,
+    "renoise": FlowMatchEulerScheduler,
 }
+SCHEDULERS: dict[str, str] = {name: cls.DIFFUSERS_CLASS for name, cls in _CLASSES.items()}
 SAMPLERS = tuple(SCHEDULERS)
-_SHIFT_KEY = {"unipc": "flow_shift", "euler": "shift", "renoise": "shift"}  # each class's name for the shift
 # A sampler's config without a folder's: UniPC in flow-prediction mode as Wan publishes it; flow-match Euler.
 _DEFAULT_CONFIG = {
     "unipc": {"prediction_type": "flow_prediction", "use_flow_sigmas": True},
@@ -107,28 +102,24 @@ class GenerationCancelled(RuntimeError):
 
 def make_scheduler(
     sampler: str = "unipc", flow_shift: float = 3.0, config: dict | None = None
-) -> SchedulerMixin:
+) -> FlowScheduler:
     """`sampler`'s scheduler from `config` (a pipeline folder's scheduler config of that class; None: the
-    sampler's default config) with `flow_shift` set."""
+    sampler's default config) with `flow_shift` set; an option value it does not support is a ValueError."""
     base = _DEFAULT_CONFIG[sampler] if config is None else config
-    return scheduler_class(sampler).from_config(
-        {**base, **_OWN_CONFIG[sampler], _SHIFT_KEY[sampler]: flow_shift}
-    )
+    cls = scheduler_class(sampler)
+    return cls({**base, **_OWN_CONFIG[sampler], cls.SHIFT_KEY: flow_shift})
 
 
 def config_shift(sampler: str, config: dict) -> float:
     """The shift a scheduler config of `sampler`'s class samples with, read as diffusers reads it: the class's
     own key, else the class's default (1.0 for both classes)."""
-    key = _SHIFT_KEY[sampler]
-    if key in config:  # no diffusers import (preflight runs before any model code)
-        return config[key]
-    return inspect.signature(scheduler_class(sampler).__init__).parameters[key].default
+    cls = scheduler_class(sampler)
+    return config.get(cls.SHIFT_KEY, cls.DEFAULTS[cls.SHIFT_KEY])
 
 
-def scheduler_class(sampler: str) -> type:
-    """`sampler`'s diffusers scheduler class, imported only when a scheduler is made (diffusers is slow to
-    import)."""
-    return getattr(importlib.import_module("diffusers"), SCHEDULERS[sampler])
+def scheduler_class(sampler: str) -> type[FlowScheduler]:
+    """`sampler`'s scheduler class."""
+    return _CLASSES[sampler]
 
 
 def sampler_of(config: dict) -> str | None:
@@ -221,7 +212,7 @@ def denoise(
     *,
     cond: dict[str, torch.Tensor] | None,
     uncond: dict[str, torch.Tensor] | None,
-    scheduler: SchedulerMixin,
+    scheduler: FlowScheduler,
     steps: int,
     guidance: float,
     mesh,
@@ -253,11 +244,6 @@ def denoise(
         scheduler.set_timesteps(steps, device=latents.device)
     else:  # an explicit schedule (a fixed one, HunyuanVideo-1.5's linspace(1, 0)), shifted by the scheduler
         scheduler.set_timesteps(sigmas=sigmas, device=latents.device)
-    noise_source = {"generator": generator} if scheduler.config.get("stochastic_sampling") else {}
-    # Begin at the first timestep by position, as diffusers' WanPipeline does: a large shift with many steps
-    # repeats a timestep (UniPC's integer ones start 999, 999), and a lookup by value takes the second match.
-    if hasattr(scheduler, "set_begin_index"):
-        scheduler.set_begin_index(0)
     counts = cache.stats if cache is not None else evaluations
     start = 0 if resume is None else resume.step
     if resume is not None:
@@ -289,7 +275,7 @@ def denoise(
                 evaluations.evaluated += passes_per_step(mesh, g)
             if on_x0 is not None:  # σ of this step: the schedule begins at index 0, one index a step
                 x0 = latents - scheduler.sigmas[i].to(latents.device, torch.float32) * noise.float()
-            latents = scheduler.step(noise, t, latents, return_dict=False, **noise_source)[0]
+            latents = scheduler.step(noise, latents, generator)
             if on_x0 is not None:
                 on_x0(i + 1, x0)
             keep, due = after_step(callback, checkpoints, i + 1, steps, mesh)

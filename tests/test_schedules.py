@@ -220,6 +220,16 @@ def test_a_schedule_that_cannot_run_is_refused(tmp_path):
     folder = _folder(tmp_path, {**unipc, "denoising_step_list": [1000, 1000]})
     with pytest.raises(ValueError, match=r"scheduler_config.json: denoising_step_list: timesteps must be"):
         load_pipeline(PipelineConfig(model=folder, device="cpu", sampler="euler"))
+    # an option value Ithaca's UniPC does not compute: refused by preflight, before any model loads
+    (tmp_path / "scheduler" / "scheduler_config.json").write_text(json.dumps({**unipc, "solver_order": 4}))
+    from dit.preflight import preflight
+
+    with pytest.raises(ValueError) as e:
+        preflight(model_path=folder)
+    assert str(e.value) == (
+        f"{tmp_path / 'scheduler' / 'scheduler_config.json'}: UniPCMultistepScheduler option solver_order 4 "
+        "is not supported; supported: 1, 2, 3"
+    )
 
 
 def test_the_cli_takes_the_schedule(tmp_path, capsys):
