@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dit.text_encoder import ByteTokenizer, PromptTokenizer, TextEncoder, TinyTextEncoder
+from dit.weights import checkpoint_files, checkpoint_keys, load_safetensors, materialize
 
 WAN_MAX_TOKENS = 512
 
@@ -211,35 +212,20 @@ class UMT5Encoder(nn.Module):
     @classmethod
     def from_folder(cls, path: Path, *, dtype: torch.dtype, device: torch.device | str) -> UMT5Encoder:
         """The encoder of a transformers UMT5EncoderModel folder (`config.json` + `model.safetensors`, or
-        shards named by `model.safetensors.index.json`), each tensor read once, straight into `dtype`."""
+        shards named by `model.safetensors.index.json`) read a tensor at a time into `dtype` on `device`."""
         with torch.device("meta"):
             model = cls(UMT5Config.from_json(path / "config.json"))
         # transformers keeps `wo` in float32 in a float16 model
-        fp16_wo = lambda name: dtype == torch.float16 and name.endswith(".wo.weight")
-        state = _read_safetensors(path, device, lambda name: torch.float32 if fp16_wo(name) else dtype)
-        tied = state.pop("encoder.embed_tokens.weight", None)  # the same tensor as shared.weight
-        if "shared.weight" not in state and tied is not None:
-            state["shared.weight"] = tied
-        model.load_state_dict(state, strict=True, assign=True)
-        return model.eval().requires_grad_(False)
+        materialize(model, dtype=dtype, device=device, keep_fp32=[".wo."] if dtype == torch.float16 else [])
+        keys = checkpoint_keys(path)
 
+        def resolve(key: str):
+            if key == "encoder.embed_tokens.weight":  # tied to shared.weight, which a file may hold instead
+                return None if "shared.weight" in keys else ("shared.weight", 0, 1)
+            return key, 0, 1
 
-def _read_safetensors(path: Path, device: torch.device | str, dtype_of) -> dict[str, torch.Tensor]:
-    """Every tensor of the folder's safetensors file(s), each cast to `dtype_of(name)` as it is read."""
-    from safetensors import safe_open
-
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted({path / f for f in json.loads(index.read_text())["weight_map"].values()})
-    elif (path / "model.safetensors").is_file():
-        files = [path / "model.safetensors"]
-    else:
-        raise ValueError(f"{path} has neither model.safetensors nor model.safetensors.index.json")
-    state = {}
-    for file in files:
-        with safe_open(file, framework="pt", device=str(device)) as f:
-            state.update((name, f.get_tensor(name).to(dtype_of(name))) for name in f.keys())
-    return state
+        load_safetensors(model, checkpoint_files(path), resolve)
+        return model.eval()
 
 
 class UMT5TextEncoder(TextEncoder):
