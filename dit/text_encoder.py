@@ -12,8 +12,23 @@ in cross-attention, so real weights only reproduce the reference outputs with th
 
 from __future__ import annotations
 
+import html
+import importlib.util
+
+import regex
 import torch
 from torch import nn
+
+
+def prompt_clean(text: str) -> str:
+    """diffusers' Wan prompt cleaning (`pipeline_wan.prompt_clean`: ftfy where installed, HTML entities
+    unescaped twice, whitespace runs as one space), here because importing it loads transformers."""
+    if importlib.util.find_spec("ftfy"):
+        import ftfy
+
+        text = ftfy.fix_text(text)
+    text = html.unescape(html.unescape(text)).strip()
+    return regex.sub(r"\s+", " ", text).strip()
 
 
 class PromptTokenizer:
@@ -26,8 +41,6 @@ class PromptTokenizer:
         raise NotImplementedError
 
     def prompt_ids(self, text: str) -> list[int]:
-        from diffusers.pipelines.wan.pipeline_wan import prompt_clean  # loads diffusers: at first use
-
         return self.token_ids(prompt_clean(text))
 
     def count_tokens(self, text: str) -> int:

@@ -1,7 +1,7 @@
 """A Wan pipeline folder in the published diffusers layout (`model_index.json`, transformer/, text_encoder/ +
 tokenizer/, vae/ with Wan2.1's latents_mean/std, scheduler/ with Wan2.1's published UniPC config), saved with
 `WanPipeline.save_pretrained` from tiny random models in tmp_path, loads into the pipeline (UMT5 through
-transformers, the folder's VAE and scheduler, Wan's limits) and gives diffusers' `WanPipeline` latents from
+our own code, the folder's VAE and scheduler, Wan's limits) and gives diffusers' `WanPipeline` latents from
 the same noise: UniPC and flow-match Euler folders, guidance 1 and > 1, empty and long negative prompts, a
 large shift with many steps, and `sampler=`/`flow_shift=` overrides (measured ≤ 1e-6 relative, fp32, 2-core
 CPU box, torch 2.13.0 CPU, diffusers 0.42.1)."""
@@ -144,7 +144,7 @@ def test_pipeline_folder_loads_and_generates(ours, reference):
     # Wan's text layout: UMT5's states for the real tokens ("a red fox" + </s>), zeros up to 512.
     emb = pipe.text_encoder.encode("a  red fox")
     ids = torch.tensor([[3, 4, 5, 1]])
-    direct = pipe.text_encoder.model(ids, torch.ones_like(ids)).last_hidden_state
+    direct = pipe.text_encoder.hidden_states(ids, torch.ones_like(ids))
     assert emb.shape == (1, 512, 32) and pipe.tokenizer.count_tokens("a red fox") == 4
     torch.testing.assert_close(emb[:, :4], direct, rtol=1e-5, atol=1e-6)
     assert emb[:, 4:].abs().max() == 0
