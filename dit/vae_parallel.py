@@ -43,12 +43,10 @@ class RowPadding(NamedTuple):
     conv: nn.Module
 
 
+PaddingReader = Callable[[nn.Module], RowPadding]
 _ROW_LOCAL: set[type] = {nn.SiLU, nn.Dropout, nn.Identity, nn.ModuleList, nn.Sequential}
 _GATHERED: set[type] = set()
-_PADDED: dict[type, Callable] = {}  # class → its PaddingReader
-
-
-PaddingReader = Callable[[nn.Module], RowPadding]
+_PADDED: dict[type, PaddingReader] = {}
 
 
 def register(*, row_local=(), gathered=(), padded: dict[type, PaddingReader] | None = None) -> None:

@@ -13,7 +13,7 @@ import torch
 from dit import vae_parallel
 from dit.vae_frames import check_vae, decode_frames
 
-if TYPE_CHECKING:  # diffusers loads when a VAE is made (as in dit.wan.vae)
+if TYPE_CHECKING:  # diffusers loads when a VAE is made
     from diffusers import AutoencoderKLHunyuanVideo15
 
 COMPRESSION = (4, 16)
@@ -48,7 +48,7 @@ def load_vae(folder: Path | None, channels: int, device) -> AutoencoderKLHunyuan
 def _register_layers() -> None:
     """diffusers' decoder layers for the banded decode (`dit.vae_parallel`): all row-local but the attention
     block (causal over all frames, within the whole frame) and the causal convolution, which pads rows in
-    its own `pad_mode` (the layout of Wan's: W, W, H, H, T, 0)."""
+    its own `pad_mode` (F.pad's order: W, W, H, H, T, 0)."""
     from diffusers.models.autoencoders import autoencoder_kl_hunyuanvideo15 as hy
 
     def causal_padding(conv) -> vae_parallel.RowPadding:
