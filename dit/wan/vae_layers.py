@@ -8,8 +8,9 @@ chunk sees zeros. `reset` clears that state around a video. The first chunk also
 its one frame stays one frame (`Resample`, `dup_up`), so 1 + 4k frames ↔ 1 + k latent frames.
 
 Banded decode (`dit.vae_parallel`): the decoder's layers are registered at the end of this module, as
-row-local but for the attention block, which mixes the whole frame. The convolutions pad rows themselves
-(nn.Conv's own `padding`), so the band decode gives them halos as it does any torch convolution.
+row-local but for the attention block, which mixes the whole frame, with how the causal convolution pads rows
+(the upsamplers' nn.Conv2d pads itself, which the band decode knows). The cached frames keep the halo rows
+they came with.
 """
 
 from __future__ import annotations
@@ -26,24 +27,23 @@ from dit import vae_parallel
 class CausalConv3d(nn.Conv3d):
     """A Conv3d padded 2p frames before (none after) in time and p in space, zeros, given `padding` p. With a
     time kernel over several frames it prepends the last frames of its previous input (`cache`) instead of
-    zeros."""
+    zeros. It pads with F.pad (`pad`, in F.pad's order), not in the kernel: on CPUs, torch's native conv3d
+    (taken for small inputs) runs a third slower padding itself."""
 
     def __init__(self, in_dim: int, out_dim: int, kernel, stride=1, padding=0):
+        super().__init__(in_dim, out_dim, kernel, stride=stride)
         t, h, w = nn.modules.utils._triple(padding)
-        super().__init__(in_dim, out_dim, kernel, stride=stride, padding=(0, h, w))
-        self.front = 2 * t  # frames before each output frame's own
+        self.pad = (w, w, h, h, 2 * t, 0)
         self.cache: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.front:
-            past = 0
+        pad = list(self.pad)
+        if front := pad[4]:
             if self.cache is not None:
-                past = self.cache.shape[2]
                 x = torch.cat([self.cache, x], 2)
-            self.cache = x[:, :, -self.front :].clone()
-            if past < self.front:
-                x = F.pad(x, (0, 0, 0, 0, self.front - past, 0))
-        return super().forward(x)
+                pad[4] -= self.cache.shape[2]
+            self.cache = x[:, :, -front:].clone()
+        return super().forward(F.pad(x, pad) if any(pad) else x)
 
 
 class RMSNorm(nn.Module):
@@ -282,9 +282,15 @@ def reset(module: nn.Module) -> None:
             layer.started, layer.last = False, None
 
 
+def _row_padding(conv: CausalConv3d) -> vae_parallel.RowPadding:
+    p = conv.pad
+    return vae_parallel.RowPadding("pad", (*p[:2], 0, 0, *p[4:]), p[2], p[3], "zeros", conv)
+
+
 # Every decoder layer keeps rows apart (norms over channels, convolutions, shortcuts that spread a row over
 # the rows it upsamples to) but attention, which runs on the whole frame.
 vae_parallel.register(
     row_local=(Decoder3d, MidBlock, UpBlock, ResidualUpBlock, ResidualBlock, Resample, RMSNorm),
     gathered=(AttentionBlock,),
+    padded={CausalConv3d: _row_padding},
 )
