@@ -219,11 +219,9 @@ def hunyuan(kit: Kit, report: Report) -> None:
 
 def vae_decode(kit: Kit, report: Report) -> None:
     """Wan's VAE (published config, random weights) decoding 81 frames at 480p in float32, single rank."""
-    from diffusers import AutoencoderKLWan
+    from dit.wan.vae import WanVAE, WanVAEConfig, decode, tiny_vae
 
-    from dit.wan.vae import decode, tiny_vae
-
-    vae = kit.pick(AutoencoderKLWan, lambda: tiny_vae(16))().to(kit.device).eval()  # published config
+    vae = kit.pick(lambda: WanVAE(WanVAEConfig()), lambda: tiny_vae(16))().to(kit.device).eval()  # published
     frames, height, width = kit.pick((81, 480, 832), (5, 32, 32))
     latents = torch.randn(1, 16, (frames - 1) // 4 + 1, height // 8, width // 8, device=kit.device)
     sec, video, peak = kit.time(lambda: decode(vae, latents), warmup=1, iters=2)

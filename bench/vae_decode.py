@@ -1,12 +1,12 @@
-"""Band-parallel VAE decode (`dit.vae_parallel`) on P CPU processes (gloo) against diffusers' own decode in
-one process, on the same weights: seconds per decode, the peak memory a decode adds per process, and the
-largest difference from diffusers' frames. Both run the pipeline's decode (`dit.wan.vae.decode`,
-`dit.hunyuan.vae.decode`: latents → uint8 frames on the leader).
+"""Band-parallel VAE decode (`dit.vae_parallel`) on P CPU processes (gloo) against the VAE's own decode in
+one process (Wan's: ours; HunyuanVideo-1.5's: diffusers'), on the same weights: seconds per decode, the peak
+memory a decode adds per process, and the largest difference from the one-process frames. Both run the
+pipeline's decode (`dit.wan.vae.decode`, `dit.hunyuan.vae.decode`: latents → uint8 frames on the leader).
 
     python bench/vae_decode.py                                  # tiny Wan VAE, 33 frames of 256×256
     python bench/vae_decode.py --family hunyuan --ranks 1 2 4 --json
 
-One rank is diffusers' `decode` itself (a replica of one decodes as before). Every process gets --threads
+One rank is the VAE's `decode` itself (a replica of one decodes as before). Every process gets --threads
 threads (default cpu_count // P, at least one: the ranks share the cores one process would use). A warm-up
 decode of a few latent pixels loads the kernels and opens the connections. Seconds: each decode's slowest rank
 (the leader waits for every band), the fastest of --iters decodes (the box may be shared). Memory: how far the
@@ -94,7 +94,7 @@ def measure(args) -> list[dict]:
             rows.append(
                 dict(
                     ranks=ranks,
-                    decode="diffusers" if ranks == 1 else "banded",
+                    decode="whole" if ranks == 1 else "banded",
                     threads=got["ranks"][0]["threads"],
                     seconds=min(map(max, zip(*(r["times"] for r in got["ranks"]), strict=True))),
                     leader_rss_mib=got["ranks"][0]["rss_mib"],
@@ -110,7 +110,7 @@ def measure(args) -> list[dict]:
 def markdown(rows: list[dict]) -> str:
     out = [
         "| ranks | decode | threads/rank | s/decode | speed-up | peak RSS added: leader (MiB) "
-        "| other ranks (MiB) | frames vs diffusers (max level diff) |",
+        "| other ranks (MiB) | frames vs one rank (max level diff) |",
         "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:

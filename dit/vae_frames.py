@@ -22,7 +22,7 @@ def check_vae(vae, channels: int, expected_channels: int, compression, expected_
 def decode_frames(vae, z: torch.Tensor, group=None) -> np.ndarray | None:
     """The VAE's own latents `z` (float32, on its device) → uint8 frames `[F, H, W, 3]`. With a group, every
     rank of it decodes a band of rows and its rank 0 gets the frames (None elsewhere)."""
-    from dit import vae_parallel  # diffusers' VAE modules: loaded by then
+    from dit import vae_parallel
 
     return frames(vae_parallel.decode(vae, z, group, finish=quantize))
 

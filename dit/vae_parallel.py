@@ -1,72 +1,79 @@
 """Band-parallel VAE decode: every rank of a group decodes a band of rows of every frame, and group rank 0
-gets the video, equal to diffusers' own `decode` on one rank (same weights; float32 to rounding).
+gets the video, equal to the VAE's own `decode` on one rank (same weights; float32 to rounding).
 
 The split is on the latent grid (`parallel.RowBands`), so at every resolution of the decoder (each upsampling
 doubles the rows) a band is a whole number of rows. Inside `banded(vae, bands)`:
-- every convolution that pads rows (the 3×3 spatial kernels: `WanCausalConv3d`, the `Conv2d` of Wan's
-  upsamplers, `HunyuanVideo15CausalConv3d`) takes those rows from the neighbouring bands instead and pads only
-  at the image's true top and bottom, as the layer itself does (Wan: zeros, HunyuanVideo-1.5: replicate). Its
-  time padding and diffusers' causal feature cache stay as they are: Wan's cached frames take the same halo;
-- the attention blocks, which mix the whole frame (Wan: within each frame; HunyuanVideo-1.5: causally over
-  all frames), all-gather the band, run unchanged and keep this rank's rows. They run at the lowest
-  resolution, so the whole frame is small there;
-- every other decoder layer is row-local (RMS norms over channels, SiLU, nearest upsampling, pixel shuffles,
-  1×1 convolutions; Wan2.2's residual up blocks, whose shortcut `DupUp3D` spreads each row's channels over 2
-  output rows, and its VAE's final unpatchify, which does the same outside any layer); a layer class not
-  listed here is refused rather than decoded wrong.
+- every convolution that pads rows (3×3 spatial kernels) takes those rows from the neighbouring bands instead
+  and pads only at the image's true top and bottom, as the layer itself does (zeros, or replicate). Its time
+  padding and a causal VAE's cache of earlier frames stay as they are: the cached frames carry their halo;
+- the attention blocks, which mix the whole frame, all-gather the band, run unchanged and keep this rank's
+  rows. They run at the lowest resolution, so the whole frame is small there;
+- every other decoder layer is row-local (norms over channels, SiLU, nearest upsampling, pixel shuffles, 1×1
+  convolutions); a layer class not known to be is refused rather than decoded wrong.
+
+This module knows no family: torch's own layers are known here, and each family's VAE module `register`s its
+layer classes (which are row-local, which gathered, how a convolution of its own pads rows) when it loads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import torch
-from diffusers.models.autoencoders import autoencoder_kl_hunyuanvideo15 as hy
-from diffusers.models.autoencoders import autoencoder_kl_wan as wan
 from torch import nn
 
 from parallel import RowBands
 
 ROWS = -2  # every decoder tensor is [..., H, W]
 ENCODER_PARTS = ("encoder", "quant_conv")  # not run by decode
-GATHERED = (wan.WanAttentionBlock, hy.HunyuanVideo15AttnBlock)
-ROW_LOCAL = (
-    wan.WanDecoder3d, wan.WanMidBlock, wan.WanUpBlock, wan.WanResidualBlock, wan.WanResample, wan.WanRMS_norm,
-    wan.WanResidualUpBlock, wan.DupUp3D,
-    hy.HunyuanVideo15Decoder3D, hy.HunyuanVideo15MidBlock, hy.HunyuanVideo15UpBlock3D,
-    hy.HunyuanVideo15ResnetBlock, hy.HunyuanVideo15Upsample, hy.HunyuanVideo15RMS_norm,
-    nn.SiLU, nn.Dropout, nn.Identity, nn.ModuleList, nn.Sequential,
-)  # fmt: skip
 EDGES = {"zeros": "zeros", "constant": "zeros", "replicate": "replicate"}  # a layer's pad mode → halo edge
 
 
-def _row_padding(module: nn.Module):
-    """(padding attribute, its value without row padding, rows above, rows below, pad mode, the nn.ConvNd that
-    runs) of a convolution, or None for another layer."""
-    if isinstance(module, wan.WanCausalConv3d):  # pads itself with F.pad (W, W, H, H, T, 0), zeros
-        p = module._padding
-        return "_padding", (*p[:2], 0, 0, *p[4:]), p[2], p[3], "zeros", module
-    if isinstance(module, hy.HunyuanVideo15CausalConv3d):  # the same layout, in its pad_mode
-        p = module.time_causal_padding
-        return "time_causal_padding", (*p[:2], 0, 0, *p[4:]), p[2], p[3], module.pad_mode, module.conv
+class RowPadding(NamedTuple):
+    """How a convolution pads rows: its padding attribute, that value without row padding, the rows above and
+    below, the pad mode, and the nn.ConvNd that runs."""
+
+    attr: str
+    unpadded: tuple
+    top: int
+    bottom: int
+    mode: str | None
+    conv: nn.Module
+
+
+PaddingReader = Callable[[nn.Module], RowPadding]
+_ROW_LOCAL: set[type] = {nn.SiLU, nn.Dropout, nn.Identity, nn.ModuleList, nn.Sequential}
+_GATHERED: set[type] = set()
+_PADDED: dict[type, PaddingReader] = {}
+
+
+def register(*, row_local=(), gathered=(), padded: dict[type, PaddingReader] | None = None) -> None:
+    """A family's VAE layer classes: `row_local` (their children are looked at in turn), `gathered` (blocks
+    that run on the whole frame), `padded` (convolutions that pad rows in their own way → their
+    `RowPadding`). Registering again is harmless."""
+    _ROW_LOCAL.update(row_local)
+    _GATHERED.update(gathered)
+    _PADDED.update(padded or {})
+
+
+def _row_padding(module: nn.Module) -> RowPadding | None:
+    """A convolution's `RowPadding`, or None for another layer."""
+    for cls, read in _PADDED.items():
+        if isinstance(module, cls):
+            return read(module)
     if isinstance(module, nn.Conv2d | nn.Conv3d):
         # `padding` reaches the kernel in zeros mode only (other modes pad from a copy taken at init)
         p, i = module.padding, len(module.padding) - 2
         mode = module.padding_mode if module.padding_mode == "zeros" else None
-        return "padding", (*p[:i], 0, *p[i + 1 :]), p[i], p[i], mode, module
+        return RowPadding("padding", (*p[:i], 0, *p[i + 1 :]), p[i], p[i], mode, module)
     return None
 
 
 def _halo_hook(bands: RowBands, before: int, after: int, edge: str):
     def hook(module, args):
-        x, *rest = args
-        cache = rest[0] if rest and isinstance(rest[0], torch.Tensor) else None
-        if cache is None:
-            return (bands.exchange(x, ROWS, before, after, edge), *rest)
-        # Wan's causal conv prepends the frames it cached from the last chunk: one exchange serves both
-        t = cache.shape[2]
-        both = bands.exchange(torch.cat([cache.to(x.device), x], 2), ROWS, before, after, edge)
-        return (both[:, :, t:], both[:, :, :t], *rest[1:])
+        return (bands.exchange(args[0], ROWS, before, after, edge), *args[1:])
 
     return hook
 
@@ -87,7 +94,7 @@ def _gather_hooks(bands: RowBands):
 
 def _plan(module: nn.Module, bands: RowBands, hooks: list, patches: list) -> None:
     """Collect the hooks and attribute changes that make `module` decode its band."""
-    if isinstance(module, GATHERED):
+    if isinstance(module, tuple(_GATHERED)):
         before, after = _gather_hooks(bands)
         hooks += [(module.register_forward_pre_hook, before), (module.register_forward_hook, after)]
         return
@@ -101,12 +108,17 @@ def _plan(module: nn.Module, bands: RowBands, hooks: list, patches: list) -> Non
             hooks.append((module.register_forward_pre_hook, _halo_hook(bands, top, bottom, EDGES[mode])))
             patches.append((module, attr, unpadded))
         return
-    if isinstance(module, wan.WanUpsample) and module.mode in ("nearest", "nearest-exact"):
-        return  # an integer factor: row i of the output is row i // factor of the input
-    if not isinstance(module, ROW_LOCAL):
+    if isinstance(module, nn.Upsample) and module.mode in ("nearest", "nearest-exact") and _integral(module):
+        return  # row i of the output is row i // factor of the input
+    if not isinstance(module, tuple(_ROW_LOCAL)):
         raise ValueError(f"banded decode: {type(module).__name__} is not known to be row-local")
     for child in module.children():
         _plan(child, bands, hooks, patches)
+
+
+def _integral(upsample: nn.Upsample) -> bool:
+    factors = upsample.scale_factor if isinstance(upsample.scale_factor, tuple) else [upsample.scale_factor]
+    return upsample.size is None and all(float(f).is_integer() for f in factors)
 
 
 @contextmanager
@@ -124,7 +136,7 @@ def banded(vae: nn.Module, bands: RowBands):
     try:
         for module, attr, value in patches:
             setattr(module, attr, value)
-        handles = [register(hook) for register, hook in hooks]
+        handles = [add(hook) for add, hook in hooks]
         yield
     finally:
         for handle in handles:
@@ -141,10 +153,15 @@ def decode(vae: nn.Module, z: torch.Tensor, group=None, finish=None) -> torch.Te
     With fewer latent rows than ranks (a video a few latent rows tall), group rank 0 decodes alone."""
     finish = finish or (lambda video: video)
     if group is None:
-        return finish(vae.decode(z, return_dict=False)[0])
+        return finish(_decoded(vae, z))
     bands = RowBands.split(z.shape[ROWS], group)
     if min(bands.sizes) == 0:
-        return finish(vae.decode(z, return_dict=False)[0]) if bands.rank == 0 else None
+        return finish(_decoded(vae, z)) if bands.rank == 0 else None
     with banded(vae, bands):
-        band = vae.decode(bands.own(z, ROWS, list(bands.sizes)), return_dict=False)[0]
+        band = _decoded(vae, bands.own(z, ROWS, list(bands.sizes)))
     return bands.gather(finish(band), ROWS)
+
+
+def _decoded(vae: nn.Module, z: torch.Tensor) -> torch.Tensor:
+    out = vae.decode(z)
+    return out if isinstance(out, torch.Tensor) else out.sample  # diffusers' VAEs return a DecoderOutput

@@ -22,6 +22,7 @@ from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline
 from dit.presets import PRESETS
 from dit.wan.umt5 import UMT5TextEncoder
 from dit.wan.vae import tiny_vae
+from testing.wan_vae import diffusers_wan_vae
 
 WORDS = ["<pad>", "</s>", "<unk>", "a", "red", "fox", "in", "snow", "blurry"]
 # Wan2.1-T2V-*-Diffusers/scheduler/scheduler_config.json and vae/config.json's latent statistics.
@@ -74,8 +75,9 @@ def folders(tmp_path_factory) -> dict:
     text = UMT5Config(
         vocab_size=len(WORDS), d_model=cfg["text_dim"], d_kv=8, d_ff=64, num_layers=1, num_heads=4
     )
-    vae = tiny_vae(cfg["in_channels"], seed=1)
-    vae.register_to_config(latents_mean=WAN21_LATENTS_MEAN, latents_std=WAN21_LATENTS_STD)
+    vae = diffusers_wan_vae(
+        tiny_vae(cfg["in_channels"], seed=1), latents_mean=WAN21_LATENTS_MEAN, latents_std=WAN21_LATENTS_STD
+    )
     pipe = WanPipeline(
         tokenizer=AutoTokenizer.from_pretrained(root / "_tokenizer"),
         text_encoder=UMT5EncoderModel(text).eval(),

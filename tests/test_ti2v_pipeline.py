@@ -30,6 +30,7 @@ def folder(tmp_path_factory):
     from diffusers import WanPipeline, WanTransformer3DModel
 
     from dit.wan.vae import tiny_vae
+    from testing.wan_vae import diffusers_wan_vae
     from tests.test_pipeline_folder import folders
 
     base = WanPipeline.from_pretrained(folders.__wrapped__(tmp_path_factory)["unipc"])
@@ -38,7 +39,7 @@ def folder(tmp_path_factory):
     pipe = WanPipeline(
         tokenizer=base.tokenizer,
         text_encoder=base.text_encoder,
-        vae=tiny_vae(cfg["in_channels"], seed=1),
+        vae=diffusers_wan_vae(tiny_vae(cfg["in_channels"], seed=1)),
         scheduler=base.scheduler,
         transformer=WanTransformer3DModel(**cfg),
         expand_timesteps=True,

@@ -1,6 +1,7 @@
-"""Band-parallel VAE decode (gloo, CPU): the halo and gather primitives, diffusers' own `decode` against the
-banded decode at 1-4 ranks for Wan2.1's, Wan2.2's and HunyuanVideo-1.5's VAEs (tiny configs, latent heights
-that split unevenly), and a whole pipeline at Ulysses 2 giving one rank's frames."""
+"""Band-parallel VAE decode (gloo, CPU): the halo and gather primitives, diffusers' `decode` on the same
+weights against the banded decode at 1-4 ranks for Wan2.1's and Wan2.2's VAEs (ours) and HunyuanVideo-1.5's
+(diffusers'), tiny configs, latent heights that split unevenly; and a whole pipeline at Ulysses 2 giving one
+rank's frames."""
 
 from __future__ import annotations
 
@@ -32,13 +33,21 @@ def _vae(family: str, channels: int):
     return tiny_vae(channels, seed=1)
 
 
+def _reference(family: str, channels: int, z: torch.Tensor) -> torch.Tensor:
+    """diffusers' decode of `_vae(family, channels)`'s weights."""
+    from testing.wan_vae import diffusers_wan_vae
+
+    vae = _vae(family, channels)
+    return (diffusers_wan_vae(vae) if family == "wan" else vae).decode(z).sample
+
+
 def _latents(channels: int, shape: tuple[int, int, int]) -> torch.Tensor:
     return torch.randn(1, channels, *shape, generator=torch.Generator().manual_seed(sum(shape)))
 
 
 def _banded_decodes(cases):
-    """Per case: the banded decode over the whole world, and afterwards diffusers' decode of the same VAE (the
-    hooks and paddings must be gone)."""
+    """Per case: the banded decode over the whole world, and afterwards the same VAE's own decode (the hooks
+    and paddings must be gone)."""
     import torch.distributed as dist
 
     from dit import vae_parallel
@@ -48,13 +57,13 @@ def _banded_decodes(cases):
         vae, z = _vae(family, channels), _latents(channels, shape)
         banded = vae_parallel.decode(vae, z, dist.group.WORLD)
         left = [m for m in vae.modules() if m._forward_pre_hooks or m._forward_hooks]
-        out.append(dict(video=banded, after=vae.decode(z).sample, hooks_left=len(left)))
+        out.append(dict(video=banded, after=vae_parallel.decode(vae, z), hooks_left=len(left)))
     return out
 
 
 @pytest.fixture(scope="module")
 def references():
-    return [_vae(family, c).decode(_latents(c, shape)).sample for family, c, shape in CASES]
+    return [_reference(family, c, _latents(c, shape)) for family, c, shape in CASES]
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])

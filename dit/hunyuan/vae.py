@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from dit import vae_parallel
 from dit.vae_frames import check_vae, decode_frames
 
-if TYPE_CHECKING:  # diffusers loads when a VAE is made (as in dit.wan.vae)
+if TYPE_CHECKING:  # diffusers loads when a VAE is made
     from diffusers import AutoencoderKLHunyuanVideo15
 
 COMPRESSION = (4, 16)
@@ -22,6 +23,7 @@ def tiny_vae(latent_channels: int, *, seed: int = 0) -> AutoencoderKLHunyuanVide
     """The published compression (5 levels: ×16 space, ×4 time) with 8 channels per level."""
     from diffusers import AutoencoderKLHunyuanVideo15
 
+    _register_layers()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         vae = AutoencoderKLHunyuanVideo15(
@@ -34,12 +36,32 @@ def load_vae(folder: Path | None, channels: int, device) -> AutoencoderKLHunyuan
     if folder is not None and (folder / "vae").is_dir():
         from diffusers import AutoencoderKLHunyuanVideo15
 
+        _register_layers()
         vae = AutoencoderKLHunyuanVideo15.from_pretrained(Path(folder) / "vae", torch_dtype=torch.float32)
     else:
         vae = tiny_vae(channels)
     cfg = vae.config
     found = (cfg.temporal_compression_ratio, cfg.spatial_compression_ratio)
     return check_vae(vae, cfg.latent_channels, channels, found, COMPRESSION).to(device)
+
+
+def _register_layers() -> None:
+    """diffusers' decoder layers for the banded decode (`dit.vae_parallel`): all row-local but the attention
+    block (causal over all frames, within the whole frame) and the causal convolution, which pads rows in
+    its own `pad_mode` (F.pad's order: W, W, H, H, T, 0)."""
+    from diffusers.models.autoencoders import autoencoder_kl_hunyuanvideo15 as hy
+
+    def causal_padding(conv) -> vae_parallel.RowPadding:
+        p = conv.time_causal_padding
+        unpadded = (*p[:2], 0, 0, *p[4:])
+        return vae_parallel.RowPadding("time_causal_padding", unpadded, p[2], p[3], conv.pad_mode, conv.conv)
+
+    vae_parallel.register(
+        row_local=(hy.HunyuanVideo15Decoder3D, hy.HunyuanVideo15MidBlock, hy.HunyuanVideo15UpBlock3D,
+                   hy.HunyuanVideo15ResnetBlock, hy.HunyuanVideo15Upsample, hy.HunyuanVideo15RMS_norm),
+        gathered=(hy.HunyuanVideo15AttnBlock,),
+        padded={hy.HunyuanVideo15CausalConv3d: causal_padding},
+    )  # fmt: skip
 
 
 @torch.no_grad()

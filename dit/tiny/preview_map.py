@@ -41,12 +41,11 @@ def fit(vae, cfg) -> LatentPreview:
 
 
 def main() -> None:
-    from diffusers import AutoencoderKLWan
-
     from dit.tiny.train import MODEL_DIR, TrainConfig
+    from dit.wan.vae import read_vae
 
     cfg = TrainConfig(**json.loads((MODEL_DIR / "training.json").read_text()))
-    vae = AutoencoderKLWan.from_pretrained(MODEL_DIR / "vae", torch_dtype=torch.float32).eval()
+    vae = read_vae(MODEL_DIR / "vae")
     write_preview(MODEL_DIR / "vae", fit(vae, cfg))
     print(f"wrote {MODEL_DIR / 'vae'}/latent_preview.json")
 

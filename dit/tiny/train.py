@@ -1,6 +1,6 @@
 """Trains the tiny default model on rendered clips of its visual language and writes it as a diffusers Wan
 pipeline folder (what the `tiny` preset loads): `tokenizer/` (word level), `text_encoder/` (a small UMT5,
-random from the seed and frozen: the DiT learns to read it), `vae/` (`AutoencoderKLWan`: its decoder
+random from the seed and frozen: the DiT learns to read it), `vae/` (`dit.wan.vae`: its decoder
 trained to render the written-down latents of `dit.tiny.latents`, its encoder to produce them),
 `transformer/` (`WanTransformer3DModel` on those latents, flow matching as in Wan, 10 % caption dropout for
 guidance), `scheduler/` (Wan's UniPC flow config), `model_index.json` and `ithaca.json` (its request
@@ -35,6 +35,7 @@ from dit.tiny.language import SIZES, Scene, caption, declared_vocabulary, traini
 from dit.tiny.latents import describe
 from dit.tiny.render import render
 from dit.vocabulary import FILE as VOCABULARY_FILE
+from dit.wan.vae import WanVAE, save_vae, tiny_config
 
 MODEL_DIR = Path(__file__).resolve().parent / "model"  # the shipped weights
 # The request defaults the folder's card gives (beside those of what it was trained on: 17 frames of 64×64):
@@ -132,19 +133,10 @@ def make_text_encoder(cfg: TrainConfig, vocab: int):
 
 
 def make_vae(cfg: TrainConfig):
-    from diffusers import AutoencoderKLWan
-
+    """The tiny VAE's layout `cfg.vae_base_dim` wide, random (the weights diffusers' class drew before)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed + 1)
-        return AutoencoderKLWan(
-            base_dim=cfg.vae_base_dim,
-            z_dim=16,
-            dim_mult=[1, 2, 2, 2],
-            num_res_blocks=1,
-            temperal_downsample=[False, True, True],
-            latents_mean=[0.0] * 16,
-            latents_std=[1.0] * 16,
-        )
+        return WanVAE(replace(tiny_config(16), base_dim=cfg.vae_base_dim))
 
 
 def make_dit(cfg: TrainConfig):
@@ -265,14 +257,14 @@ def train_vae(cfg: TrainConfig, ckpt: Checkpoints):
     def decoder_step(i: int) -> torch.Tensor:
         x = batch(1, i)
         z = describe(x)
-        y = vae.decode(z + 0.05 * torch.randn(z.shape, generator=_gen(cfg, 2, i))).sample
+        y = vae.decode(z + 0.05 * torch.randn(z.shape, generator=_gen(cfg, 2, i)))
         # the object covers a few % of the frame: weigh its pixels up, or the black background wins
         weight = 1 + 9 * (x > -0.9).any(1, keepdim=True).float()
         return (weight * ((y - x).abs() + (y - x) ** 2)).mean()
 
     def encoder_step(i: int) -> torch.Tensor:
         x = batch(2, i)
-        return (vae.encode(x).latent_dist.mean - describe(x)).pow(2).mean()
+        return (vae.encode(x) - describe(x)).pow(2).mean()
 
     _run("vae-decoder", cfg.vae_steps, ckpt, {"model": vae}, decoder_step, cfg.vae_lr)
     _run("vae-encoder", cfg.encoder_steps, ckpt, {"model": vae}, encoder_step, cfg.vae_lr)
@@ -333,8 +325,8 @@ def write_folder(out: Path, cfg: TrainConfig, tokenizer, text_encoder, vae, dit,
     shutil.rmtree(tmp, ignore_errors=True)
     tokenizer.save_pretrained(tmp / "tokenizer")
     text_encoder.save_pretrained(tmp / "text_encoder")
-    vae.register_to_config(latents_mean=mean.tolist(), latents_std=std.tolist())
-    vae.save_pretrained(tmp / "vae")
+    vae.config.latents_mean, vae.config.latents_std = mean.tolist(), std.tolist()
+    save_vae(vae, tmp / "vae")
     dit.save_pretrained(tmp / "transformer")
     UniPCMultistepScheduler(
         prediction_type="flow_prediction",

@@ -1,5 +1,5 @@
 """The Wan family's record (`dit.families.ModelFamily`): Wan2.1 and Wan2.2 in diffusers' and the original
-repository's checkpoint formats; UMT5 (or the tiny encoder), AutoencoderKLWan (×4 time, ×8 space; Wan2.2
+repository's checkpoint formats; UMT5 (or the tiny encoder), dit.wan.vae (×4 time, ×8 space; Wan2.2
 TI2V-5B's ×16), UniPC flow sampling unless the folder's scheduler is flow-match Euler; image-to-video models
 take an image (dit.wan.i2v), Wan2.2 A14B has two experts (dit.wan.experts)."""
 
