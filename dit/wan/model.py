@@ -162,6 +162,14 @@ class CrossAttention(nn.Module):
         return self.attention(q, k, v.unflatten(-1, (self.num_heads, -1)))
 
 
+def _modulation(rows: int, dim: int) -> nn.Parameter:
+    """A learned modulation table, random as the reference initialises it; empty on the meta device, where
+    the weights come from a file (a division of meta tensors runs torch's reference ops, whose first use
+    imports dynamo: 0.7 s of every start-up)."""
+    empty = torch.empty(1, rows, dim)
+    return nn.Parameter(empty if empty.is_meta else torch.randn(1, rows, dim) / dim**0.5)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: WanConfig):
         super().__init__()
@@ -172,7 +180,7 @@ class Block(nn.Module):
         self.ffn = nn.Sequential(
             nn.Linear(cfg.dim, cfg.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_dim, cfg.dim)
         )
-        self.modulation = nn.Parameter(torch.randn(1, 6, cfg.dim) / cfg.dim**0.5)
+        self.modulation = _modulation(6, cfg.dim)
 
     def forward(self, x, context, mod, cos, sin):
         shift1, scale1, gate1, shift2, scale2, gate2 = (self.modulation + mod.float()).unbind(2)
@@ -212,7 +220,7 @@ class Head(nn.Module):
     def __init__(self, cfg: WanConfig):
         super().__init__()
         self.eps = cfg.eps
-        self.modulation = nn.Parameter(torch.randn(1, 2, cfg.dim) / cfg.dim**0.5)
+        self.modulation = _modulation(2, cfg.dim)
         self.proj = nn.Linear(cfg.dim, cfg.out_channels * math.prod(cfg.patch_size))
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:

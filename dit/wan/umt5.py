@@ -117,6 +117,12 @@ def relative_buckets(relative: torch.Tensor, num_buckets: int, max_distance: int
     return (relative > 0).long() * half + torch.where(distance < exact, distance, far)
 
 
+def _table(rows: int, dim: int) -> nn.Embedding:
+    """An embedding left uninitialised: the weights always come from a folder, and `nn.Embedding`'s random
+    init on the meta device runs torch's reference ops, whose first use imports dynamo (0.7 s of a start)."""
+    return nn.Embedding(rows, dim, _weight=torch.empty(rows, dim))
+
+
 class Attention(nn.Module):
     """Self-attention with this layer's own relative position bias (UMT5: one per layer) and no 1/√d scale."""
 
@@ -125,7 +131,7 @@ class Attention(nn.Module):
         inner, self.heads = cfg.num_heads * cfg.d_kv, cfg.num_heads
         self.q, self.k, self.v = (nn.Linear(cfg.d_model, inner, bias=False) for _ in range(3))
         self.o = nn.Linear(inner, cfg.d_model, bias=False)
-        self.relative_attention_bias = nn.Embedding(cfg.relative_attention_num_buckets, cfg.num_heads)
+        self.relative_attention_bias = _table(cfg.relative_attention_num_buckets, cfg.num_heads)
 
     def forward(self, x: torch.Tensor, buckets: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         b, n, _ = x.shape
@@ -188,7 +194,7 @@ class UMT5Encoder(nn.Module):
         if cfg.activation not in ACTIVATIONS:
             raise ValueError(f"UMT5 feed_forward_proj {cfg.feed_forward_proj!r}: unknown activation")
         self.cfg = cfg
-        self.shared = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.shared = _table(cfg.vocab_size, cfg.d_model)
         self.encoder = nn.ModuleDict(
             {
                 "block": nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers)),
