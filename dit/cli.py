@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -109,7 +110,7 @@ def run_generate(args) -> int:
     from tqdm import tqdm
 
     from dit.startup import start
-    from dit.video import write_mp4
+    from dit.video import Mp4Writer
     from dit.vocabulary import prompt_warnings, read_vocabulary
 
     def report(choice) -> None:  # global rank 0, before the model loads
@@ -144,9 +145,10 @@ def run_generate(args) -> int:
         start_s = time.perf_counter()
         latents = pipe.denoise(req, callback=lambda step, total: bar.update(1))
         bar.close()
-        frames = pipe.decode(latents)  # every rank decodes a band; rank 0 gets the frames
+        # every rank decodes a band; rank 0 gets the frames and encodes each chunk as it comes
+        with Mp4Writer(args.out, req.height, req.width, req.fps) if leader else nullcontext() as writer:
+            frames = pipe.decode(latents, writer.write if leader else None)
         if leader:
-            write_mp4(frames, args.out, req.fps)
             if args.save_latents:
                 torch.save({"latents": latents.cpu(), "frames": torch.from_numpy(frames)}, args.save_latents)
             n, h, w, _ = frames.shape

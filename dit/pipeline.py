@@ -58,6 +58,7 @@ __all__ = [
 ]
 
 PhaseCallback = Callable[[str], None]
+FramesCallback = Callable[[np.ndarray], None]  # decoded uint8 frames [n, H, W, 3], in order
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -288,13 +289,15 @@ class Pipeline:
             parts["encoder_hidden_states_image"] = self.image_encoder.encode(seen).to(dtype)
         return parts
 
-    def decode(self, latents: torch.Tensor) -> np.ndarray | None:
+    def decode(self, latents: torch.Tensor, on_frames: FramesCallback | None = None) -> np.ndarray | None:
         """uint8 frames `[F, H, W, 3]` on the replica leader, None on the other ranks. Collective over the
         replica (every rank passes the same latents): each rank decodes a band of rows, or the leader all of
-        them when the config turns the parallel decode off."""
+        them when the config turns the parallel decode off. `on_frames` (the leader) gets the frames as they
+        are decoded, a latent frame's at a time where the VAE decodes in time chunks (Wan's): an MP4
+        writer takes them while the next ones decode."""
         if self.config.parallel_decode:
-            return self.family.decode(self.vae, latents, self.mesh.replica_group)
-        return self.family.decode(self.vae, latents) if self.mesh.is_replica_leader else None
+            return self.family.decode(self.vae, latents, self.mesh.replica_group, on_frames)
+        return self.family.decode(self.vae, latents, None, on_frames) if self.mesh.is_replica_leader else None
 
     def generate(
         self,
@@ -304,13 +307,14 @@ class Pipeline:
         on_preview: PreviewCallback | None = None,
         resume: DenoiseState | None = None,
         checkpoints: Checkpointing | None = None,
+        on_frames: FramesCallback | None = None,
     ) -> np.ndarray | None:
         """Frames on the replica leader, None on the other ranks. `on_phase(name)` hears "encoding",
         "denoising" and "decoding" as each begins, so a server can show where a job is; `on_preview`,
-        `resume` and `checkpoints` as in `denoise`."""
+        `resume` and `checkpoints` as in `denoise`, `on_frames` as in `decode`."""
         latents = self.denoise(req, callback, on_phase, on_preview, resume, checkpoints)
         _enter(on_phase, "decoding")
-        return self.decode(latents)
+        return self.decode(latents, on_frames)
 
 
 def _enter(on_phase: PhaseCallback | None, phase: str) -> None:

@@ -19,12 +19,14 @@ def check_vae(vae, channels: int, expected_channels: int, compression, expected_
     return vae.eval()
 
 
-def decode_frames(vae, z: torch.Tensor, group=None) -> np.ndarray | None:
+def decode_frames(vae, z: torch.Tensor, group=None, on_frames=None) -> np.ndarray | None:
     """The VAE's own latents `z` (float32, on its device) → uint8 frames `[F, H, W, 3]`. With a group, every
-    rank of it decodes a band of rows and its rank 0 gets the frames (None elsewhere)."""
-    from dit import vae_parallel
+    rank of it decodes a band of rows and its rank 0 gets the frames (None elsewhere). `on_frames` (that
+    rank) gets them as they are decoded, in pieces `[n, H, W, 3]` where the VAE decodes chunk by chunk."""
+    from dit import vae_parallel  # the families' VAE layers are registered by then
 
-    return frames(vae_parallel.decode(vae, z, group, finish=quantize))
+    on_chunk = None if on_frames is None else lambda chunk: on_frames(frames(chunk))
+    return frames(vae_parallel.decode(vae, z, group, finish=quantize, on_chunk=on_chunk))
 
 
 def quantize(video: torch.Tensor) -> torch.Tensor:

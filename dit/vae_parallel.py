@@ -146,20 +146,35 @@ def banded(vae: nn.Module, bands: RowBands):
 
 
 @torch.no_grad()
-def decode(vae: nn.Module, z: torch.Tensor, group=None, finish=None) -> torch.Tensor | None:
+def decode(vae: nn.Module, z: torch.Tensor, group=None, finish=None, on_chunk=None) -> torch.Tensor | None:
     """`finish(vae.decode(z))` (`[1, C, f, h, w]` → `[1, 3, F, H, W]`), collective over `group` when one is
     given (every rank passes the same z): the video on group rank 0, None on the others. `finish`, elementwise
     (e.g. the uint8 conversion; default none), runs on each band, so the leader gathers its smaller result.
-    With fewer latent rows than ranks (a video a few latent rows tall), group rank 0 decodes alone."""
+    With fewer latent rows than ranks (a video a few latent rows tall), group rank 0 decodes alone.
+    `on_chunk` (group rank 0) gets the video's frames as they are decoded: a VAE with `decode_chunks` gives
+    them a chunk at a time (each gathered as it comes), another all at once."""
     finish = finish or (lambda video: video)
     if group is None:
-        return finish(_decoded(vae, z))
+        return _joined(vae, z, finish, on_chunk)
     bands = RowBands.split(z.shape[ROWS], group)
     if min(bands.sizes) == 0:
-        return finish(_decoded(vae, z)) if bands.rank == 0 else None
+        return _joined(vae, z, finish, on_chunk) if bands.rank == 0 else None
     with banded(vae, bands):
-        band = _decoded(vae, bands.own(z, ROWS, list(bands.sizes)))
-    return bands.gather(finish(band), ROWS)
+        own = bands.own(z, ROWS, list(bands.sizes))
+        return _joined(vae, own, lambda band: bands.gather(finish(band), ROWS), on_chunk)
+
+
+def _joined(vae: nn.Module, z: torch.Tensor, finish, on_chunk) -> torch.Tensor | None:
+    """`finish` of every chunk `vae` decodes `z` into, handed to `on_chunk` and joined in time (None where
+    `finish` gives None: a rank that only sent its band)."""
+    parts = []
+    for chunk in vae.decode_chunks(z) if hasattr(vae, "decode_chunks") else [_decoded(vae, z)]:
+        part = finish(chunk)
+        if part is not None:
+            if on_chunk is not None:
+                on_chunk(part)
+            parts.append(part)
+    return torch.cat(parts, 2) if parts else None
 
 
 def _decoded(vae: nn.Module, z: torch.Tensor) -> torch.Tensor:

@@ -59,7 +59,6 @@ from dit.image import fit, read
 from dit.preview import frame_preview
 from dit.settings import checkpoint_key
 from dit.startup import start
-from dit.video import write_mp4
 from dit.vocabulary import read_vocabulary
 from server import limits as limits_mod
 from server import logs, metrics, videos
@@ -68,7 +67,7 @@ from server.lifetime import die_with_parent
 from server.phases import PhaseClock, job_timings
 from server.store import Job, StoreBusy, open_store
 from server.store.retry import MAX_RETRY_S, LatestStep, PatientStore, StoreOutage
-from server.writers import CheckpointWriter, PreviewWriter
+from server.writers import CheckpointWriter, PreviewWriter, StreamedVideo
 
 HEARTBEAT_S = 1.0
 KEEPALIVE_S = 5.0
@@ -269,6 +268,7 @@ class Worker:
             )
 
         start = time.perf_counter()
+        video = StreamedVideo(self.config.videos_dir, job_id, spec["fps"]) if leader else None
         try:
             frames = self.pipe.generate(
                 self.module.GenerationRequest(**spec),
@@ -277,9 +277,11 @@ class Worker:
                 on_preview=on_preview if leader else None,
                 resume=resume,
                 checkpoints=checkpoints,
+                on_frames=video.frames if leader else None,
             )
         except self.module.GenerationCancelled:
             if leader:
+                video.drop()
                 self._flush(job_id)
                 self.store.finish(
                     job_id,
@@ -292,13 +294,14 @@ class Worker:
             return
         except Exception:
             if leader:  # the job stays in progress: the supervisor re-queues it once the group is gone
+                video.drop()
                 self.previews.flush(FLUSH_S)
                 self.checkpoints.flush(FLUSH_S)  # the last one, to resume from
             raise
         if leader:  # the finished job's thumbnail: a frame of its video, in place before it completes
             self.previews.submit(job_id, spec["num_inference_steps"], frame_preview(frames))
             self._flush(job_id)
-            self._complete(job_id, spec, frames, start, step_times, phases)
+            self._complete(job_id, video, frames, start, step_times, phases)
         self.job_id, self.state = None, "ready"
 
     def _flush(self, job_id: str) -> None:
@@ -307,22 +310,21 @@ class Worker:
         self.checkpoints.flush(FLUSH_S)
         videos.remove_checkpoint(self.config.videos_dir, job_id)
 
-    def _complete(self, job_id, spec, frames, start, step_times, phases) -> None:
-        """Write the MP4 unless the job was cancelled after its last step, then complete it. The file is
-        renamed into place before the job completes, so readers of a completed job always find it; a cancel
-        that lands in between is found by `finish`, and the file goes again."""
+    def _complete(self, job_id, video, frames, start, step_times, phases) -> None:
+        """Finish the MP4 (encoded during the decode: `writing` is the time after its last frame) unless the
+        job was cancelled after its last step, then complete the job. The file is renamed into place before
+        the job completes, so readers of a completed job always find it; a cancel that lands in between is
+        found by `finish`, and the file goes again."""
         path = os.path.join(self.config.videos_dir, f"{job_id}.mp4")
         phases.enter("writing")
         if self.store.set_phase(job_id, self.name, "writing", phases.timings):
+            video.drop()
             self.store.finish(
                 job_id, self.name, "cancelled", error="cancelled while decoding; no video was written",
                 timings=job_timings(start, step_times, phases),
             )  # fmt: skip
             return
-        os.makedirs(self.config.videos_dir, exist_ok=True)
-        tmp = os.path.join(self.config.videos_dir, job_id + videos.PARTIAL_SUFFIX)  # what `sweep` looks for
-        write_mp4(frames, tmp, spec["fps"])
-        os.replace(tmp, path)  # readers never see a half-written file
+        os.replace(video.close(frames), path)  # readers never see a half-written file
         evaluations = self.pipe.evaluations
         timings = job_timings(start, step_times, phases) | {
             "evaluated": evaluations.evaluated,

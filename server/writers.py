@@ -5,19 +5,24 @@ fails is logged and left out: previews and checkpoints are worth having, never w
 - `PreviewWriter`: a job's live preview image → WebP in `videos/previews/`, then its step in the store.
 - `CheckpointWriter`: a job's denoising state → `videos/checkpoints/<job id>.pt` (dit.denoise_state), written
   then renamed, so an interrupted job goes on from its last one.
+- `StreamedVideo`: a job's MP4, encoded while the VAE decodes (ffmpeg in its own process takes each latent
+  frame's frames as they come), under the partial name until the job completes.
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import os
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from dit.denoise_state import DenoiseState, save_file
+from dit.video import Mp4Writer, write_mp4
 from server import videos
 from server.store import JobStore
 
@@ -109,3 +114,32 @@ class CheckpointWriter(LatestWriter):
     def write(self, job_id: str, step: int, item: tuple[DenoiseState, dict]) -> None:
         state, key = item
         save_file(videos.checkpoint_path(self.videos_dir, job_id), state, key)
+
+
+class StreamedVideo:
+    """`frames(chunk)` as the decode's `on_frames`: the first chunk opens `<job id>.partial.mp4` (what
+    `videos.sweep` removes if the process dies), each is encoded as it comes. `close()` finishes the file and
+    returns its path; `drop()` removes it (a cancel or a failure mid-decode)."""
+
+    def __init__(self, videos_dir: str, job_id: str, fps: int):
+        os.makedirs(videos_dir, exist_ok=True)
+        self.path = os.path.join(videos_dir, job_id + videos.PARTIAL_SUFFIX)
+        self.fps, self._writer = fps, None
+
+    def frames(self, chunk: np.ndarray) -> None:
+        if self._writer is None:
+            self._writer = Mp4Writer(self.path, chunk.shape[1], chunk.shape[2], self.fps)
+        self._writer.write(chunk)
+
+    def close(self, frames: np.ndarray) -> str:
+        """The finished file; written from `frames` whole when the pipeline streamed none (a pipeline
+        without `on_frames`)."""
+        if self._writer is None:
+            return str(write_mp4(frames, self.path, self.fps))
+        return str(self._writer.close())
+
+    def drop(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        Path(self.path).unlink(missing_ok=True)

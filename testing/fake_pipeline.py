@@ -66,6 +66,7 @@ class FakePipeline:
         on_preview=None,
         resume=None,
         checkpoints=None,
+        on_frames=None,
     ):
         req = self.validate(req)
         on_phase = on_phase or (lambda phase: None)
@@ -91,6 +92,9 @@ class FakePipeline:
         if req.image is not None:
             frames[0] = fit(req.image, req.height, req.width)  # as the real one fits it
             frames[1] = np.array(Image.fromarray(req.image).resize((req.width, req.height)))
+        if on_frames is not None:  # in Wan's chunks: the first frame, then 4 at a time
+            for at in range(0, len(frames), 4):
+                on_frames(frames[max(at - 3, 0) : at + 1])
         return frames
 
 

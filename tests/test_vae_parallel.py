@@ -141,10 +141,15 @@ def _generate(model, degrees, **config):
 
     mesh = parallel.init_parallel(**degrees)
     pipe = load_pipeline(PipelineConfig(model=model, device="cpu", **config), mesh)
-    phases = []
+    phases, chunks = [], []
     with parallel.count_comm() as stats:
-        frames = pipe.generate(GenerationRequest(**REQUEST), on_phase=phases.append)
-    return dict(frames=frames, phases=phases, gathers=stats.calls["gather"], has_vae=pipe.vae is not None)
+        frames = pipe.generate(GenerationRequest(**REQUEST), on_phase=phases.append, on_frames=chunks.append)
+    return dict(frames=frames, phases=phases, gathers=stats.calls["gather"], has_vae=pipe.vae is not None,
+                chunks=chunks)  # fmt: skip
+
+
+# the frames the leader gets as they decode: Wan's VAE a latent frame at a time, diffusers' all at once
+CHUNKS = {"tiny": [1, 4, 4], "tiny-joint": [9]}
 
 
 @pytest.mark.parametrize("model", ["tiny", "tiny-joint"])
@@ -157,8 +162,11 @@ def test_pipeline_at_ulysses_2_gives_one_ranks_frames(model):
         torch.set_num_threads(threads)
     leader, other = run_distributed(2, _generate, model, dict(ulysses=2), timeout=180)
     assert same_frames(leader["frames"], want) and other["frames"] is None
-    for rank in (leader, other):  # both decode (a band each; one gather to the leader) and say so
-        assert rank["phases"] == ["encoding", "denoising", "decoding"] and rank["gathers"] == 1
+    assert [len(c) for c in leader["chunks"]] == CHUNKS[model] and other["chunks"] == []
+    assert np.array_equal(np.concatenate(leader["chunks"]), leader["frames"])
+    for rank in (leader, other):  # both decode (a band each; a gather to the leader per chunk) and say so
+        assert rank["phases"] == ["encoding", "denoising", "decoding"]
+        assert rank["gathers"] == len(CHUNKS[model])
     # with the parallel decode off the leader alone holds the VAE and decodes the same frames
     leader, other = run_distributed(2, _generate, model, dict(ulysses=2), parallel_decode=False, timeout=180)
     assert same_frames(leader["frames"], want) and other["frames"] is None

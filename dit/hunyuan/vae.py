@@ -73,8 +73,11 @@ def encode(vae: AutoencoderKLHunyuanVideo15, video: torch.Tensor) -> torch.Tenso
 
 
 @torch.no_grad()
-def decode(vae: AutoencoderKLHunyuanVideo15, latents: torch.Tensor, group=None) -> np.ndarray | None:
+def decode(
+    vae: AutoencoderKLHunyuanVideo15, latents: torch.Tensor, group=None, on_frames=None
+) -> np.ndarray | None:
     """Latents `[1, C, f, h, w]` (the DiT's space: the VAE's latents × scaling_factor) → uint8 frames; with a
-    group, decoded in bands across it (`dit.vae_frames.decode_frames`)."""
+    group, decoded in bands across it (`dit.vae_frames.decode_frames`); `on_frames` gets them all at once
+    (diffusers' VAE decodes the whole video in one call)."""
     z = latents.to(next(vae.parameters()).device, torch.float32) / vae.config.scaling_factor
-    return decode_frames(vae, z, group)
+    return decode_frames(vae, z, group, on_frames)

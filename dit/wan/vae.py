@@ -9,6 +9,7 @@ the run time and bf16 decoding visibly bands the output.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -87,12 +88,17 @@ class WanVAE(nn.Module):
         return self.quant_conv(out)[:, : self.config.z_dim]
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
-        """One latent frame at a time (the first → 1 frame, each next → 4)."""
+        return torch.cat(list(self.decode_chunks(z)), 2)
+
+    def decode_chunks(self, z: torch.Tensor) -> Iterator[torch.Tensor]:
+        """The video of one latent frame at a time (the first → 1 frame, each next → 4), as each is decoded:
+        a writer can take the first frames while the decoder makes the next."""
         x = self.post_quant_conv(z)
         reset(self.decoder)
-        out = torch.cat([self.decoder(x[:, :, i : i + 1], first_chunk=i == 0) for i in range(x.shape[2])], 2)
+        for i in range(x.shape[2]):
+            out = self.decoder(x[:, :, i : i + 1], first_chunk=i == 0)
+            yield unpatchify(out, self.config.patch_size).clamp(-1.0, 1.0)
         reset(self.decoder)
-        return unpatchify(out, self.config.patch_size).clamp(-1.0, 1.0)
 
 
 def patchify(x: torch.Tensor, p: int | None) -> torch.Tensor:
@@ -181,11 +187,12 @@ def _statistics(vae: WanVAE) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def decode(vae: WanVAE, latents: torch.Tensor, group=None) -> np.ndarray | None:
+def decode(vae: WanVAE, latents: torch.Tensor, group=None, on_frames=None) -> np.ndarray | None:
     """Latents `[1, C, f, h, w]` (the DiT's normalised space) → uint8 frames `[F, H, W, 3]`. With a group,
-    every rank of it decodes a band of rows (`dit.vae_frames.decode_frames`)."""
+    every rank of it decodes a band of rows (`dit.vae_frames.decode_frames`); `on_frames` gets each latent
+    frame's frames as they are decoded (where the frames go)."""
     mean, std = _statistics(vae)
-    return decode_frames(vae, latents.to(mean.device, torch.float32) * std + mean, group)
+    return decode_frames(vae, latents.to(mean.device, torch.float32) * std + mean, group, on_frames)
 
 
 @torch.no_grad()
