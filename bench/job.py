@@ -7,7 +7,9 @@ phase callback), for the tiny models at 1, 2 and 4 CPU ranks (gloo, Ulysses over
     python bench/job.py --vary parallel_decode=false --vary cache=fbcache    # rows with one field changed
 
 Each row is the job of median total among --iters jobs after one warm-up job, with the model's default
-request unless --request changes it; `total` is the wall time from the pipeline call to the written MP4.
+request unless --request changes it; `total` is the wall time from the pipeline call to the written MP4. The
+MP4 is encoded while the VAE decodes, as the server does (`write` is the time after the last frame);
+--write-after writes it after the decode instead, the way it was before (compare the two).
 --config and --request take any field of `dit.pipeline.PipelineConfig` and `GenerationRequest` (values read
 as JSON, else as text), so options the pipeline gains are benchmarked without changes here. Each --vary
 KEY=VALUE (a field of either) adds the same rows with that one field changed, beside the baseline's.
@@ -22,6 +24,7 @@ import os
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -29,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline  # noqa: E402
-from dit.video import write_mp4  # noqa: E402
+from dit.video import Mp4Writer, write_mp4  # noqa: E402
 from parallel import init_parallel  # noqa: E402
 from parallel.launch import spawn_local  # noqa: E402
 from server.phases import PhaseClock  # noqa: E402
@@ -39,7 +42,9 @@ PROMPT = "a red circle moving right"
 COLUMNS = dict(zip(TIMED_PHASES, ("encode", "denoise", "decode", "write"), strict=True))
 
 
-def _rank(model: str, variants: list[tuple[str, dict, dict]], iters: int, out: str) -> None:
+def _rank(
+    model: str, variants: list[tuple[str, dict, dict]], iters: int, out: str, after: bool = False
+) -> None:
     """One rank, every variant in turn (one process start for all): a warm-up job, then `iters` timed ones;
     the leader writes each variant's median job to `out`."""
     mesh = init_parallel(backend="gloo")
@@ -53,10 +58,15 @@ def _rank(model: str, variants: list[tuple[str, dict, dict]], iters: int, out: s
         with tempfile.TemporaryDirectory() as tmp:
             for _ in range(1 + iters):
                 clock, start = PhaseClock(), time.perf_counter()
-                frames = pipe.generate(req, None, clock.enter)
-                if mesh.is_replica_leader:
-                    clock.enter("writing")
-                    write_mp4(frames, os.path.join(tmp, "job.mp4"), req.fps)
+                path = os.path.join(tmp, "job.mp4")
+                streamed = mesh.is_replica_leader and not after  # encoded while the VAE decodes, as served
+                with Mp4Writer(path, req.height, req.width, req.fps) if streamed else nullcontext() as writer:
+                    frames = pipe.generate(
+                        req, None, clock.enter, on_frames=writer.write if streamed else None
+                    )
+                    clock.enter("writing")  # streamed: the time after the last frame
+                if mesh.is_replica_leader and after:
+                    write_mp4(frames, path, req.fps)
                 clock.enter(None)
                 runs.append(clock.seconds | {"total": time.perf_counter() - start})
         row = sorted(runs[1:], key=lambda r: r["total"])[iters // 2]  # its parts add up, as medians' need not
@@ -68,7 +78,13 @@ def _rank(model: str, variants: list[tuple[str, dict, dict]], iters: int, out: s
 
 
 def run(
-    models: list[str], ranks: list[int], iters: int, config: dict, request: dict, variants=(("", {}, {}),)
+    models: list[str],
+    ranks: list[int],
+    iters: int,
+    config: dict,
+    request: dict,
+    variants=(("", {}, {}),),
+    after: bool = False,
 ) -> list[dict]:
     """Rows for every model × variant × rank count; a variant is (name, config fields, request fields) laid
     over `config` and `request`."""
@@ -81,7 +97,7 @@ def run(
         for model in models:
             by_ranks = []
             for n in ranks:
-                spawn_local(_rank, n, model, laid, iters, out)
+                spawn_local(_rank, n, model, laid, iters, out, after)
                 with open(out) as f:
                     by_ranks.append(json.load(f))
             rows += [row for at_variant in zip(*by_ranks, strict=True) for row in at_variant]
@@ -122,6 +138,11 @@ def main(argv=None) -> None:
         metavar="KEY=VALUE",
         help="also the rows with this PipelineConfig or request field changed",
     )
+    p.add_argument(
+        "--write-after",
+        action="store_true",
+        help="write the MP4 after the decode (the old way) instead of encoding it while the VAE decodes",
+    )
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = p.parse_args(argv)
     (config,) = _fields([PipelineConfig], args.config, "--config", p, reserved=("model",))
@@ -130,7 +151,7 @@ def main(argv=None) -> None:
     variants = [("", {}, {})] + [
         (pair, *_fields(classes, [pair], "--vary", p, reserved=("model",))) for pair in args.vary
     ]
-    rows = run(args.models, args.ranks, args.iters, config, request, variants)
+    rows = run(args.models, args.ranks, args.iters, config, request, variants, args.write_after)
     if args.json:
         print(json.dumps({"config": config, "iters": args.iters, "torch": torch.__version__, "rows": rows}))
         return
