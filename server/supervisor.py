@@ -94,6 +94,13 @@ def torchrun_argv(config: ServeConfig) -> list[str]:
     ]  # fmt: skip
 
 
+def compile_cache(config: ServeConfig) -> str:
+    """Where the ranks keep `--compile`'s compiled graphs (inductor's cache, unless TORCHINDUCTOR_CACHE_DIR
+    says otherwise): under the data folder, so a restarted server, or a container given the same volume,
+    finds them and its first job of a size runs near warm speed instead of compiling again."""
+    return os.path.join(config.data_dir, "compile-cache")
+
+
 def launch_group(config: ServeConfig, group_id: str) -> subprocess.Popen:
     """Start this machine's share of the worker group under torchrun, as a child that dies with this thread.
     The ranks learn their node from ITHACA_NODE_RANK (the worker numbers them by it, see
@@ -101,7 +108,7 @@ def launch_group(config: ServeConfig, group_id: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_argv(config), "--max-restarts", "0",
            "-m", "server.lifetime", "server.worker", *config.worker_argv()]  # fmt: skip
     log.info("starting worker group %s: %s", group_id, " ".join(cmd))
-    env = os.environ | {
+    env = {"TORCHINDUCTOR_CACHE_DIR": compile_cache(config)} | os.environ | {
         "ITHACA_GROUP_ID": group_id,
         "ITHACA_SUPERVISOR_PID": str(os.getpid()),
         "ITHACA_NNODES": str(config.nnodes),

@@ -97,6 +97,15 @@ def test_a_server_drains_groups_an_earlier_one_of_its_instance_left(slow):
     assert not store.drain_requested(slow.client.get("/ready").json()["group"])
 
 
+def test_the_ranks_keep_compiled_graphs_in_the_data_folder(slow):
+    """`--compile`'s graphs outlive a restart: inductor's cache is under the data folder (a volume in a
+    container) unless the environment names another."""
+    (rank, *_) = group_pids(slow.data_dir)[1]
+    with open(f"/proc/{rank}/environ", "rb") as f:
+        env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    assert env[b"TORCHINDUCTOR_CACHE_DIR"] == os.path.join(slow.data_dir, "compile-cache").encode()
+
+
 def _wait_phase(srv: ServerProcess, job_id: str, phase: str, timeout: float = 30) -> dict:
     seen = []
 
