@@ -4,7 +4,7 @@ step cache (dit/cache.py) the table adds the evaluations it skipped and the PSNR
 same option uncached.
 
     python bench/quality.py [--steps 4 8 16] [--guidance 1 3 5] [--cache off fbcache:0.05 ...] [--seed 0]
-                            [--model tiny] [--json]
+                            [--quant none fp8] [--model tiny] [--json]
 
 Later speed work (few-step schedules, FP8) reports its score here beside the time it saves.
 """
@@ -35,32 +35,39 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return math.inf if mse == 0 else 10 * math.log10(255**2 / mse)
 
 
-def run(model: str, steps: list[int], guidance: list[float], caches: list[str], seed: int) -> list[dict]:
-    pipe = load_pipeline(PipelineConfig(model=model))
-    rows = []
-    for n in steps:
-        for g in guidance:
-            uncached = None
-            for cache in ["off", *(c for c in caches if c != "off")]:  # the uncached run first: the reference
-                scored = generate_and_read(
-                    pipe, all_scenes(), num_inference_steps=n, guidance_scale=g, seed=seed, cache=cache
-                )
-                uncached = uncached or scored
-                held = [s for s in scored if s.held_out]
-                row = dict(
-                    steps=n,
-                    guidance=g,
-                    cache=cache,
-                    **rates(scored),
-                    held_out_all=rates(held)["all"],
-                    seconds_per_video=statistics.median(s.seconds for s in scored),
-                    skipped=statistics.mean(s.skipped for s in scored),
-                    psnr=statistics.median(
-                        psnr(s.frames, u.frames) for s, u in zip(scored, uncached, strict=True)
-                    ),
-                )
-                if cache in caches:
-                    rows.append(row)
+def run(
+    model: str, steps: list[int], guidance: list[float], caches: list[str], seed: int, quants=("none",)
+) -> list[dict]:
+    """A row per (FP8 or not, steps, guidance, cache); the PSNR reference of each (steps, guidance) is the
+    unquantised, uncached run, made first whether asked for or not."""
+    references, rows = {}, []
+    for quant in ["none", *(q for q in quants if q != "none")]:
+        pipe = load_pipeline(PipelineConfig(model=model, quant=quant))
+        for n in steps:
+            for g in guidance:
+                for cache in ["off", *(c for c in caches if c != "off")]:
+                    if quant == "none" and cache == "off" and (n, g) in references:
+                        continue
+                    scored = generate_and_read(
+                        pipe, all_scenes(), num_inference_steps=n, guidance_scale=g, seed=seed, cache=cache
+                    )
+                    reference = references.setdefault((n, g), scored)
+                    held = [s for s in scored if s.held_out]
+                    row = dict(
+                        quant=quant,
+                        steps=n,
+                        guidance=g,
+                        cache=cache,
+                        **rates(scored),
+                        held_out_all=rates(held)["all"],
+                        seconds_per_video=statistics.median(s.seconds for s in scored),
+                        skipped=statistics.mean(s.skipped for s in scored),
+                        psnr=statistics.median(
+                            psnr(s.frames, u.frames) for s, u in zip(scored, reference, strict=True)
+                        ),
+                    )
+                    if cache in caches and quant in quants:
+                        rows.append(row)
     return rows
 
 
@@ -70,21 +77,22 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, nargs="+", default=[4, 8, 16])
     p.add_argument("--guidance", type=float, nargs="+", default=[1.0, 3.0, 5.0])
     p.add_argument("--cache", nargs="+", default=["off"], help="step caches: off | fbcache[:THRESHOLD]")
+    p.add_argument("--quant", nargs="+", default=["none"], help="none | fp8 (FP8 linear layers)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = p.parse_args(argv)
-    rows = run(args.model, args.steps, args.guidance, args.cache, args.seed)
+    rows = run(args.model, args.steps, args.guidance, args.cache, args.seed, args.quant)
     if args.json:
         print(json.dumps(rows, indent=1))
         return
     print(f"{args.model}: 72 prompts (6 held out of training), seed {args.seed}, one CPU rank")
     print(
-        "| steps | guidance | cache | colour | shape | direction | all three | held-out, all three "
-        "| evaluations skipped | PSNR vs uncached, dB (median) | s/video |"
+        "| quant | steps | guidance | cache | colour | shape | direction | all three | held-out, all three "
+        "| evaluations skipped | PSNR vs unquantised uncached, dB (median) | s/video |"
     )
-    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        cells = [r["steps"], f"{r['guidance']:g}", r["cache"], *(f"{r[k]:.0%}" for k in SCORES)]
+        cells = [r["quant"], r["steps"], f"{r['guidance']:g}", r["cache"], *(f"{r[k]:.0%}" for k in SCORES)]
         cells += [f"{r['skipped']:.0%}", f"{r['psnr']:.1f}", f"{r['seconds_per_video']:.2f}"]
         print("| " + " | ".join(map(str, cells)) + " |")
 

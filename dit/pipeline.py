@@ -27,6 +27,7 @@ from dit.compile import compile_blocks
 from dit.denoise_state import Checkpointing, DenoiseState
 from dit.families import TINY_LIMITS, Limits, ModelFamily, model_family, model_limits, pick_scheduler
 from dit.first_frame import FirstFrame, with_first_frame
+from dit.fp8_linear import quantise
 from dit.image import fit
 from dit.parallelize import set_comm
 from dit.presets import resolve
@@ -359,6 +360,8 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
 
     def transformer(source, seed=0):
         model = dit.load_transformer(source, dtype=dtype, device=device, loras=config.loras, seed=seed)
+        if config.quant == "fp8":  # after the LoRAs are merged
+            quantise(model)
         model = dit.parallelize(
             family.wrap(model.eval(), folder, model_name), mesh, comm=config.comm, backend=config.attn_backend
         )

@@ -71,11 +71,13 @@ def preflight(
         )
 
     from dit.families import model_family, model_names, pick_sampling
+    from dit.fp8_linear import QUANTS
     from dit.pipeline import DTYPES
     from dit.presets import resolve
     from dit.sampling import SAMPLERS
 
     _check_choice("--dtype", config.dtype, DTYPES)
+    _check_choice("--quant", config.quant, QUANTS)
     sampler, timesteps = config.sampler, config.timesteps
     if sampler is not None:  # None: the family's own
         _check_choice("--sampler", sampler, SAMPLERS)

@@ -162,6 +162,14 @@ class PipelineConfig:
         "torch.compile each DiT block: faster GPU steps after a one-off compile per video size",
         key=True,
     )
+    # FP8 linear layers (dit.fp8_linear): the blocks' large linear layers as float8 GEMMs, quantised after
+    # the weights (and LoRAs) load; lossy, so never chosen for the user
+    quant: str = setting(
+        "none",
+        "none | fp8: the DiT blocks' large linear layers as FP8 GEMMs (e4m3, per-channel weight and "
+        "per-token activation scales; half the weight memory, lossy)",
+        key=True,
+    )
     # (safetensors file, strength) LoRAs merged into the DiT's weights at load (dit.lora: layouts accepted)
     loras: tuple[tuple[str, float], ...] = setting(
         (),

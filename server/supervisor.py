@@ -108,12 +108,16 @@ def launch_group(config: ServeConfig, group_id: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_argv(config), "--max-restarts", "0",
            "-m", "server.lifetime", "server.worker", *config.worker_argv()]  # fmt: skip
     log.info("starting worker group %s: %s", group_id, " ".join(cmd))
-    env = {"TORCHINDUCTOR_CACHE_DIR": compile_cache(config)} | os.environ | {
-        "ITHACA_GROUP_ID": group_id,
-        "ITHACA_SUPERVISOR_PID": str(os.getpid()),
-        "ITHACA_NNODES": str(config.nnodes),
-        "ITHACA_NODE_RANK": str(config.node_rank),
-    }
+    env = (
+        {"TORCHINDUCTOR_CACHE_DIR": compile_cache(config)}
+        | os.environ
+        | {
+            "ITHACA_GROUP_ID": group_id,
+            "ITHACA_SUPERVISOR_PID": str(os.getpid()),
+            "ITHACA_NNODES": str(config.nnodes),
+            "ITHACA_NODE_RANK": str(config.node_rank),
+        }
+    )
     return subprocess.Popen(
         cmd,
         env=env,

@@ -1,0 +1,74 @@
+"""FP8 linear layers (`--quant fp8`): the DiT's large linear layers as float8 GEMMs.
+
+A quantised layer keeps its weight in float8_e4m3 with one scale per output channel (quantised once, when
+the model has loaded and its LoRAs are merged: the peak is the bf16 load's, the steady weight memory half of
+it), quantises its input per token at run time and multiplies with `torch._scaled_mm` (row-wise scales; it
+runs on the CPU too, so the path is tested without a GPU). Which library: bench/fp8_linear.py measured
+`_scaled_mm` and torchao's float8 on an H200 (bench/RESULTS.md, 2026-11-24): the same function, within noise
+of each other compiled; `_scaled_mm` needs no extra package on the device image.
+
+What is quantised: the linear layers inside the transformer blocks (attention Q/K/V/O, cross-attention, the
+FFN), not the blocks' modulation, the embeddings, the time projections or the head, and only layers whose
+sizes the GPU GEMM takes (multiples of 16), so the CPU runs what a GPU would. A token's scale depends on that
+token alone, so a sequence-parallel rank quantises its tokens as one rank would.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = torch.finfo(E4M3).max
+QUANTS = ("none", "fp8")
+
+
+def quantise_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x` [M, K] → (float8_e4m3 [M, K], float32 scales [M, 1]) with x ≈ q · scale, each row's largest
+    magnitude at e4m3's largest value."""
+    x = x.float()
+    scale = x.abs().amax(-1, keepdim=True).clamp(min=1e-12) / E4M3_MAX
+    return (x / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), scale
+
+
+class Fp8Linear(nn.Module):
+    """`nn.Linear`'s function with an FP8 weight and FP8 activations (see the module's docstring)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight, scale = quantise_rows(linear.weight.detach())
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.register_buffer("weight_scale", scale.t().contiguous())  # [1, N]: `_scaled_mm`'s scale_b
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, scale = quantise_rows(x.reshape(-1, self.in_features))
+        # row-wise scaled GEMMs give bf16 on CUDA; the CPU gives the input's dtype directly
+        out_dtype = torch.bfloat16 if x.is_cuda else x.dtype
+        w, w_scale = self.weight.t(), self.weight_scale
+        y = torch._scaled_mm(q, w, scale_a=scale, scale_b=w_scale, out_dtype=out_dtype)
+        y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3"
+
+
+def quantised(name: str, module: nn.Module) -> bool:
+    """Whether `quantise` turns this layer (by its name in the model) into FP8."""
+    inside_block = ".blocks." in f".{name}"
+    modulation = any(part.endswith("_mod") or part == "modulation" for part in name.split("."))
+    sizes = isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
+    return inside_block and not modulation and sizes
+
+
+@torch.no_grad()
+def quantise(model: nn.Module) -> int:
+    """Replace the model's large linear layers by `Fp8Linear`s, one at a time (each bf16 weight is freed as
+    its FP8 copy is made); the number replaced."""
+    targets = [(name, module) for name, module in model.named_modules() if quantised(name, module)]
+    for name, module in targets:
+        parent_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), attr, Fp8Linear(module))
+    return len(targets)
