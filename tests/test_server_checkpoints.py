@@ -67,11 +67,12 @@ def test_a_checkpoint_key_holds_the_settings_that_change_the_numbers():
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    env = {"ITHACA_DEVICE": "cuda", "ITHACA_LORA": "a.safetensors:0.5", "ITHACA_CACHE": "fbcache"}
+    env = {"ITHACA_DEVICE": "cuda", "ITHACA_LORA": "a.safetensors:0.5", "ITHACA_CACHE": "fbcache",
+           "ITHACA_QUANT": "fp8"}  # fmt: skip
     config = from_args(parser.parse_args(["--dtype", "bfloat16", "--compile"]), environ=env)
     assert checkpoint_key(config.pipeline) == {
         "device": "cuda", "dtype": "bfloat16", "attn_backend": "auto", "text_encoder_device": None,
-        "compile": True, "sampler": None, "flow_shift": None, "timesteps": None,
+        "compile": True, "sampler": None, "flow_shift": None, "timesteps": None, "quant": "fp8",
         "loras": (("a.safetensors", 0.5),), "cache": "fbcache", "comm": "auto",
     }  # fmt: skip
 
