@@ -53,7 +53,7 @@ class ServerProcess:
                 cwd=REPO,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=os.environ | {"PYTHONUNBUFFERED": "1"} | env,
+                env=_shell_environment() | {"PYTHONUNBUFFERED": "1"} | env,
             )
         self.client = httpx.Client(base_url=self.url, headers=self.headers(), timeout=30)
 
@@ -129,3 +129,9 @@ def wait_until(condition, timeout: float, what: str) -> float:
         assert time.monotonic() - start < timeout, f"{what}: not within {timeout} s"
         time.sleep(0.05)
     return time.monotonic() - start
+
+
+def _shell_environment() -> dict[str, str]:
+    """This process's environment as an operator's shell would give it: without what torch set in it (an
+    earlier test's compile sets TORCHINDUCTOR_CACHE_DIR, which a server's ranks must not inherit)."""
+    return {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}

@@ -13,6 +13,7 @@ from bench.gpu_modelled import Layout, messages
 from tests.distributed import run_distributed
 
 
+@pytest.mark.slow  # every section of the kit
 def test_cpu_smoke_runs_every_section(tmp_path, capsys):
     assert gpu.main(["--cpu-smoke", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out

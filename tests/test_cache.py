@@ -100,6 +100,7 @@ def test_every_layout_takes_the_same_decisions(one_rank, world):
             assert rel <= EXACT_REL, (layout, rel)
 
 
+@pytest.mark.slow  # every layout
 def test_hunyuan_caches_alike_on_every_layout():
     """HunyuanVideo-1.5's dual-stream blocks: the first block carries the text stream on to the others, a
     skipped step reuses the image stream's residual; Ulysses, ring and CFG parallel decide as one rank."""

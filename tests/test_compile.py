@@ -45,6 +45,7 @@ def test_compiled_matches_eager_on_one_rank(model):
     torch.testing.assert_close(got["compiled"], got["eager"], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # compiles on 2 ranks
 def test_compiled_matches_eager_under_ulysses():
     ranks = run_distributed(2, _many, MODELS, timeout=240)
     for rank in ranks:

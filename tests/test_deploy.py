@@ -174,6 +174,7 @@ def _container_env(tmp_path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow  # a real server
 def test_server_starts_from_the_container_environment(tmp_path):
     env = _container_env(tmp_path)
     assert {env[f"ITHACA_{k}"] for k in ("ULYSSES", "RING", "CFG", "COMM")} == {"auto"}

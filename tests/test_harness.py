@@ -58,6 +58,7 @@ def test_error_on_one_rank_is_reported():
     assert run_distributed(2, _rank_sum)[0] == (0, 3.0)  # a fresh pool replaced the failed one
 
 
+@pytest.mark.slow  # waits out the collective timeout
 def test_mismatched_collective_fails_fast():
     start = time.monotonic()
     with pytest.raises(DistError):

@@ -34,6 +34,7 @@ def _ithaca(env: dict, *argv: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=240)  # fmt: skip
 
 
+@pytest.mark.slow  # real processes
 def test_generate_takes_a_hub_name_and_its_folder_defaults(hub_env, tmp_path):
     out = tmp_path / "v.mp4"
     name = f"acme/tiny-video@{REVISION}"
@@ -54,6 +55,7 @@ def test_a_name_that_is_not_cached_offline_is_one_line(hub_env, command, name):
     assert "not in the Hugging Face cache" in line and "HF_HUB_OFFLINE" in line and name in line, line
 
 
+@pytest.mark.slow  # real processes
 def test_serve_takes_a_hub_name(hub_env, tmp_path):
     """The API process resolves the name; its worker group loads the cached folder."""
     srv = ServerProcess(tmp_path, "--pipeline-module", FAKE, "--model-path", "acme/tiny-video", env=hub_env)

@@ -16,6 +16,9 @@ from testing.server_process import FAKE, ServerProcess, group_pids, wait_until
 from tests import netns
 from tests.postgres import started_cluster
 
+# every test here starts real server processes: left out of the quick loop (README, Tests)
+pytestmark = pytest.mark.slow
+
 ENV = {"ITHACA_DIST_TIMEOUT": "20", "ITHACA_FAKE_STEP_S": "0.2", "PYTHONUNBUFFERED": "1"}
 ORPHAN_TIMEOUT_S = 4
 

@@ -27,6 +27,9 @@ from server.config import ServeConfig, add_arguments, from_args
 from testing.server_process import FAKE, REPO, ServerProcess, group_pids, wait_until
 from tests import netns
 
+# every test here starts real server processes: left out of the quick loop (README, Tests)
+pytestmark = pytest.mark.slow
+
 RDZV_PORT = 29400  # inside host 0's namespace: nothing else listens there
 TIMEOUTS = {"ITHACA_DIST_TIMEOUT": "20", "GLOO_SOCKET_IFNAME": netns.IFNAME, "PYTHONUNBUFFERED": "1"}
 

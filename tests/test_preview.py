@@ -80,6 +80,7 @@ def dominant_colour(pixels: np.ndarray) -> str:
     return list(COLORS)[int(distance.argmin())]
 
 
+@pytest.mark.slow  # the 72 scenes
 def test_previews_have_the_colour_of_the_video_on_every_scene(tiny_scenes):
     """The 72 scenes of the language at the model's defaults (12 steps, previews every 2): the first preview
     (step 2) and the last show the colour the finished video shows (its decoded frames), in at least 90 % of

@@ -15,7 +15,10 @@ import pytest
 
 from testing.server_process import ServerProcess, wait_until
 
-pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")  # the SDK's notice
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning"),  # the SDK's notice
+    pytest.mark.slow,  # a real server (the session's tiny one): left out of the quick loop
+]
 LONG = {"num_frames": 33, "height": 256, "width": 256, "num_inference_steps": 50}  # seconds of work on CPU
 
 

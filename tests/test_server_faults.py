@@ -19,6 +19,9 @@ from server import videos
 from server.store import JobStore
 from testing.server_process import FAKE, ServerProcess, group_pids
 
+# every test here starts real server processes: left out of the quick loop (README, Tests)
+pytestmark = pytest.mark.slow
+
 LONG = {"num_frames": 33, "height": 256, "width": 256, "num_inference_steps": 50}
 RESUMED = {"prompt": "a green triangle moving up", "num_frames": 17, "height": 128, "width": 128,
            "num_inference_steps": 12, "seed": 7}  # fmt: skip

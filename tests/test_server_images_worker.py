@@ -14,6 +14,9 @@ from server.store import JobStore
 from testing.images import DESCRIBED, PNG, data_url
 from testing.server_process import FAKE, ServerProcess, wait_until
 
+# every test here starts real server processes: left out of the quick loop (README, Tests)
+pytestmark = pytest.mark.slow
+
 # -- a real server: the worker reads the image and every rank gets it ----------------------------------------
 
 

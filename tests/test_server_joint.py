@@ -5,10 +5,12 @@ exchange is `--comm auto`'s (the default): timed at start-up, published on /read
 from __future__ import annotations
 
 import imageio.v3 as iio
+import pytest
 
 from testing.server_process import ServerProcess
 
 
+@pytest.mark.slow  # a real server
 def test_tiny_joint_serves_a_video(tmp_path):
     srv = ServerProcess(tmp_path / "data", "--preset", "tiny-joint", "--nproc", "2", "--ulysses", "2")
     try:

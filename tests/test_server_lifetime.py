@@ -17,6 +17,9 @@ import pytest
 from server.store import TIMED_PHASES, JobStore
 from testing.server_process import FAKE, ServerProcess, group_pids, wait_until
 
+# every test here starts real server processes: left out of the quick loop (README, Tests)
+pytestmark = pytest.mark.slow
+
 SLOW_DECODE = {"ITHACA_FAKE_STEP_S": "0.05", "ITHACA_FAKE_DECODE_S": "1.5"}
 
 

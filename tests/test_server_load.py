@@ -15,6 +15,9 @@ import pytest
 
 from testing.server_process import FAKE, ServerProcess
 
+# every test here starts real server processes: left out of the quick loop (README, Tests)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):

@@ -48,6 +48,7 @@ def test_openapi_tells_the_truth(client):
     assert client.head("/health").status_code == 200
 
 
+@pytest.mark.slow  # hundreds of requests
 def test_schema_fuzzing(tmp_path):
     """Every operation of the app's own OpenAPI, positive and negative examples, under every schemathesis
     check: no 5xx, every reply one the document declares (status, media type, body schema), every request

@@ -20,6 +20,9 @@ from server.store import JobStore
 from server.writers import PreviewWriter
 from testing.server_process import FAKE, ServerProcess, wait_until
 
+# every test here starts real server processes: left out of the quick loop (README, Tests)
+pytestmark = pytest.mark.slow
+
 STEPS = 8
 
 

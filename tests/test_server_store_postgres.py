@@ -78,6 +78,7 @@ def test_postgres_idempotency_keys_race_to_one_job(postgres_cluster):
     assert len({job.id for job, _ in results}) == 1 and sum(created for _, created in results) == 1
 
 
+@pytest.mark.slow  # a real server
 def test_a_server_runs_a_job_on_a_postgres_store(postgres_cluster, tmp_path):
     from testing.server_process import FAKE, ServerProcess
 
@@ -102,6 +103,7 @@ def test_a_server_runs_a_job_on_a_postgres_store(postgres_cluster, tmp_path):
         server.stop()
 
 
+@pytest.mark.slow  # a real server
 def test_a_postgres_outage_costs_a_wait_never_a_job(postgres_cluster, tmp_path):
     """PostgreSQL stopped mid-job and started again, then every connection cut twice mid-job: the running
     jobs complete on their first attempt, the queued ones run after, with no restart of the server; while

@@ -66,7 +66,7 @@ def references():
     return [_reference(family, c, _latents(c, shape)) for family, c, shape in CASES]
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("world", [1, 2, pytest.param(3, marks=pytest.mark.slow), 4])
 def test_banded_decode_matches_diffusers(references, world):
     from dit.vae_frames import to_uint8
 
