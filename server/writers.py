@@ -7,6 +7,8 @@ fails is logged and left out: previews and checkpoints are worth having, never w
   then renamed, so an interrupted job goes on from its last one.
 - `StreamedVideo`: a job's MP4, encoded while the VAE decodes (ffmpeg in its own process takes each latent
   frame's frames as they come), under the partial name until the job completes.
+- `VideoCloser`: the end of each job the leader hands off once its frames are with ffmpeg (wait for the file,
+  rename it into place, record the job), every one in order, so the leader claims its next job at once.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import logging
 import os
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -32,13 +36,15 @@ log = logging.getLogger("ithaca.worker")
 
 class LatestWriter:
     """`submit(job_id, step, item)` returns at once; the thread runs `write(job_id, step, item)`. `flush`
-    waits until nothing is pending or being written. `write_s`: the seconds the last write took."""
+    waits until nothing is pending or being written. `write_s`: the seconds the last write took. `keep_all`:
+    every item is written, in order, instead of the latest only."""
 
     what = "item"
+    keep_all = False
 
     def __init__(self):
         self._cond = threading.Condition()
-        self._pending: tuple | None = None
+        self._pending: deque[tuple] = deque()
         self._busy = False
         self._thread: threading.Thread | None = None
         self.write_s = 0.0
@@ -48,7 +54,9 @@ class LatestWriter:
 
     def submit(self, job_id: str, step: int, item) -> None:
         with self._cond:
-            self._pending = (job_id, step, item)
+            if not self.keep_all:
+                self._pending.clear()
+            self._pending.append((job_id, step, item))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=f"{self.what}s", daemon=True)
                 self._thread.start()
@@ -57,13 +65,13 @@ class LatestWriter:
     def flush(self, timeout: float) -> bool:
         """Wait until no item is pending or being written; False when `timeout` ran out first."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._pending is None and not self._busy, timeout)
+            return self._cond.wait_for(lambda: not self._pending and not self._busy, timeout)
 
     def _loop(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._pending is not None)
-                (job_id, step, item), self._pending, self._busy = self._pending, None, True
+                self._cond.wait_for(lambda: bool(self._pending))
+                (job_id, step, item), self._busy = self._pending.popleft(), True
             start = time.perf_counter()
             try:
                 self.write(job_id, step, item)
@@ -143,3 +151,14 @@ class StreamedVideo:
             self._writer.close()
             self._writer = None
         Path(self.path).unlink(missing_ok=True)
+
+
+class VideoCloser(LatestWriter):
+    """Runs each job's close (a callable the worker hands off with the job's steps) in turn: the MP4's frames
+    are all with ffmpeg, so the file finishes on its own while the leader goes on with its next job."""
+
+    what = "MP4"
+    keep_all = True
+
+    def write(self, job_id: str, step: int, close: Callable[[], None]) -> None:
+        close()

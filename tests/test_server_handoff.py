@@ -1,0 +1,141 @@
+"""The worker hands each job's MP4 off once its frames are with ffmpeg (server.writers.VideoCloser) and
+claims its next job at once. The worker's job loop in this process (one rank, the fake pipeline, the real
+writers and SQLite store), every close held by an event: the next job runs while the last file closes; a
+job completes only once its file is in place; a cancel meanwhile leaves no file; a close that fails fails
+its job; a job whose file never closed (its group died) is re-queued by the group-death path, never
+completed."""
+
+from __future__ import annotations
+
+import os
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from dit.video import read_mp4
+from server import videos
+from server.config import ServeConfig
+from server.store import JobStore
+from server.worker import Worker
+from server.writers import StreamedVideo
+from testing import fake_pipeline
+from testing.server_process import wait_until
+
+MESH = SimpleNamespace(is_replica_leader=True, dp_rank=0, dp_size=1, world_size=1, sp_size=1, ulysses_size=1,
+                       ring_size=1, cfg_size=1, broadcast_object=lambda message: message)  # fmt: skip
+SPEC = {"prompt": "a red circle", "num_inference_steps": 2, "num_frames": 9, "height": 32, "width": 32}
+WAIT_S = 30
+
+
+@pytest.fixture
+def served(tmp_path, monkeypatch):
+    """A worker serving in a thread; `gate`: set it to let the closes go on; `fail`: job ids whose close
+    raises; `finished`: (status, was its MP4 in place) when `finish` was called, per job."""
+    gate, fail, finished = threading.Event(), set(), {}
+    real_close = StreamedVideo.close
+
+    def held_close(video: StreamedVideo, frames):
+        assert gate.wait(WAIT_S)
+        if os.path.basename(video.path).removesuffix(videos.PARTIAL_SUFFIX) in fail:
+            raise OSError("No space left on device")
+        return real_close(video, frames)
+
+    monkeypatch.setattr(StreamedVideo, "close", held_close)
+    config = ServeConfig(data_dir=str(tmp_path), checkpoint_every="off")
+    worker = Worker(config, "group", MESH, fake_pipeline.load_pipeline(config.pipeline, MESH), fake_pipeline)
+    real_finish = worker.store.raw.finish
+
+    def finish(job_id, worker_name, status, **kwargs):
+        finished[job_id] = (status, os.path.exists(_mp4(config, job_id)))
+        return real_finish(job_id, worker_name, status, **kwargs)
+
+    monkeypatch.setattr(worker.store.raw, "finish", finish)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    store = JobStore(config.store_url)
+    yield SimpleNamespace(config=config, worker=worker, thread=thread, store=store, gate=gate, fail=fail,
+                          finished=finished)  # fmt: skip
+    worker.stopping.set()
+    gate.set()
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+
+
+def _mp4(config: ServeConfig, job_id: str) -> str:
+    return os.path.join(config.videos_dir, f"{job_id}.mp4")
+
+
+def _files(config: ServeConfig, job_id: str) -> list[str]:
+    names = (f"{job_id}.mp4", job_id + videos.PARTIAL_SUFFIX)
+    return [n for n in names if os.path.exists(os.path.join(config.videos_dir, n))]
+
+
+def _at(s, job_id: str, what, phase: str | None = None):
+    """Wait until the job is `what` (a status), or in progress in `phase`; the job."""
+
+    def reached():
+        job = s.store.get(job_id)
+        return job.status == what if phase is None else (job.status, job.phase) == ("in_progress", phase)
+
+    wait_until(reached, WAIT_S, f"job {job_id} {what} {phase or ''}")
+    return s.store.get(job_id)
+
+
+def test_the_next_job_runs_while_the_last_mp4_closes_and_completes_once_it_is_in_place(served):
+    s = served
+    first, _ = s.store.create(SPEC)
+    second, _ = s.store.create(SPEC | {"seed": 1})
+    _at(s, second.id, "in_progress", "writing")  # claimed, denoised and decoded: the first file is still held
+    held = s.store.get(first.id)
+    assert (held.status, held.phase, held.video) == ("in_progress", "writing", None)
+    assert _files(s.config, first.id) == [f"{first.id}{videos.PARTIAL_SUFFIX}"]
+    s.gate.set()
+    done = [_at(s, job.id, "completed") for job in (first, second)]
+    assert s.finished == {job.id: ("completed", True) for job in (first, second)}  # the file, then the job
+    assert done[0].finished_at < done[1].finished_at
+    assert done[0].finished_at > done[1].started_at  # the second ran before the first was done
+    for job in done:
+        assert read_mp4(_mp4(s.config, job.id)).frames.shape == (9, 32, 32, 3)
+        assert job.video == f"{job.id}.mp4" and job.timings["writing_s"] > 0
+
+
+def test_a_cancel_while_the_mp4_closes_leaves_no_file_and_a_cancelled_job(served):
+    s = served
+    job, _ = s.store.create(SPEC)
+    _at(s, job.id, "in_progress", "writing")
+    s.store.cancel(job.id)
+    s.gate.set()
+    cancelled = _at(s, job.id, "cancelled")
+    assert cancelled.video is None and "not kept" in cancelled.error
+    wait_until(lambda: s.worker.closer.flush(0), WAIT_S, "the close")
+    assert _files(s.config, job.id) == []
+
+
+def test_a_close_that_fails_fails_its_job_and_the_worker_goes_on(served):
+    s = served
+    broken, _ = s.store.create(SPEC)
+    s.fail.add(broken.id)
+    after, _ = s.store.create(SPEC)
+    s.gate.set()
+    failed = _at(s, broken.id, "failed")
+    assert failed.error == "the MP4 was not written: OSError: No space left on device"
+    assert failed.timings["writing_s"] is not None and _files(s.config, broken.id) == []
+    _at(s, after.id, "completed")
+    assert _files(s.config, after.id) == [f"{after.id}.mp4"]
+
+
+def test_a_job_whose_mp4_never_closed_is_re_queued_never_completed(served):
+    s = served
+    job, _ = s.store.create(SPEC)
+    _at(s, job.id, "in_progress", "writing")
+    s.worker.stopping.set()  # no more claims: the job stays queued once re-queued
+    # the group dies here: the supervisor re-queues what its workers were running (_group_exited)
+    running = s.store.in_progress(worker_prefix=f"{s.config.instance}/group/")
+    assert [j.id for j in running] == [job.id]
+    s.store.requeue_or_fail(running[0], max_attempts=3, reason="the worker group exited")
+    s.gate.set()  # a close that ends after all finds the job no longer its own
+    s.thread.join(WAIT_S)
+    again = s.store.get(job.id)
+    assert (again.status, again.attempts, again.video) == ("queued", 1, None)
+    assert s.finished[job.id] == ("completed", True) and _files(s.config, job.id) == []
