@@ -1,8 +1,9 @@
 """Faults with real processes (2 CPU ranks): a rank killed with SIGKILL mid-job (the real `tiny` pipeline: the
 job resumes from its checkpoint in the restarted group and ends with the frames of an uninterrupted run), a
 job past its time limit; the API killed with jobs queued and one running, a graceful SIGTERM with a job in
-flight (the fake pipeline, testing/fake_pipeline.py: what they test is processes and the store). The tests run
-in order and share one data folder (one job store) across server restarts.
+flight (the fake pipeline, testing/fake_pipeline.py: what they test is processes and the store; an ffmpeg that
+takes a second to exit, so each next job runs while the last MP4 closes and the drain waits for it). The tests
+run in order and share one data folder (one job store) across server restarts.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import time
 
+import imageio_ffmpeg
 import pytest
 
 from dit.video import read_mp4
@@ -103,13 +105,20 @@ def test_api_restart_runs_queued_jobs_and_requeues_the_interrupted_one(data_dir)
     finally:
         attached.stop(signal.SIGKILL)
 
+    ffmpeg = data_dir / "slow-ffmpeg"  # each MP4's close takes a second more than its encoding
+    ffmpeg.write_text(f'#!/bin/sh\n"{imageio_ffmpeg.get_ffmpeg_exe()}" "$@"; code=$?; sleep 1; exit $code\n')
+    ffmpeg.chmod(0o755)
     srv = ServerProcess(data_dir, *INSTANCE, "--orphan-timeout", "2", "--pipeline-module", FAKE,
-                        env={"ITHACA_FAKE_STEP_S": "0.1"})  # fmt: skip
+                        env={"ITHACA_FAKE_STEP_S": "0.1", "IMAGEIO_FFMPEG_EXE": str(ffmpeg)})  # fmt: skip
     try:
         srv.wait()
         for job in queued:
             done = srv.wait_job(job["id"])
             assert done["status"] == "completed", done
+        burst = [srv.submit(prompt=f"burst {i}", num_inference_steps=2)["id"] for i in range(3)]
+        ran = [store.get(srv.wait_job(job_id)["id"]) for job_id in burst]
+        for last, following in zip(ran, ran[1:], strict=False):  # each next job claimed while the MP4 closed
+            assert following.started_at < last.finished_at and last.timings["writing_s"] > 1, last
         assert srv.client.get(f"/jobs/{interrupted.id}").json()["attempts"] == 2  # re-queued once, then ran
         assert srv.client.get(f"/jobs/{vanished.id}").json()["attempts"] == 2  # swept from the silent server
         assert "sent no heartbeat" in srv.log()
