@@ -5,6 +5,7 @@ phase callback), for the tiny models at 1, 2 and 4 CPU ranks (gloo, Ulysses over
     python bench/job.py [--models tiny tiny-random] [--ranks 1 2 4] [--iters 3] [--json]
     python bench/job.py --config comm=fp8 --request num_inference_steps=4    # PipelineConfig / request fields
     python bench/job.py --vary parallel_decode=false --vary cache=fbcache    # rows with one field changed
+    python bench/job.py --models tiny --queued 8 --ranks 1                   # and jobs per minute (below)
 
 Each row is the job of median total among --iters jobs after one warm-up job, with the model's default
 request unless --request changes it; `total` is the wall time from the pipeline call to the written MP4. The
@@ -13,6 +14,11 @@ MP4 is encoded while the VAE decodes, as the server does (`write` is the time af
 --config and --request take any field of `dit.pipeline.PipelineConfig` and `GenerationRequest` (values read
 as JSON, else as text), so options the pipeline gains are benchmarked without changes here. Each --vary
 KEY=VALUE (a field of either) adds the same rows with that one field changed, beside the baseline's.
+
+The throughput rows (--queued N, 0: none): the server's own worker loop (`server.worker`: one rank started as
+the served group's are, its real writers and SQLite store) runs N queued jobs after a warm-up job, once
+waiting for each MP4 to be closed before the next claim (as it used to) and once handing it off, the two in
+turns --iters times; jobs per minute from the first claim to the last completion, the median of the turns.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -35,11 +42,15 @@ from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline  # noq
 from dit.video import Mp4Writer, write_mp4  # noqa: E402
 from parallel import init_parallel  # noqa: E402
 from parallel.launch import spawn_local  # noqa: E402
+from server.config import ServeConfig, serve_pipeline  # noqa: E402
 from server.phases import PhaseClock  # noqa: E402
 from server.store import TIMED_PHASES  # noqa: E402
+from server.worker import Worker, _start  # noqa: E402
+from server.writers import VideoCloser  # noqa: E402
 
 PROMPT = "a red circle moving right"
 COLUMNS = dict(zip(TIMED_PHASES, ("encode", "denoise", "decode", "write"), strict=True))
+WORKERS = {"waits for the file": True, "hands it off": False}  # the throughput rows: waits for each MP4?
 
 
 def _rank(
@@ -104,6 +115,55 @@ def run(
     return rows
 
 
+class _WaitingCloser(VideoCloser):
+    """The worker as it was: each job's MP4 closed and the job completed before the loop's next claim."""
+
+    def submit(self, job_id: str, step: int, close) -> None:
+        close()
+
+
+def _throughput(model: str, config: dict, request: dict, queued: int, iters: int, out: str) -> None:
+    """One rank: the worker loop over `queued` jobs a turn (the module's doc says how); the rows to `out`."""
+    rates = {name: [] for name in WORKERS}
+    with tempfile.TemporaryDirectory() as tmp:
+
+        def serve(name: str) -> ServeConfig:
+            folder = os.path.join(tmp, name)
+            return ServeConfig(data_dir=folder, preset=model, pipeline=serve_pipeline(**config))
+
+        started = _start(serve("warm-up"), "bench")  # as a served group's rank starts
+        _jobs_per_minute(started, request, 1)
+        for turn in range(iters):
+            for name, waits in WORKERS.items():
+                worker = Worker(serve(f"{turn}-{name}"), "bench", started.mesh, started.pipe, started.module)
+                worker.closer = _WaitingCloser() if waits else worker.closer
+                rates[name].append(_jobs_per_minute(worker, request, queued))
+    req = dataclasses.asdict(started.pipe.validate(GenerationRequest(**{"prompt": PROMPT, **request})))
+    rows = [{"model": model, "queued": queued, "worker": name, "request": req, "jobs_per_min": median}
+            for name, median in ((name, sorted(r)[iters // 2]) for name, r in rates.items())]  # fmt: skip
+    with open(out, "w") as f:
+        json.dump(rows, f)
+
+
+def _jobs_per_minute(worker: Worker, request: dict, queued: int) -> float:
+    """`queued` jobs through the worker's loop, each completed with its MP4 in place."""
+    store = worker.store.raw
+    ids = [store.create({"prompt": PROMPT, **request})[0].id for _ in range(queued)]
+    loop = threading.Thread(target=worker.run, daemon=True)
+    loop.start()
+    deadline = time.monotonic() + 600
+    while not all(store.get(job_id).terminal for job_id in ids):
+        assert time.monotonic() < deadline, "the queued jobs did not end within 600 s"
+        time.sleep(0.02)
+    worker.stopping.set()
+    loop.join(60)
+    jobs = [store.get(job_id) for job_id in ids]
+    for job in jobs:
+        assert job.status == "completed", job
+        assert os.path.exists(os.path.join(worker.config.videos_dir, job.video)), job
+    return 60 * queued / (max(j.finished_at for j in jobs) - min(j.started_at for j in jobs))
+
+
 def _fields(classes, pairs: list[str], flag: str, parser: argparse.ArgumentParser, reserved=()) -> list[dict]:
     """KEY=VALUE pairs → one {field: value} per dataclass of `classes`, each KEY going to the first class
     that has the field; a VALUE that is not JSON stays text."""
@@ -143,6 +203,9 @@ def main(argv=None) -> None:
         action="store_true",
         help="write the MP4 after the decode (the old way) instead of encoding it while the VAE decodes",
     )
+    p.add_argument(
+        "--queued", type=int, default=8, help="jobs per throughput row (0: none), the worker loop on 1 rank"
+    )
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = p.parse_args(argv)
     (config,) = _fields([PipelineConfig], args.config, "--config", p, reserved=("model",))
@@ -152,8 +215,16 @@ def main(argv=None) -> None:
         (pair, *_fields(classes, [pair], "--vary", p, reserved=("model",))) for pair in args.vary
     ]
     rows = run(args.models, args.ranks, args.iters, config, request, variants, args.write_after)
+    throughput = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in args.models if args.queued else ():
+            out = os.path.join(tmp, "throughput.json")
+            spawn_local(_throughput, 1, model, config, request, args.queued, args.iters, out)
+            with open(out) as f:
+                throughput += json.load(f)
     if args.json:
-        print(json.dumps({"config": config, "iters": args.iters, "torch": torch.__version__, "rows": rows}))
+        print(json.dumps({"config": config, "iters": args.iters, "torch": torch.__version__, "rows": rows,
+                          "throughput": throughput}))  # fmt: skip
         return
     where = f"CPU ({os.cpu_count()} cores), gloo, torch {torch.__version__}"
     print(
@@ -165,11 +236,19 @@ def main(argv=None) -> None:
     )
     print("| --- | --- | --- | ---: |" + " ---: |" * (len(COLUMNS) + 1))
     for r in rows:
-        req = r["request"]
-        job = f"{req['num_frames']}×{req['width']}×{req['height']}, {req['num_inference_steps']} steps"
+        job = _job(r["request"])
         cells = [f"{r[key]:.3f}" for key in (*COLUMNS, "total")]
         changed = r["variant"] or "–"
         print(f"| {r['model']} | {job} | {changed} | {r['ranks']} | " + " | ".join(cells) + " |")
+    if throughput:
+        print(f"\nthe worker loop on 1 rank, {args.queued} queued jobs, the median of {args.iters} turns")
+        print("| model | job | worker | jobs per minute |\n| --- | --- | --- | ---: |")
+    for r in throughput:
+        print(f"| {r['model']} | {_job(r['request'])} | {r['worker']} | {r['jobs_per_min']:.1f} |")
+
+
+def _job(req: dict) -> str:
+    return f"{req['num_frames']}×{req['width']}×{req['height']}, {req['num_inference_steps']} steps"
 
 
 if __name__ == "__main__":
