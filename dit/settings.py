@@ -112,8 +112,8 @@ class PipelineConfig:
     # not depend on it (not in a checkpoint's key). float32 by default: bench/vae_dtype.py's table
     vae_dtype: str = setting(
         "float32",
-        "float32 | bfloat16 | float16: the VAE's decoder, weights and activations (the frames differ from "
-        "float32's by a few levels, see the README; the encoder stays float32)",
+        "float32 | bfloat16 | float16: the VAE's decoder, weights and activations (a lower precision moves "
+        "some values a few levels, see the README; the encoder stays float32)",
     )
     # sequence-parallel exchange; auto: chosen by measurement once the model is loaded (`dit.startup`),
     # which `load_pipeline` itself never sees
