@@ -71,7 +71,7 @@ SECTIONS = (
     Section("modelled", "MODELLED 8-GPU step time", gpu_modelled.modelled, 1),
     Section("overlap", "overlapped Ulysses, MODELLED exchanges", gpu_modelled.overlap, 10),
     Section("job", "Wan2.1-1.3B job by phase", gpu_speed.job_phases, 40),
-    Section("vae", "VAE decode, 81 frames 480p", gpu_speed.vae_decode, 40),
+    Section("vae", "VAE decode per --vae-dtype, 81 frames 480p", gpu_speed.vae_decode, 60),
     Section("text", "text encode (UMT5-XXL)", gpu_speed.text_encode, 30),
     Section("hunyuan", "HunyuanVideo-1.5 480p forward, ours vs diffusers", gpu_speed.hunyuan, 90),
 )

@@ -3,6 +3,7 @@ inputs, each figure beside its reference from the same run, with the peak GPU me
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 
@@ -218,17 +219,29 @@ def hunyuan(kit: Kit, report: Report) -> None:
 
 
 def vae_decode(kit: Kit, report: Report) -> None:
-    """Wan's VAE (published config, random weights) decoding 81 frames at 480p in float32, single rank."""
+    """Wan's VAE (published config, random weights) decoding 81 frames at 480p, single rank, its decoder in
+    each `--vae-dtype`; the frames of each against float32's (bench/vae_dtype.py's figures)."""
+    from bench.vae_dtype import differences
+    from dit.pipeline import DTYPES
+    from dit.vae_frames import cast_decoder
     from dit.wan.vae import WanVAE, WanVAEConfig, decode, tiny_vae
 
     vae = kit.pick(lambda: WanVAE(WanVAEConfig()), lambda: tiny_vae(16))().to(kit.device).eval()  # published
     frames, height, width = kit.pick((81, 480, 832), (5, 32, 32))
     latents = torch.randn(1, 16, (frames - 1) // 4 + 1, height // 8, width // 8, device=kit.device)
-    sec, video, peak = kit.time(lambda: decode(vae, latents), warmup=1, iters=2)
+    rows, reference = [], None
+    for name, dtype in DTYPES.items():  # float32 first: the reference
+        cast = cast_decoder(copy.deepcopy(vae), dtype)
+        sec, video, peak = kit.time(lambda cast=cast: decode(cast, latents), warmup=1, iters=2)
+        reference = video if reference is None else reference
+        diff = differences(video, reference)
+        rows.append([name, f"{sec:.3f}", gib(peak), diff["max_diff"], f"{diff['over_bound']:.3%}"])
+        del cast
+        kit.free()
     report.table(
-        "VAE decode (dit.wan.vae.decode: float32, to uint8 on the host)",
-        ["what", "s", "peak GiB"],
-        [[f"{tuple(latents.shape)} → {tuple(video.shape)} frames", f"{sec:.3f}", gib(peak)]],
+        f"VAE decode (dit.wan.vae.decode, to uint8 on the host): {tuple(latents.shape)} → {frames} frames",
+        ["--vae-dtype", "s", "peak GiB", "max |Δ| vs float32 (levels)", "share > 2 levels"],
+        rows,
     )
     report.note(
         "One rank decodes the whole video: the replica's band-parallel decode (dit.vae_parallel) needs "

@@ -43,6 +43,7 @@ from dit.sampling import (
 )
 from dit.settings import PipelineConfig
 from dit.text_cache import TextCache
+from dit.vae_frames import cast_decoder
 
 if TYPE_CHECKING:
     from dit.flow_schedulers import FlowScheduler
@@ -340,8 +341,9 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     `transformer/`, text encoder(s) + tokenizer(s), `vae/`, `scheduler/`); the family (Wan2.1 or
     HunyuanVideo-1.5) comes from the transformer's `_class_name`. A preset without a folder pairs the DiT with
     the family's tiny text encoder(s) and VAE (random weights, for development and benchmarks)."""
-    if config.dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {config.dtype!r}")
+    for name in ("dtype", "vae_dtype"):
+        if getattr(config, name) not in DTYPES:
+            raise ValueError(f"{name} must be one of {sorted(DTYPES)}, got {getattr(config, name)!r}")
     mesh = mesh if mesh is not None else parallel.init_parallel()
     device = torch.device(config.device) if config.device else mesh.device
     dtype = DTYPES[config.dtype]
@@ -381,6 +383,8 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     image_encoder = family.image_encoder(folder, model, dtype, text_device) if leader else None
     decodes = leader or config.parallel_decode
     vae = family.vae(folder, model.config.in_channels, device) if decodes else None
+    if vae is not None:  # its decoder in --vae-dtype; the encoder stays float32
+        cast_decoder(vae, DTYPES[config.vae_dtype])
 
     channels = model.config.in_channels
     compression = family.compression_of(folder, channels)

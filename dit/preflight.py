@@ -77,6 +77,7 @@ def preflight(
     from dit.sampling import SAMPLERS
 
     _check_choice("--dtype", config.dtype, DTYPES)
+    _check_choice("--vae-dtype", config.vae_dtype, DTYPES)
     _check_choice("--quant", config.quant, QUANTS)
     sampler, timesteps = config.sampler, config.timesteps
     if sampler is not None:  # None: the family's own

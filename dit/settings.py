@@ -106,8 +106,15 @@ class PipelineConfig:
         serve_default="cpu",
         key=True,
     )
-    # the DiT's and text encoder's dtype; the VAE always decodes in float32
+    # the DiT's and text encoder's dtype; the VAE's is `vae_dtype`
     dtype: str = setting("float32", "float32 | bfloat16 | float16 (the DiT and text encoder)", key=True)
+    # the VAE decoder's dtype (`dit.vae_frames.cast_decoder`); its encoder stays float32, so the latents do
+    # not depend on it (not in a checkpoint's key). float32 by default: bench/vae_dtype.py's table
+    vae_dtype: str = setting(
+        "float32",
+        "float32 | bfloat16 | float16: the VAE's decoder, weights and activations (a lower precision moves "
+        "some values a few levels, see the README; the encoder stays float32)",
+    )
     # sequence-parallel exchange; auto: chosen by measurement once the model is loaded (`dit.startup`),
     # which `load_pipeline` itself never sees
     comm: str = setting(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from dit import vae_parallel
+
 
 def check_vae(vae, channels: int, expected_channels: int, compression, expected_compression):
     """The VAE in eval mode; ValueError if it does not fit the DiT (channels) or the latents (compression)."""
@@ -20,18 +22,32 @@ def check_vae(vae, channels: int, expected_channels: int, compression, expected_
 
 
 def decode_frames(vae, z: torch.Tensor, group=None, on_frames=None) -> np.ndarray | None:
-    """The VAE's own latents `z` (float32, on its device) → uint8 frames `[F, H, W, 3]`. With a group, every
-    rank of it decodes a band of rows and its rank 0 gets the frames (None elsewhere). `on_frames` (that
-    rank) gets them as they are decoded, in pieces `[n, H, W, 3]` where the VAE decodes chunk by chunk."""
-    from dit import vae_parallel  # the families' VAE layers are registered by then
-
+    """The VAE's own latents `z` (float32, on its device; cast to the decoder's dtype) → uint8 frames
+    `[F, H, W, 3]`. With a group, every rank of it decodes a band of rows and its rank 0 gets the frames (None
+    elsewhere). `on_frames` (that rank) gets them as they are decoded, in pieces `[n, H, W, 3]` where the VAE
+    decodes chunk by chunk."""
     on_chunk = None if on_frames is None else lambda chunk: on_frames(frames(chunk))
+    z = z.to(decoder_dtype(vae))
     return frames(vae_parallel.decode(vae, z, group, finish=quantize, on_chunk=on_chunk))
 
 
+def cast_decoder(vae, dtype: torch.dtype):
+    """The VAE with what its decode runs (`vae_parallel.decoder_parts`) in `dtype` (`--vae-dtype`): the
+    encoder stays float32, so an image's latents (image-to-video), and so the video's, do not depend on it."""
+    for part in vae_parallel.decoder_parts(vae):
+        part.to(dtype)
+    return vae
+
+
+def decoder_dtype(vae) -> torch.dtype:
+    """What `cast_decoder` made the decoder (float32 unless cast)."""
+    return next(p for part in vae_parallel.decoder_parts(vae) for p in part.parameters()).dtype
+
+
 def quantize(video: torch.Tensor) -> torch.Tensor:
-    """A decoded video (or band of one) in [-1, 1] → uint8 levels, the same layout."""
-    return ((video.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    """A decoded video (or band of one) in [-1, 1] → uint8 levels, the same layout; rounded in float32
+    whatever the decoder's dtype (bfloat16 holds only 8 bits of mantissa: 127.5·x would round off levels)."""
+    return ((video.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
 
 
 def frames(video: torch.Tensor | None) -> np.ndarray | None:

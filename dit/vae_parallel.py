@@ -121,6 +121,11 @@ def _integral(upsample: nn.Upsample) -> bool:
     return upsample.size is None and all(float(f).is_integer() for f in factors)
 
 
+def decoder_parts(vae: nn.Module) -> list[nn.Module]:
+    """The VAE's children that `decode` runs (all but `ENCODER_PARTS`)."""
+    return [child for name, child in vae.named_children() if name not in ENCODER_PARTS]
+
+
 @contextmanager
 def banded(vae: nn.Module, bands: RowBands):
     """Within the block `vae.decode` takes this rank's band of the latent rows (`bands`) and returns its band
@@ -128,9 +133,8 @@ def banded(vae: nn.Module, bands: RowBands):
     if getattr(vae, "use_tiling", False):
         raise ValueError("banded decode splits the frame itself: disable the VAE's tiling")
     hooks, patches = [], []
-    for name, child in vae.named_children():
-        if name not in ENCODER_PARTS:
-            _plan(child, bands, hooks, patches)
+    for child in decoder_parts(vae):
+        _plan(child, bands, hooks, patches)
     saved = [(module, attr, getattr(module, attr)) for module, attr, _ in patches]
     handles = []
     try:

@@ -183,6 +183,7 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
         (dict(device="cuda:99"), "--device cuda:99: "),  # no CUDA here, or fewer than 100 GPUs
         (dict(text_encoder_device="tpu"), "--text-encoder-device 'tpu' is not a device"),
         (dict(dtype="fp16"), "--dtype 'fp16' is not one of float32, bfloat16, float16"),
+        (dict(vae_dtype="bf16"), "--vae-dtype 'bf16' is not one of float32, bfloat16, float16"),
         (dict(comm="nccl"), "--comm 'nccl' is not one of alltoall, fp8, p2p, p2p+fp8 (each optionally +over"),
         (dict(comm="p2p+overlap1"), "--comm 'p2p+overlap1' is not one of"),
         (dict(sampler="ddim"), "--sampler 'ddim' is not one of unipc, euler"),
@@ -282,5 +283,6 @@ def test_help_of_every_command_and_subcommand_prints():
     helps["worker"] = worker.format_help()
     assert set(helps) == {"ithaca", "generate", "parity", "serve", "plan", "worker"}
     assert "under 1 % of the job's time" in " ".join(helps["serve"].split())
+    assert all("--vae-dtype" in helps[name] for name in ("generate", "parity", "serve", "worker"))
     for name, text in helps.items():
         assert "usage:" in text, name

@@ -59,7 +59,8 @@ def test_the_sweep_keeps_the_checkpoints_of_jobs_that_may_run_again(tmp_path):
 
 def test_a_checkpoint_key_holds_the_settings_that_change_the_numbers():
     """The settings part of a job checkpoint's key, as `ithaca serve` takes them (its device as given, the
-    LoRAs read, the cache as written): what earlier versions wrote, so their checkpoints still resume."""
+    LoRAs read, the cache as written): what earlier versions wrote, so their checkpoints still resume. The
+    VAE decoder's dtype is not part of it: it changes no latents."""
     import argparse
 
     from dit.settings import checkpoint_key
@@ -68,7 +69,7 @@ def test_a_checkpoint_key_holds_the_settings_that_change_the_numbers():
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     env = {"ITHACA_DEVICE": "cuda", "ITHACA_LORA": "a.safetensors:0.5", "ITHACA_CACHE": "fbcache",
-           "ITHACA_QUANT": "fp8"}  # fmt: skip
+           "ITHACA_QUANT": "fp8", "ITHACA_VAE_DTYPE": "bfloat16"}  # fmt: skip
     config = from_args(parser.parse_args(["--dtype", "bfloat16", "--compile"]), environ=env)
     assert checkpoint_key(config.pipeline) == {
         "device": "cuda", "dtype": "bfloat16", "attn_backend": "auto", "text_encoder_device": None,

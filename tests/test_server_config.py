@@ -65,3 +65,21 @@ def test_step_cache_default_reaches_the_workers():
     assert argv[argv.index("--cache") + 1] == "fbcache:0.05"
     with pytest.raises(ValueError, match="ITHACA_CACHE.*threshold"):
         _parse([], {"ITHACA_CACHE": "fbcache:7"})
+
+
+def test_vae_dtype_reaches_the_workers_and_generate():
+    from dit.cli import add_subcommands
+    from dit.cli_args import pipeline_config
+
+    assert _parse([], {}).vae_dtype == "float32"
+    config = _parse([], {"ITHACA_VAE_DTYPE": "bfloat16"})
+    argv = config.worker_argv()
+    assert config.vae_dtype == "bfloat16" and argv[argv.index("--vae-dtype") + 1] == "bfloat16"
+    worker = argparse.ArgumentParser()
+    add_arguments(worker, worker_only=True)
+    assert from_args(worker.parse_args(argv), environ={}).pipeline.vae_dtype == "bfloat16"
+    assert _parse(["--vae-dtype", "float16"], {"ITHACA_VAE_DTYPE": "bfloat16"}).vae_dtype == "float16"
+    generate = argparse.ArgumentParser().add_subparsers()
+    add_subcommands(generate)
+    args = generate.choices["generate"].parse_args(["a fox", "--vae-dtype", "bfloat16"])
+    assert pipeline_config(args).vae_dtype == "bfloat16"

@@ -1,6 +1,7 @@
 """HunyuanVideo-1.5's VAE (diffusers `AutoencoderKLHunyuanVideo15`: ×4 time, ×16 space, 32 channels) from a
 pipeline folder's `vae/`, or a tiny random one of the same compression for `tiny-joint`. Encodes (an
-image-to-video model's first frame) and decodes in float32 (as `dit.wan.vae` does for Wan)."""
+image-to-video model's first frame) in float32, decodes in its decoder's dtype (`--vae-dtype`, float32 by
+default; as `dit.wan.vae` does for Wan)."""
 
 from __future__ import annotations
 

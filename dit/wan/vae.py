@@ -2,8 +2,9 @@
 `AutoencoderKLWan` config keys, state-dict keys and numbers (float32 rounding apart), loaded from a pipeline
 folder's `vae/` or a tiny random one; Wan2.1's layout and Wan2.2's (residual levels on 2×2-patchified pixels).
 
-The VAE stays in float32 whatever the DiT runs in (as in diffusers' Wan examples): decoding is a small part of
-the run time and bf16 decoding visibly bands the output.
+The VAE is float32 whatever the DiT runs in (as in diffusers' Wan examples), but for the decoder under
+`--vae-dtype` (`dit.vae_frames.cast_decoder`): bfloat16 moves some values by several levels
+(bench/vae_dtype.py).
 """
 
 from __future__ import annotations
