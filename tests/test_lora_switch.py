@@ -197,3 +197,14 @@ def test_lora_dir_settings_reach_serve():
     config = from_args(parser.parse_args(["--lora-cache", "2"]), environ={"ITHACA_LORA_DIR": "/m/loras"})
     assert (config.lora_dir, config.lora_cache) == ("/m/loras", 2)
     assert from_args(parser.parse_args([]), environ={}).lora_cache == 4
+
+
+def test_the_bench_runs_at_its_tiniest(capsys):
+    from bench import lora_switch
+
+    lora_switch.main(["--dtype", "bfloat16", "--iters", "1", "--round-trips", "1", "--json"])
+    rows = {r["row"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert all(r["seconds"] > 0 for r in rows.values() if "seconds" in r)
+    subtracted, ours = rows["subtract to unmerge, 1 round trip(s)"], rows["this switch, 1 round trip(s)"]
+    assert subtracted["changed"] > 0 and subtracted["latents_rel"] > 0  # bf16 rounding leaves the base behind
+    assert ours["changed"] == ours["weights_rel"] == ours["latents_rel"] == 0
