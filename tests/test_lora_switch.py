@@ -187,16 +187,25 @@ def test_the_catalogue_and_the_request_checks(folder, tmp_path):
         load(lora_dir=str(tmp_path / "missing"))
 
 
-def test_lora_dir_settings_reach_serve():
+def test_lora_dir_settings_reach_serve(tmp_path, capsys):
     import argparse
 
+    from server.cli import main
     from server.config import add_arguments, from_args
 
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    config = from_args(parser.parse_args(["--lora-cache", "2"]), environ={"ITHACA_LORA_DIR": "/m/loras"})
+    def parse(argv, env, worker_only=False):
+        parser = argparse.ArgumentParser()
+        add_arguments(parser, worker_only=worker_only)
+        return from_args(parser.parse_args(argv), environ=env)
+
+    config = parse(["--lora-cache", "2"], {"ITHACA_LORA_DIR": "/m/loras"})
     assert (config.lora_dir, config.lora_cache) == ("/m/loras", 2)
-    assert from_args(parser.parse_args([]), environ={}).lora_cache == 4
+    worker = parse(config.worker_argv(), {}, worker_only=True)  # what the ranks get
+    assert (worker.lora_dir, worker.lora_cache) == ("/m/loras", 2)
+    assert parse([], {}).lora_cache == 4
+    # checked before any rank starts: one line, exit 2
+    assert main(["serve", "--data-dir", str(tmp_path / "d"), "--lora-dir", str(tmp_path / "none")]) == 2
+    assert f"--lora-dir {tmp_path / 'none'}: no such folder" in capsys.readouterr().err
 
 
 def test_the_bench_runs_at_its_tiniest(capsys):
