@@ -14,6 +14,7 @@ from dit import lora
 from dit.families import presets, weight_format
 from dit.presets import PRESETS, resolve
 from dit.weights import (
+    Resolver,
     checkpoint_files,
     checkpoint_keys,
     load_safetensors,
@@ -48,7 +49,7 @@ def load_transformer(
     folder, config_json = _source(path_or_preset)
     weights, config, model = build_empty(config_json, dtype, device)
     # every LoRA key and shape is checked before the checkpoint is read
-    merges = lora.plan(model, loras, (weights.lora_resolver or weights.resolver)(config))
+    merges = lora.plan(model, loras, _lora_resolver(weights, config))
     if folder is None:
         random_init(model, seed)
     else:
@@ -62,7 +63,18 @@ def check_loras(path_or_preset: str | Path, loras: Sequence[lora.Lora]) -> None:
     and the keys that do not fit."""
     _, config_json = _source(path_or_preset)
     weights, config, model = build_empty(config_json, torch.float32, "meta")
-    lora.plan(model, loras, (weights.lora_resolver or weights.resolver)(config))
+    lora.plan(model, loras, _lora_resolver(weights, config))
+
+
+def lora_resolver(path_or_preset: str | Path) -> Resolver:
+    """How LoRA files name the weights of the model `load_transformer(path_or_preset)` builds."""
+    _, config_json = _source(path_or_preset)
+    weights = weight_format(config_json.get("_class_name"))
+    return _lora_resolver(weights, weights.parse_config(config_json))
+
+
+def _lora_resolver(weights, config) -> Resolver:
+    return (weights.lora_resolver or weights.resolver)(config)
 
 
 def _source(path_or_preset: str | Path) -> tuple[Path | None, dict]:

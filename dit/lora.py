@@ -18,10 +18,11 @@ that name no weight of the model are a ValueError listing them.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,30 +198,45 @@ def _add(params: dict, target: Target, delta: torch.Tensor) -> None:
     dst.copy_(dst.float().add_(delta.reshape(dst.shape)))  # float32 sum, written back in dst's dtype
 
 
-def _merge_module(f, module: _Module, strength: float, params: dict) -> None:
+def _merge_module(get: Callable[[str], torch.Tensor], module: _Module, strength: float, params: dict) -> None:
     device = params[next(iter(module.targets.values()))[0]].device
 
-    def get(role: str) -> torch.Tensor:
-        return f.get_tensor(module.keys[role]).to(device, torch.float32)
+    def tensor(role: str) -> torch.Tensor:
+        return get(module.keys[role]).to(device, torch.float32)
 
     if "down" in module.keys:
-        down, up = get("down"), get("up")
+        down, up = tensor("down"), tensor("up")
         rank = down.shape[0]
-        scale = strength * (get("alpha").item() if "alpha" in module.keys else rank) / rank
+        scale = strength * (tensor("alpha").item() if "alpha" in module.keys else rank) / rank
         _add(params, module.targets["weight"], scale * (up.flatten(1) @ down.flatten(1)))
         if "up_b" in module.keys:
-            _add(params, module.targets["bias"], scale * get("up_b"))
+            _add(params, module.targets["bias"], scale * tensor("up_b"))
     for role in _DIFFS:
         if role in module.keys:
-            _add(params, module.targets[_PARAM[role]], strength * get(role))
+            _add(params, module.targets[_PARAM[role]], strength * tensor(role))
+
+
+def read(m: Merge) -> dict[str, torch.Tensor]:
+    """The tensors a plan adds (its factors and differences, as stored), read from its file."""
+    with safe_open(m.path, framework="pt") as f:
+        return {key: f.get_tensor(key) for module in m.modules for key in module.keys.values()}
+
+
+def touched(merges: Sequence[Merge]) -> set[str]:
+    """The names of the parameters the plans change."""
+    return {target[0] for m in merges for module in m.modules for target in module.targets.values()}
 
 
 @torch.no_grad()
-def merge(model: nn.Module, merges: Sequence[Merge]) -> nn.Module:
-    """Add each planned LoRA to the loaded weights, one target tensor at a time."""
+def merge(
+    model: nn.Module, merges: Sequence[Merge], tensors: Mapping[str, Mapping[str, torch.Tensor]] | None = None
+) -> nn.Module:
+    """Add each planned LoRA to the loaded weights, one target tensor at a time. `tensors`: each plan's
+    tensors by its path, already `read` (else they are read from the files as they are added)."""
     params = dict(model.named_parameters())
     for m in merges:
-        with safe_open(m.path, framework="pt") as f:
+        with contextlib.nullcontext(tensors[m.path]) if tensors else safe_open(m.path, framework="pt") as f:
+            get = f.__getitem__ if tensors else f.get_tensor
             for module in m.modules:
-                _merge_module(f, module, m.strength, params)
+                _merge_module(get, module, m.strength, params)
     return model

@@ -28,6 +28,8 @@ from dit.denoise_state import Checkpointing, DenoiseState
 from dit.families import TINY_LIMITS, Limits, ModelFamily, model_family, model_limits, pick_scheduler
 from dit.first_frame import FirstFrame, with_first_frame
 from dit.fp8_linear import quantise
+from dit.lora_catalogue import LoraCatalogue
+from dit.lora_switch import LoraSwitch, check_lora_dir, lora_switch
 from dit.image import fit
 from dit.parallelize import set_comm
 from dit.presets import resolve
@@ -81,6 +83,7 @@ class Pipeline:
         compression: tuple[int, int],
         expand_timesteps: bool = False,
         folder: Path | None = None,
+        loras: LoraSwitch | None = None,
     ):
         self.config, self.mesh, self.family, self.model = config, mesh, family, model
         # the VAE's (time, space) compression; `expand_timesteps`: the model is a `dit.first_frame.FirstFrame`
@@ -90,6 +93,9 @@ class Pipeline:
         # a two-expert model's low-noise expert and its boundary ratio (dit.wan.experts), else None, None
         self.model_2, self.boundary = second if second is not None else (None, None)
         self.tokenizer, self.limits = tokenizer, limits
+        # LoRAs per request (`config.lora_dir`): the catalogue requests name them from, or None
+        self._loras = loras
+        self.lora_catalogue: LoraCatalogue | None = loras.catalogue if loras is not None else None
         self.text_encoder = text_encoder  # None except on the replica leader
         self.texts = TextCache()  # recent prompts' text conditioning (the leader's)
         self.vae = vae  # on every rank when the replica decodes together, else on the leader alone
@@ -122,6 +128,10 @@ class Pipeline:
             raise ValueError("image: this image-to-video model needs a first-frame image")
         if not (lim.image or lim.image_optional) and req.image is not None:
             raise ValueError("image: this text-to-video model takes no image")
+        if req.loras and self.lora_catalogue is None:
+            raise ValueError("loras: this pipeline has no LoRA catalogue (PipelineConfig.lora_dir, --lora-dir)")
+        if req.loras:
+            self.lora_catalogue.plans(req.loras)  # every name known and every file fitting
         if not isinstance(req.prompt, str) or not req.prompt.strip():
             raise ValueError("prompt must be a non-empty string")
         for name in ("prompt", "negative_prompt"):
@@ -145,6 +155,16 @@ class Pipeline:
         """Time the exchanges at this model's attention shape and switch to the fastest (`dit.comm_choice`);
         the probe's result. Collective over the replica."""
         return choose_comm(self, self.mesh, allow_lossy, timeout_s)[1]
+
+    @property
+    def lora_switches(self) -> int:
+        """How many times a job's LoRA set changed the weights (to another set or back to the base)."""
+        return 0 if self._loras is None else self._loras.switches
+
+    @property
+    def lora_switch_seconds(self) -> float | None:
+        """The last switch's seconds (restore + file reads + merge), None before the first."""
+        return None if self._loras is None else self._loras.last_switch_s
 
     @property
     def device(self) -> torch.device:
@@ -177,6 +197,8 @@ class Pipeline:
         `resume` (every rank) goes on from a checkpoint of this request; `checkpoints` (the leader only)
         hears the state every few steps (dit.denoise_state)."""
         req = self.validate(req)
+        if self._loras is not None:  # every rank, before any forward: the job's set, or the base
+            self._loras.apply(req.loras)
         _enter(on_phase, "encoding")
         cond, uncond = self.conditioning(req)
         _enter(on_phase, "denoising")
@@ -357,9 +379,12 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
         raise ValueError(
             "LoRAs on a two-expert model (Wan2.2 A14B) are not supported: each expert takes its own file"
         )
+    check_lora_dir(config)
+    raw = []  # (raw transformer, its source): the LoRAs per request change its parameters
 
     def transformer(source, seed=0):
         model = dit.load_transformer(source, dtype=dtype, device=device, loras=config.loras, seed=seed)
+        raw.append((model, source))
         if config.quant == "fp8":  # after the LoRAs are merged
             quantise(model)
         model = dit.parallelize(
@@ -393,5 +418,5 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     ).with_schedule(schedule)
     return Pipeline(
         config, mesh, family, model, tokenizer, text_encoder, vae, limits, sampling, second, image_encoder,
-        compression=compression, expand_timesteps=expand, folder=folder,
+        compression=compression, expand_timesteps=expand, folder=folder, loras=lora_switch(config, raw),
     )  # fmt: skip

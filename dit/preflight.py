@@ -111,6 +111,9 @@ def preflight(
         with _degrees(nproc):
             plan_layout(model, nproc, node=local_nproc, ulysses=ulysses, ring=ring, cfg=cfg, sampler=sampler,
                         timesteps=timesteps)  # fmt: skip
+    from dit.lora_switch import check_lora_dir
+
+    check_lora_dir(config)
     if config.loras:  # every file's keys and shapes against the model's (headers only, no weights)
         from dit.loading import check_loras
 

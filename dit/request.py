@@ -5,6 +5,7 @@ experts)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ if TYPE_CHECKING:
     from dit.families import Limits
 
 MAX_SEED = 2**63 - 1
+MAX_LORA_STRENGTH = 4.0  # |strength| of a LoRA a request names
 
 
 @dataclass
@@ -35,6 +37,10 @@ class GenerationRequest:
     # dit.image.fit); HunyuanVideo-1.5's takes its size from it when the request gives neither height nor
     # width (`Limits.image_target_size`)
     image: Any = None
+    # LoRAs from the pipeline's catalogue (`PipelineConfig.lora_dir`, dit.lora_catalogue), applied to this
+    # job alone: (name, strength) pairs, or [name, strength] lists as JSON gives them; validated into pairs
+    # sorted by name (`check_loras`), the set's one spelling
+    loras: tuple[tuple[str, float], ...] = ()
 
 
 def _check_int(
@@ -54,10 +60,43 @@ def check_guidance(name: str, g, lim: Limits) -> None:
         raise ValueError(f"{name} must be between {lim.min_guidance} and {lim.max_guidance}, got {g!r}")
 
 
+def check_loras(loras) -> tuple[tuple[str, float], ...]:
+    """A request's `loras` as (name, strength) pairs sorted by name; ValueError starting "loras" for what
+    is not a list of [name, strength] pairs with distinct names and finite strengths in ±MAX_LORA_STRENGTH.
+    Whether the names are in the catalogue and fit the model is `Pipeline.validate`'s to check."""
+    if loras is None:
+        return ()
+    if isinstance(loras, str | bytes | dict) or not hasattr(loras, "__iter__"):
+        raise ValueError(f"loras must be a list of [name, strength] pairs, got {loras!r}")
+    pairs = []
+    for pair in loras:
+        if isinstance(pair, str | bytes | dict) or not hasattr(pair, "__len__") or len(pair) != 2:
+            raise ValueError(f"loras: each must be a [name, strength] pair, got {pair!r}")
+        name, strength = pair
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"loras: a name must be a non-empty string, got {name!r}")
+        if (
+            isinstance(strength, bool)
+            or not isinstance(strength, int | float)
+            or not math.isfinite(strength)
+            or abs(strength) > MAX_LORA_STRENGTH
+        ):
+            raise ValueError(
+                f"loras: {name}'s strength must be a number between {-MAX_LORA_STRENGTH} and "
+                f"{MAX_LORA_STRENGTH}, got {strength!r}"
+            )
+        pairs.append((name, float(strength)))
+    names = [name for name, _ in pairs]
+    if len(set(names)) < len(names):
+        twice = sorted({name for name in names if names.count(name) > 1})
+        raise ValueError(f"loras: {', '.join(twice)} named more than once")
+    return tuple(sorted(pairs))
+
+
 def check_numbers(req: GenerationRequest, lim: Limits) -> GenerationRequest:
     """The request's size, length, steps, guidance, fps and seed: None ones the model's defaults, each
-    checked against `lim` (ValueError naming the field). What `Pipeline.validate` checks first, and all
-    `dit.preflight` can check before the model loads."""
+    checked against `lim` (ValueError naming the field), and its `loras` as `check_loras` spells them. What
+    `Pipeline.validate` checks first, and all `dit.preflight` can check before the model loads."""
     req = replace(
         req,
         num_frames=lim.default_frames if req.num_frames is None else req.num_frames,
@@ -66,6 +105,7 @@ def check_numbers(req: GenerationRequest, lim: Limits) -> GenerationRequest:
         num_inference_steps=lim.default_steps if req.num_inference_steps is None else req.num_inference_steps,
         guidance_scale=lim.default_guidance if req.guidance_scale is None else req.guidance_scale,
         fps=lim.default_fps if req.fps is None else req.fps,
+        loras=check_loras(req.loras),
     )
     step, mult = lim.frame_step, lim.size_multiple
     _check_int(

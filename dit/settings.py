@@ -183,6 +183,22 @@ class PipelineConfig:
         item_text=_lora_text,
         metavar="PATH[:STRENGTH]",
     )
+    # LoRAs a request names (`GenerationRequest.loras`): the catalogue of this folder (dit.lora_catalogue),
+    # applied per job on top of the weights loaded (with any --lora), the base restored exactly after
+    lora_dir: str | None = setting(
+        None,
+        "a folder of LoRAs that requests choose by name: NAME.safetensors (SUB/NAME.safetensors: SUB/NAME), "
+        "and for a two-expert model (Wan2.2 A14B) a folder NAME holding high_noise.safetensors and "
+        "low_noise.safetensors; files added later are seen without a restart",
+        commands=("serve",),
+        metavar="DIR",
+    )
+    lora_cache: int = setting(
+        4,
+        "how many recent LoRA sets (of --lora-dir) keep their tensors in host memory: switching back to one "
+        "reads no file",
+        commands=("serve",),
+    )
     # step caching for requests that do not choose (dit.cache); `generate`'s --cache is the request's own
     cache: str = setting(
         "off",

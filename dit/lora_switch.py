@@ -1,0 +1,129 @@
+"""A LoRA set per job (`GenerationRequest.loras`): applied to the raw transformer(s) before the job, the base
+weights restored exactly before the next job with another set.
+
+How: the first time a set touches a parameter, its base value is copied to host memory (kept for good: a
+parameter costs its size once, however many sets touch it). A switch copies the previous set's parameters
+back from those copies, bit for bit, then adds the new set with `dit.lora.merge`, the very float32 add a load
+with `--lora` does: a job with LoRA X gives the latents of a pipeline loaded with X merged, and a job without
+LoRA the base pipeline's. The last `keep` sets' file tensors (factors, not deltas) stay in host memory, so a
+switch back reads no file.
+
+Why not subtract to unmerge: in bf16 W + Δ − Δ does not round back to W (bench/lora_switch.py measures the
+drift; bench/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dit import lora
+from dit.loading import lora_resolver
+from dit.lora_catalogue import FileId, LoraCatalogue
+from dit.settings import PipelineConfig
+
+LoraSet = tuple[tuple[str, float], ...]
+
+
+class LoraSwitch:
+    """Applies `catalogue`'s LoRAs to `models` (the raw transformers, the high-noise expert first; the same
+    Parameter objects the wrapped, parallelised and compiled pipeline runs)."""
+
+    def __init__(self, catalogue: LoraCatalogue, models: Sequence[nn.Module], keep: int):
+        self.catalogue, self.models, self.keep = catalogue, list(models), keep
+        self.base: list[dict[str, torch.Tensor]] = [{} for _ in self.models]  # name → host copy
+        self.applied: tuple[LoraSet, tuple[FileId, ...]] = ((), ())
+        self._changed: list[set[str]] = [set() for _ in self.models]  # what the applied set changed
+        self._tensors: OrderedDict[tuple[FileId, ...], dict] = OrderedDict()  # recent sets' file tensors
+        self.switches = 0  # how many times the applied set changed
+        self.last_switch_s: float | None = None
+
+    def apply(self, loras: LoraSet) -> None:
+        """Make `loras` (validated: `dit.request.check_loras`) the applied set; nothing when it already is.
+        After a failure the base is restored (the next job sees no LoRA) and the error raised."""
+        plans, files = self.catalogue.plans(loras)
+        if (loras, files) == self.applied:
+            return
+        start = time.perf_counter()
+        try:
+            self._restore()
+            if loras:
+                tensors = self._read(files, plans)
+                for model, base, changed, merges in zip(self.models, self.base, self._changed, plans):
+                    changed.update(lora.touched(merges))
+                    _keep_base(model, base, changed)
+                    lora.merge(model, merges, tensors)
+            self.applied = (loras, files)
+        except BaseException:
+            self._restore()
+            raise
+        finally:
+            _sync(self.models)
+        self.switches += 1
+        self.last_switch_s = time.perf_counter() - start
+
+    @torch.no_grad()
+    def _restore(self) -> None:
+        for model, base, changed in zip(self.models, self.base, self._changed):
+            params = dict(model.named_parameters())
+            for name in changed:
+                params[name].copy_(base[name], non_blocking=True)
+            changed.clear()
+        self.applied = ((), ())
+
+    def _read(self, files: tuple[FileId, ...], plans: list[list[lora.Merge]]) -> dict:
+        """path → its tensors, from the cache of recent sets or the files."""
+        key = tuple(sorted(set(files)))  # the set's files, whatever its strengths
+        tensors = self._tensors.pop(key, None)
+        if tensors is None:
+            tensors = {m.path: lora.read(m) for m in {m.path: m for ms in plans for m in ms}.values()}
+        if self.keep > 0:
+            self._tensors[key] = tensors
+            while len(self._tensors) > self.keep:
+                self._tensors.popitem(last=False)
+        return tensors
+
+
+def check_lora_dir(config: PipelineConfig) -> None:
+    """The LoRA-per-request settings `load_pipeline` (and `dit.preflight`) refuse, before any weight loads."""
+    if config.lora_dir is None:
+        return
+    if config.quant != "none":
+        raise ValueError(
+            f"--lora-dir and --quant {config.quant} do not combine: a LoRA per request is added to weights "
+            f"that --quant {config.quant} keeps quantised (merge LoRAs at load with --lora instead)"
+        )
+    if config.lora_cache < 0:
+        raise ValueError(f"--lora-cache must be 0 or more, got {config.lora_cache}")
+    if not Path(config.lora_dir).is_dir():
+        raise ValueError(f"--lora-dir {config.lora_dir}: no such folder")
+
+
+def lora_switch(config: PipelineConfig, raw: Sequence[tuple[nn.Module, str]]) -> LoraSwitch | None:
+    """The pipeline's switch over `config.lora_dir` (None without one); `raw`: each raw transformer and
+    what it loaded from (its LoRA keys resolve as that checkpoint's)."""
+    if config.lora_dir is None:
+        return None
+    catalogue = LoraCatalogue(config.lora_dir, [(model, lora_resolver(source)) for model, source in raw])
+    return LoraSwitch(catalogue, [model for model, _ in raw], config.lora_cache)
+
+
+@torch.no_grad()
+def _keep_base(model: nn.Module, base: dict[str, torch.Tensor], names: set[str]) -> None:
+    """Host copies of the parameters not yet kept (pinned when they live on a GPU: faster restores)."""
+    for name, param in model.named_parameters():
+        if name in names and name not in base:
+            copy = torch.empty(param.shape, dtype=param.dtype, pin_memory=param.is_cuda)
+            base[name] = copy.copy_(param)
+
+
+def _sync(models: Sequence[nn.Module]) -> None:
+    for model in models:
+        device = next(model.parameters()).device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
