@@ -238,3 +238,32 @@ def test_openai_errors_have_openai_shape(server):
     assert "API key" in denied.value.message
     native = server.client.get("/jobs/" + "0" * 32)  # the native API keeps FastAPI's {"detail": ...}
     assert native.status_code == 404 and "detail" in native.json()
+
+
+def _switches(srv: ServerProcess) -> int:
+    lines = srv.client.get("/metrics").text.splitlines()
+    return int(next(line for line in lines if line.startswith("ithaca_lora_switches_total ")).split()[-1])
+
+
+def test_a_job_names_a_lora_of_the_catalogue(server, tmp_path):
+    """The session server's --lora-dir (one LoRA, `glow`): listed by /loras; a job naming it completes with
+    its set in its spec and a video other than the base's, and the job after it without one gives the base's
+    frames again (the weights restored); /metrics counts both switches; an unknown name is a 422."""
+    listed = server.client.get("/loras").json()
+    assert listed["data"] == [{"name": "glow", "experts": False, "fits": True, "error": None}]
+    bad = server.client.post("/generate", json={"prompt": "fox", "loras": [{"name": "nope"}]})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "loras"], bad.text
+    before = _switches(server)
+    request = dict(prompt="a red circle moving right", num_frames=9, height=48, width=80,
+                   num_inference_steps=4, seed=3)  # fmt: skip
+    frames = []
+    for k, loras in enumerate(([], [{"name": "glow", "strength": 1.0}], [])):
+        job = server.wait_job(server.submit(**request, loras=loras)["id"])
+        assert job["status"] == "completed" and job["request"].get("loras") == (
+            [["glow", 1.0]] if loras else None
+        )
+        (tmp_path / f"{k}.mp4").write_bytes(server.client.get(job["video_url"]).content)
+        frames.append(iio.imread(tmp_path / f"{k}.mp4").astype(float))
+    base, lora, after = frames
+    assert abs(lora - base).mean() > 2 and (after == base).all()  # glow changes the frames by ~6 (0-255)
+    wait_until(lambda: _switches(server) == before + 2, 10, "both switches in /metrics")
