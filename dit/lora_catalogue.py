@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from safetensors import SafetensorError
 from torch import nn
 
 from dit import lora
@@ -100,8 +101,8 @@ class LoraCatalogue:
         """Each expert's plan of the entry (strength 1) with the file it reads."""
         if len(files) > len(self.experts):
             raise ValueError(
-                f"loras: {name} is a pair of expert files (high/low noise) for a two-expert model; this model "
-                "has one"
+                f"loras: {name} is a pair of expert files (high/low noise) for a two-expert model; this "
+                "model has one"
             )
         return [self._plan(i, files[i % len(files)]) for i in range(len(self.experts))]
 
@@ -116,8 +117,8 @@ class LoraCatalogue:
                 model, resolve = self.experts[expert]
                 try:
                     plan = lora.plan(model, [(path, 1.0)], resolve)[0]
-                except (ValueError, OSError) as e:  # a misfit, or not a safetensors file
-                    plan = str(e).replace(f"{self.folder}{os.sep}", "")
+                except (ValueError, OSError, SafetensorError) as e:  # a misfit, or not a safetensors file
+                    plan = f"{path.relative_to(self.folder)}: {str(e).removeprefix(f'LoRA {path}: ')}"
                 self._plans[expert, fid] = plan
         if isinstance(plan, str):
             raise ValueError(f"loras: {plan}")

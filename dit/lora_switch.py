@@ -54,10 +54,10 @@ class LoraSwitch:
             self._restore()
             if loras:
                 tensors = self._read(files, plans)
-                for model, base, changed, merges in zip(self.models, self.base, self._changed, plans):
-                    changed.update(lora.touched(merges))
-                    _keep_base(model, base, changed)
-                    lora.merge(model, merges, tensors)
+                for i, merges in enumerate(plans):
+                    self._changed[i].update(lora.touched(merges))
+                    _keep_base(self.models[i], self.base[i], self._changed[i])
+                    lora.merge(self.models[i], merges, tensors)
             self.applied = (loras, files)
         except BaseException:
             self._restore()
@@ -69,7 +69,7 @@ class LoraSwitch:
 
     @torch.no_grad()
     def _restore(self) -> None:
-        for model, base, changed in zip(self.models, self.base, self._changed):
+        for model, base, changed in zip(self.models, self.base, self._changed, strict=True):
             params = dict(model.named_parameters())
             for name in changed:
                 params[name].copy_(base[name], non_blocking=True)

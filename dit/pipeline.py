@@ -28,9 +28,9 @@ from dit.denoise_state import Checkpointing, DenoiseState
 from dit.families import TINY_LIMITS, Limits, ModelFamily, model_family, model_limits, pick_scheduler
 from dit.first_frame import FirstFrame, with_first_frame
 from dit.fp8_linear import quantise
+from dit.image import fit
 from dit.lora_catalogue import LoraCatalogue
 from dit.lora_switch import LoraSwitch, check_lora_dir, lora_switch
-from dit.image import fit
 from dit.parallelize import set_comm
 from dit.presets import resolve
 from dit.preview import LatentPreview, PreviewCallback, read_preview, vae_preview
@@ -128,9 +128,9 @@ class Pipeline:
             raise ValueError("image: this image-to-video model needs a first-frame image")
         if not (lim.image or lim.image_optional) and req.image is not None:
             raise ValueError("image: this text-to-video model takes no image")
-        if req.loras and self.lora_catalogue is None:
-            raise ValueError("loras: this pipeline has no LoRA catalogue (PipelineConfig.lora_dir, --lora-dir)")
         if req.loras:
+            if self.lora_catalogue is None:
+                raise ValueError("loras: this pipeline has no LoRA catalogue (PipelineConfig.lora_dir)")
             self.lora_catalogue.plans(req.loras)  # every name known and every file fitting
         if not isinstance(req.prompt, str) or not req.prompt.strip():
             raise ValueError("prompt must be a non-empty string")
