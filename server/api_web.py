@@ -110,7 +110,7 @@ def get_limits(request: Request):
 def get_loras(request: Request):
     """The LoRAs a request may name in `loras` (`ithaca serve --lora-dir`): each with whether it is a pair
     for a two-expert model, whether it fits the loaded model, and why not; files added to the folder appear
-    within seconds (the workers rescan it while idle and between jobs). `catalogue` false: the server was
-    started without --lora-dir."""
+    within seconds (the worker leaders rescan it every heartbeat). `catalogue` false: the server was started
+    without --lora-dir."""
     catalogue = _published(request).get("loras")
     return {"catalogue": catalogue is not None, "max_strength": MAX_LORA_STRENGTH, "data": catalogue or []}

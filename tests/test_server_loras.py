@@ -16,6 +16,8 @@ from server import metrics
 from testing.published import LORA_CATALOGUE as CATALOGUE
 from testing.published import tiny_random_app
 
+pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")  # the SDK's notice
+
 
 @pytest.fixture
 def client(tmp_path):
