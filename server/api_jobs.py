@@ -24,6 +24,7 @@ from starlette.datastructures import Headers, UploadFile
 from dit.cache import CacheConfig
 from server import images, videos
 from server import limits as limits_mod
+from server import loras as loras_mod
 from server.jsonsafe import SafeJSONResponse, render, shown
 from server.openai_errors import responses
 from server.services import MAX_PROMPT_CHARS, Services, unprocessable
@@ -46,7 +47,10 @@ _GENERATE_BODY = {
             "application/json": {"schema": {"$ref": "#/components/schemas/GenerateBody"}},
             MULTIPART: {
                 "schema": {"$ref": "#/components/schemas/GenerateForm"},
-                "encoding": {"image": {"contentType": "image/png, image/jpeg, image/webp"}},
+                "encoding": {
+                    "image": {"contentType": "image/png, image/jpeg, image/webp"},
+                    "loras": {"contentType": "application/json"},  # a part per LoRA, or one array
+                },
             },
         },
     }
@@ -101,6 +105,9 @@ class GenerateBody(BaseModel):
         description="the first frame of an image-to-video model: PNG, JPEG or WebP as a data URL "
         "(data:image/png;base64,...), or in multipart/form-data a file part",
     )
+    loras: list[loras_mod.LoraItem] | None = Field(
+        None, max_length=loras_mod.MAX_LORAS, description=loras_mod.DESCRIPTION
+    )
 
     @field_validator("num_frames", "height", "width", "num_inference_steps", "seed", "fps", mode="before")
     @classmethod
@@ -121,12 +128,20 @@ _NOT_SPACE = r"[^\x00\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f
 PROMPT_PATTERN = rf"^[^\x00]*{_NOT_SPACE}[^\x00]*$"
 
 
-def schema_with_limits(document: dict, limits: dict) -> dict:
-    """The OpenAPI document with the published limits of the loaded model on /generate's fields."""
-    document = copy.deepcopy(document)
+def schema_with_limits(document: dict, info: dict) -> dict:
+    """The OpenAPI document with the published limits of the loaded model on /generate's fields (`info`: what
+    the workers published), and the names of its LoRA catalogue."""
+    document, limits = copy.deepcopy(document), info.get("limits", {})
     # the route reads its body itself; pydantic's schema is exact (FastAPI's made seed's 2**63 - 1 a float)
-    document["components"]["schemas"]["GenerateBody"] = GenerateBody.model_json_schema()
-    fields = document["components"]["schemas"]["GenerateBody"]["properties"]
+    body = GenerateBody.model_json_schema(ref_template="#/components/schemas/{model}")
+    document["components"]["schemas"] |= body.pop("$defs") | {"GenerateBody": body}
+    fields = body["properties"]
+    if "limits" in info:  # published: the catalogue's names, or no field where a request can name none
+        names = loras_mod.describe(document["components"]["schemas"]["LoraItem"], info.get("loras"))
+        if names is None:
+            del fields["loras"]
+        else:
+            fields["loras"] = names
     fields["prompt"]["pattern"], fields["negative_prompt"]["pattern"] = PROMPT_PATTERN, TEXT_PATTERN
     for name, spec in limits.items():
         for branch in fields.get(name, {}).get("anyOf", []):
@@ -190,14 +205,15 @@ async def form_fields(request: Request, file_field: str) -> dict:
     middleware bounds the body, the fields' own rules the other fields."""
     config = svc(request).config
     form = await request.form(max_part_size=config.max_body_bytes + images.room(config.max_image_bytes))
-    fields = {}
+    parts = []
     for key, item in form.multi_items():
         if isinstance(item, UploadFile):
             if key != file_field:
                 raise unprocessable(key, f"{shown(key)} cannot be a file; only {file_field} can")
             item = await item.read()
-        fields[key] = item
-    return fields
+        parts.append((key, item))
+    parts, loras = loras_mod.form_items(parts)  # a repeated field: one part per LoRA
+    return dict(parts) | ({} if loras is None else {loras_mod.FIELD: loras})
 
 
 def job_view(services: Services, job: Job) -> dict:
@@ -264,7 +280,9 @@ async def _json_fields(request: Request):
 
 
 def _generate(services: Services, body: GenerateBody, image: bytes | str | None, idempotency_key: str | None):
-    spec = body.model_dump(exclude_none=True, exclude={"image"})
+    spec = body.model_dump(exclude_none=True, exclude={"image", "loras"})
+    if body.loras:
+        spec["loras"] = loras_mod.as_spec(body.loras)
     job, created = services.submit(
         spec, image=image, idempotency_key=idempotency_key, scope="generate", body=spec
     )

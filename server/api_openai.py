@@ -6,7 +6,8 @@ them, width and height become the nearest allowed multiples and `seconds` the ne
 the model's fps. The reply reports the size and seconds actually generated. A cancelled job shows
 as `failed` with code "cancelled". `/content?variant=thumbnail` is the job's latest live preview (WebP).
 `input_reference`, the first frame of an image-to-video model, is a file
-part (what the SDK sends) or a data URL, checked as /generate checks `image`.
+part (what the SDK sends) or a data URL, checked as /generate checks `image`. `loras` (the SDK's
+`extra_body={"loras": [...]}`) are /generate's (server/loras.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 
 from server import images
 from server import limits as limits_mod
+from server import loras as loras_mod
 from server.api_jobs import (
     PREVIEW,
     PROMPT_PATTERN,
@@ -41,7 +43,7 @@ from server.store import Job
 
 router = APIRouter(prefix="/v1/videos")
 _IMAGE = "input_reference"
-_FIELDS = {"prompt", "model", "seconds", "size", _IMAGE}
+_FIELDS = {"prompt", "model", "seconds", "size", _IMAGE, loras_mod.FIELD}
 # ASCII digits only, the whole string (`\d` takes any script's digits; `$` lets a final newline through).
 _SIZE = re.compile(r"([0-9]{1,5})x([0-9]{1,5})")
 _SECONDS = re.compile(r"[0-9]{1,4}(\.[0-9]{1,6})?")
@@ -61,6 +63,23 @@ _FORM_SCHEMA = {
     },
     "additionalProperties": False,
 }
+_LORAS = {
+    "type": "array",
+    "items": {"$ref": "#/components/schemas/LoraItem"},
+    "maxItems": loras_mod.MAX_LORAS,
+    "description": loras_mod.DESCRIPTION,
+}
+# `loras` in multipart: JSON parts (a urlencoded form takes them too, but no schema can say so)
+_MULTIPART_SCHEMA = _FORM_SCHEMA | {
+    "properties": _FORM_SCHEMA["properties"]
+    | {
+        loras_mod.FIELD: _LORAS
+        | {
+            "description": f"{loras_mod.DESCRIPTION}: JSON, a part per LoRA or one array (the SDK's "
+            "extra_body sends loras[][name] and loras[][strength] fields, also taken)"
+        }
+    }
+}
 _JSON_SCHEMA = _FORM_SCHEMA | {
     "properties": _FORM_SCHEMA["properties"]
     | {
@@ -71,21 +90,37 @@ _JSON_SCHEMA = _FORM_SCHEMA | {
             ]
         },
         _IMAGE: {"type": "string", "description": "a data URL: data:image/png;base64,..."},
+        loras_mod.FIELD: _LORAS,
     }
 }
 _CREATE_BODY = {
     "required": True,
-    "content": {"application/json": {"schema": _JSON_SCHEMA}}
-    | {kind: {"schema": _FORM_SCHEMA} for kind in _FORMS},
+    "content": {
+        "application/json": {"schema": _JSON_SCHEMA},
+        "multipart/form-data": {
+            "schema": _MULTIPART_SCHEMA,
+            "encoding": {loras_mod.FIELD: {"contentType": "application/json"}},
+        },
+        "application/x-www-form-urlencoded": {"schema": _FORM_SCHEMA},
+    },
 }
 
 
-def schema_with_limits(document: dict, limits: dict, defaults: dict) -> dict:
+def schema_with_limits(document: dict, info: dict) -> dict:
     """The OpenAPI document (a copy: api_jobs.schema_with_limits) with the `seconds` and `size` the loaded
-    model takes, and without `input_reference` when it is text-to-video and refuses one."""
+    model takes (`info`: what the workers published), `loras` of its catalogue's names, and without
+    `input_reference` when it is text-to-video and refuses one."""
+    limits, defaults = info.get("limits", {}), info.get("defaults", {})
     frames, width, height = (limits.get(name, {}) for name in ("num_frames", "width", "height"))
+    published = "limits" in info
+    names = loras_mod.describe(document["components"]["schemas"]["LoraItem"], info.get(loras_mod.FIELD))
     for media in document["paths"]["/v1/videos"]["post"]["requestBody"]["content"].values():
+        media["schema"] = dict(media["schema"])
         fields = media["schema"]["properties"] = dict(media["schema"]["properties"])
+        if published and loras_mod.FIELD in fields and names is None:  # a request can name none
+            del fields[loras_mod.FIELD]
+        elif published and loras_mod.FIELD in fields:
+            fields[loras_mod.FIELD] = names | {"description": fields[loras_mod.FIELD]["description"]}
         if "max" in frames:
             fps = _fps(defaults)
             lo, hi = Fraction(frames.get("min", 1), fps), Fraction(frames["max"], fps)
@@ -120,6 +155,8 @@ def map_request(fields: dict, info: dict) -> dict:
     the nearest allowed width and height."""
     limits, defaults = info.get("limits", {}), info.get("defaults", {})
     spec: dict = {"prompt": fields.get("prompt")}  # the prompt rules are both APIs': Services.check_prompts
+    if fields.get(loras_mod.FIELD) is not None:  # read by _create_fields
+        spec[loras_mod.FIELD] = fields[loras_mod.FIELD]
     if fields.get("seconds") is not None:
         seconds = _seconds(fields["seconds"])
         fps, frames = _fps(defaults), limits.get("num_frames", {})
@@ -195,7 +232,8 @@ def video_view(services: Services, job: Job) -> dict:
 
 
 async def _create_fields(request: Request) -> dict:
-    if media_type(request, "application/json", *_FORMS) in _FORMS:
+    form = media_type(request, "application/json", *_FORMS) in _FORMS
+    if form:
         fields = await form_fields(request, _IMAGE)
     else:
         try:  # off the event loop, the data URL cut out (images.parse_json)
@@ -207,6 +245,11 @@ async def _create_fields(request: Request) -> dict:
     for key in fields:
         if key not in _FIELDS:
             raise unprocessable(key, f"unknown field {shown(key)}; allowed: {sorted(_FIELDS)}")
+    if fields.get(loras_mod.FIELD) is not None:
+        try:  # form values are text: "0.8" is 0.8
+            fields[loras_mod.FIELD] = loras_mod.parse(fields[loras_mod.FIELD], strict=not form)
+        except ValueError as e:
+            raise unprocessable(loras_mod.FIELD, str(e)) from None
     return fields
 
 

@@ -1,4 +1,5 @@
-"""The web page (`GET /` and its files under /web/) and the route it builds its form from, `GET /limits`.
+"""The web page (`GET /` and its files under /web/), the route it builds its form from, `GET /limits`, and
+the LoRA catalogue, `GET /loras`.
 
 The page is plain HTML, JS and CSS shipped in server/web/: no build step, nothing fetched from elsewhere. It
 and its files are public (the API-key guard lets `PAGE_FILES` through); every API call the page makes
@@ -13,6 +14,7 @@ from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel
 from starlette.responses import FileResponse
 
+from dit.request import MAX_LORA_STRENGTH
 from server.api_jobs import svc
 from server.openai_errors import NativeError, responses
 
@@ -33,11 +35,25 @@ _HEADERS = {
 LIMITS_RETRY_S = 2
 
 
+class LoraEntry(BaseModel):
+    name: str
+    experts: bool  # a pair of files, one per expert of a two-expert model (Wan2.2 A14B)
+    fits: bool  # its keys and shapes fit the loaded model: a request may name it
+    error: str | None  # why it does not fit
+
+
 class LimitsView(BaseModel):
     model: str | None
     limits: dict
     defaults: dict
     vocabulary: dict | None = None  # {"about", "words"}: the words a small model knows (dit.vocabulary)
+    loras: list[LoraEntry] | None = None  # the LoRA catalogue (GET /loras); null: no --lora-dir
+
+
+class LorasView(BaseModel):
+    catalogue: bool  # the server was started with --lora-dir
+    max_strength: float  # a request's strengths lie in [-max_strength, max_strength]
+    data: list[LoraEntry]
 
 
 def _page_file(path: str):
@@ -53,22 +69,17 @@ for _path in PAGE_FILES:
     router.add_api_route(_path, _page_file(_path), methods=["GET", "HEAD"], include_in_schema=False)
 
 
-@router.get(
-    "/limits",
-    response_model=LimitsView,
-    responses=responses(401)
-    | {
-        503: {
-            "model": NativeError,
-            "description": "No worker has published the model's limits yet (the model is loading), or "
-            "the job store is busy; retry after Retry-After seconds",
-        }
-    },
-)
-def get_limits(request: Request):
-    """The loaded model, its request limits (`{field: {"min", "max", "multiple_of"?, "default"?}}`, the
-    prompts' `max_tokens`, `image`: whether it takes a first frame), the defaults a request gets and the
-    `vocabulary` a small model declares (else null), as the workers published them."""
+_PUBLISHED = responses(401) | {
+    503: {
+        "model": NativeError,
+        "description": "No worker has published the model's limits yet (the model is loading), or "
+        "the job store is busy; retry after Retry-After seconds",
+    }
+}
+
+
+def _published(request: Request) -> dict:
+    """What the workers published; 503 before they have."""
     info = svc(request).worker_info()
     if "limits" not in info:
         raise HTTPException(
@@ -76,9 +87,30 @@ def get_limits(request: Request):
             "no worker has published the model's limits yet (the model is loading); retry shortly",
             headers={"Retry-After": str(LIMITS_RETRY_S)},
         )
+    return info
+
+
+@router.get("/limits", response_model=LimitsView, responses=_PUBLISHED)
+def get_limits(request: Request):
+    """The loaded model, its request limits (`{field: {"min", "max", "multiple_of"?, "default"?}}`, the
+    prompts' `max_tokens`, `image`: whether it takes a first frame), the defaults a request gets, the
+    `vocabulary` a small model declares (else null) and the LoRA catalogue (`loras`, as GET /loras lists
+    it; null without --lora-dir), as the workers published them."""
+    info = _published(request)
     return {
         "model": info.get("model"),
         "limits": info["limits"],
         "defaults": info.get("defaults", {}),
         "vocabulary": info.get("vocabulary"),
+        "loras": info.get("loras"),
     }
+
+
+@router.get("/loras", response_model=LorasView, responses=_PUBLISHED)
+def get_loras(request: Request):
+    """The LoRAs a request may name in `loras` (`ithaca serve --lora-dir`): each with whether it is a pair
+    for a two-expert model, whether it fits the loaded model, and why not; files added to the folder appear
+    within seconds (the worker leaders rescan it every heartbeat). `catalogue` false: the server was started
+    without --lora-dir."""
+    catalogue = _published(request).get("loras")
+    return {"catalogue": catalogue is not None, "max_strength": MAX_LORA_STRENGTH, "data": catalogue or []}

@@ -53,9 +53,8 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
     def openapi() -> dict:
         """FastAPI's document (built once) with the limits the workers published, as of this request."""
         info = services.worker_info()
-        limits = info.get("limits", {})
-        document = api_jobs.schema_with_limits(FastAPI.openapi(app), limits)
-        return api_openai.schema_with_limits(document, limits, info.get("defaults", {}))
+        document = api_jobs.schema_with_limits(FastAPI.openapi(app), info)
+        return api_openai.schema_with_limits(document, info)
 
     app.openapi = openapi
     app.add_middleware(

@@ -79,6 +79,12 @@ class ServeConfig:
     )
     api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on every route but /health")
     max_queue: int = _opt(64, "queued jobs beyond this are refused with 429")
+    lora_patience: float = _opt(
+        60.0,
+        "--lora-dir: a replica takes a queued job of the LoRA set it has applied before older jobs of other "
+        "sets while none has waited this many seconds, saving a switch (0: strictly the oldest first)",
+        worker=True,
+    )
     max_body_bytes: int = _opt(65536, "larger request bodies are refused with 413")
     max_image_bytes: int = _opt(
         ImageLimits.max_bytes, "image-to-video: larger input images are refused with 413", worker=True

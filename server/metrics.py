@@ -13,6 +13,8 @@ STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 JOB_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 PHASE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 EVALUATIONS = "ithaca_transformer_evaluations_total"
+LORA_SWITCHES = "ithaca_lora_switches_total"
+LORA_SWITCH_SECONDS = "ithaca_lora_switch_seconds_total"
 RESULTS = ("evaluated", "skipped")
 # name → (buckets, help, (label, its values) or None)
 _HISTOGRAMS = {
@@ -58,6 +60,11 @@ def observations(
     return deltas
 
 
+def lora_switches(count: int, seconds: float | None) -> dict[str, float]:
+    """Counter increments for `count` LoRA switches of a replica, the last of which took `seconds`."""
+    return {LORA_SWITCHES: count} | ({LORA_SWITCH_SECONDS: seconds} if seconds is not None else {})
+
+
 def render(
     *,
     counts: dict[str, int],
@@ -83,6 +90,13 @@ def render(
         "full or skipped by the step cache",
         f"# TYPE {EVALUATIONS} counter",
         *(f'{EVALUATIONS}{{result="{r}"}} {int(counters.get(f"{EVALUATIONS}:{r}", 0))}' for r in RESULTS),
+        f"# HELP {LORA_SWITCHES} Changes of a replica's applied LoRA set (--lora-dir) between jobs, to "
+        "another set or back to the base weights",
+        f"# TYPE {LORA_SWITCHES} counter",
+        f"{LORA_SWITCHES} {int(counters.get(LORA_SWITCHES, 0))}",
+        f"# HELP {LORA_SWITCH_SECONDS} Seconds those switches took (base restored, files read, merged)",
+        f"# TYPE {LORA_SWITCH_SECONDS} counter",
+        f"{LORA_SWITCH_SECONDS} {counters.get(LORA_SWITCH_SECONDS, 0.0)}",
     ]
     if comm:
         lines += [

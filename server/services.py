@@ -18,7 +18,7 @@ from fastapi import HTTPException
 
 from dit.image import ImageError, ImageTooLarge, UnsupportedFormat
 from dit.vocabulary import prompt_warnings
-from server import images, videos
+from server import images, loras, videos
 from server import limits as limits_mod
 from server.config import ServeConfig
 from server.jsonsafe import shown
@@ -143,7 +143,9 @@ class Services:
         belongs to its route family (`scope`) and to the request `body` (and image) it first came with: the
         same body replays the job, another one is a 409."""
         self.check_prompts(spec)
-        errors = limits_mod.check(spec | {"image": image}, self.worker_info().get("limits", {}))
+        info = self.worker_info()
+        errors = limits_mod.check(spec | {"image": image}, info.get("limits", {}))
+        errors += loras.check(spec.get("loras"), info)
         if errors:
             raise HTTPException(422, [_error(image_field if f == "image" else f, m) for f, m in errors])
         if idempotency_key is not None and len(idempotency_key) > 255:

@@ -37,6 +37,10 @@ checkpoint made for the same model, settings, layout and request, the replica go
 records `resumed_from_step`), and one made for anything else is ignored with a log line. The checkpoint goes
 when the job ends.
 
+With `--lora-dir` the leader publishes the LoRA catalogue (`info["loras"]`, rescanned every heartbeat),
+prefers jobs of the set it applied last (`JobRuns.claim`, `--lora-patience`) and counts the switches between
+sets; a job's set is in its spec, so in its checkpoint's key.
+
 Across machines (`ithaca serve --nnodes`), each rank first takes the global rank its node number gives it
 (`parallel.launch.number_ranks_by_node`), so the leader is on node 0, beside the job store; ranks on the
 other nodes never open the store, not even to record an error.
@@ -70,7 +74,7 @@ from server import logs, metrics, videos
 from server.config import ServeConfig, add_arguments, from_args
 from server.lifetime import die_with_parent
 from server.phases import PhaseClock, job_timings
-from server.store import Job, StoreBusy, open_store
+from server.store import Job, StoreBusy, lora_set, open_store
 from server.store.retry import MAX_RETRY_S, LatestStep, PatientStore, StoreOutage
 from server.writers import CheckpointWriter, PreviewWriter, StreamedVideo, VideoCloser
 
@@ -90,6 +94,7 @@ class Worker:
         self._beat_lock = threading.Lock()
         self.supervisor_pid = int(os.environ.get("ITHACA_SUPERVISOR_PID", "0"))
         self.state, self.job_id = "ready", None
+        self.applied, self.switches = "", pipe.lora_switches  # the LoRA set last run (store.lora_set)
         # the leader's store calls ride out an outage: those at a job's edges wait for it (up to the grace),
         # heartbeats and steps are single attempts whose newest value is written once the store answers
         self.outage = StoreOutage(config.store_outage_grace, f"worker {self.name}")
@@ -114,6 +119,7 @@ class Worker:
                 "mode": pipe.config.comm,
                 "probe": None if probe is None else [dataclasses.asdict(row) for row in probe.rows],
             },
+            "loras": None if pipe.lora_catalogue is None else pipe.lora_catalogue.entries(),
         }
 
     # -- leader side ----------------------------------------------------------------------------------------
@@ -138,8 +144,18 @@ class Worker:
     def _heartbeat_loop(self) -> None:
         while self.state != "stopped":
             self.steps.write()
+            self._rescan_loras()
             self._beat()
             time.sleep(HEARTBEAT_S)
+
+    def _rescan_loras(self) -> None:
+        """The LoRA catalogue as the folder holds it now (a header read once per file), for the heartbeat."""
+        if self.pipe.lora_catalogue is None:
+            return
+        try:
+            self.info = self.info | {"loras": self.pipe.lora_catalogue.entries()}
+        except Exception as e:  # the folder gone or unreadable: the workers' validation says so per job
+            log.warning("the LoRA catalogue was not rescanned: %s: %s", type(e).__name__, e)
 
     def _next_message(self):
         """Leader: block until there is something to broadcast (a job, a keep-alive None, or 'stop')."""
@@ -159,9 +175,11 @@ class Worker:
                 if not _alive(self.supervisor_pid) or self.stopping.is_set():
                     return "stop"
             if queued:
-                job = self.store.claim(self.name, self.config.instance)
+                preference = {"applied": self.applied, "patience": self.config.lora_patience}
+                job = self.store.claim(self.name, self.config.instance, **preference)
                 spec = job and self._validated(job)
                 if spec:
+                    self.applied = lora_set(spec.get("loras"))  # every rank applies it as the job starts
                     key = self._checkpoint_key(job, spec)
                     return {"id": job.id, "spec": spec, "key": key, "resume": self._resume(job, spec, key)}
             if now - idle_since > KEEPALIVE_S:
@@ -187,6 +205,8 @@ class Worker:
         spec = dataclasses.asdict(dataclasses.replace(req, image=described))  # recorded without pixels
         if described is None:
             del spec["image"]  # a text-to-video request reads as it always did
+        if not spec["loras"]:
+            del spec["loras"]  # so does one without LoRAs (and its checkpoint key)
         self.store.set_spec(job.id, spec)
         return spec if image is None else spec | {"image": image}
 
@@ -224,6 +244,14 @@ class Worker:
                 videos.remove_input(self.config.videos_dir, job_id)
             videos.remove_preview(self.config.videos_dir, job_id)
 
+    def _count_switches(self) -> None:
+        """Count the LoRA switch the job made, if any (every rank switched alike: the leader counts)."""
+        switches = self.pipe.lora_switches
+        if switches > self.switches:
+            seconds = self.pipe.lora_switch_seconds
+            self.store.add_counters(metrics.lora_switches(switches - self.switches, seconds))
+            self.switches = switches
+
     # -- every rank -----------------------------------------------------------------------------------------
 
     def run(self) -> None:
@@ -239,6 +267,7 @@ class Worker:
                 self._run_job(message["id"], message["spec"], message["key"], message["resume"])
                 if self.store is not None:
                     self._drop_files(message["id"], "image" in message["spec"])
+                    self._count_switches()
         if self.store is not None and not self.closer.flush(CLOSE_S):
             log.warning(
                 "an MP4 was not closed within %g s: its job stays in progress, to be re-queued", CLOSE_S

@@ -8,7 +8,8 @@ thing: the request/limits dataclasses and `validate` of `dit.pipeline` (tiny lim
 and cancel broadcast of `dit.sampling`, the real mesh. `ITHACA_FAKE_I2V=1` makes it an image-to-video model:
 every request needs an image (the real `validate` says so), and the video's first frame is that image fitted
 to its size, its second the image as the leader got it squeezed to the frame (what tells the image as given,
-which Wan's CLIP sees, from the fitted one).
+which Wan's CLIP sees, from the fitted one). With `--lora-dir` its catalogue is every `NAME.safetensors`
+there, each fitting (no file is read), and a job of another LoRA set than the last counts a switch.
 Selected with `--pipeline-module testing.fake_pipeline`.
 """
 
@@ -40,11 +41,32 @@ class _WordCounter:
         return len(text.split())
 
 
+class _Catalogue:
+    """`dit.lora_catalogue.LoraCatalogue`'s surface over a folder's file names: every one fits."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def entries(self) -> list[dict]:
+        names = sorted(
+            f.removesuffix(".safetensors") for f in os.listdir(self.folder) if f.endswith(".safetensors")
+        )
+        return [{"name": name, "experts": False, "fits": True, "error": None} for name in names]
+
+    def plans(self, loras) -> None:
+        known = {entry["name"] for entry in self.entries()}
+        for name, _ in loras:
+            if name not in known:
+                raise ValueError(f"loras: no LoRA named {name!r} in the catalogue")
+
+
 class FakePipeline:
     validate = Pipeline.validate  # the real request checks (self.limits, self.tokenizer, self.boundary)
 
     def __init__(self, mesh, config: PipelineConfig):
         self.mesh, self.config, self.tokenizer = mesh, config, _WordCounter()
+        self.lora_catalogue = _Catalogue(config.lora_dir) if config.lora_dir else None
+        self.lora_switches, self.lora_switch_seconds, self._applied = 0, None, ()
         self.limits = replace(TINY_LIMITS, image=os.environ.get("ITHACA_FAKE_I2V") == "1")
         self.boundary = None  # one expert
         self.evaluations: Evaluations | None = None  # as the real pipeline's: every pass counted, none cached
@@ -69,6 +91,12 @@ class FakePipeline:
         on_frames=None,
     ):
         req = self.validate(req)
+        if req.loras != self._applied:
+            self.lora_switches, self.lora_switch_seconds, self._applied = (
+                self.lora_switches + 1,
+                0.0,
+                req.loras,
+            )
         on_phase = on_phase or (lambda phase: None)
         on_phase("encoding")
         on_phase("denoising")

@@ -1,13 +1,15 @@
 """Jobs that resume where they stopped, the server side: the store records `resumed_from_step`, the sweep
 keeps only the checkpoints of jobs that may run again, and a server killed mid-job (API and group together)
-is followed by one that resumes the job from its checkpoint and ignores, with a log line, a checkpoint made
-for another request or malformed. Real servers (uvicorn, torchrun, 1 rank) running the FAKE INSTANT PIPELINE
-(testing/fake_pipeline.py, slowed by ITHACA_FAKE_STEP_S); tests/test_server_faults.py kills a rank of the real
-tiny model and compares the resumed video's frames with an uninterrupted run's."""
+is followed by one that resumes the job (with its LoRA) from its checkpoint and ignores, with a log line, a
+checkpoint made for another request (the same one with another LoRA set included) or malformed. Real
+servers (uvicorn, torchrun, 1 rank) running the FAKE INSTANT PIPELINE (testing/fake_pipeline.py, slowed by
+ITHACA_FAKE_STEP_S); tests/test_server_faults.py kills a rank of the real tiny model and compares the resumed
+video's frames with an uninterrupted run's."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 
 import pytest
@@ -81,12 +83,17 @@ def test_a_checkpoint_key_holds_the_settings_that_change_the_numbers():
 @pytest.mark.slow
 def test_a_killed_server_resumes_its_job_and_ignores_a_foreign_checkpoint(tmp_path):
     folder = str(tmp_path / "videos")
-    first = ServerProcess(tmp_path, *FLAGS, env=SLOW)
+    (tmp_path / "loras").mkdir()
+    for name in ("a", "b"):  # the fake pipeline's catalogue: the names alone
+        (tmp_path / "loras" / f"{name}.safetensors").touch()
+    flags = [*FLAGS, "--lora-dir", str(tmp_path / "loras"), "--lora-patience", "0"]  # oldest first
+    first = ServerProcess(tmp_path, *flags, env=SLOW)
     try:
         first.wait()
-        job = first.submit(prompt="resume me", num_inference_steps=12)
+        job = first.submit(prompt="resume me", num_inference_steps=12, loras=[{"name": "a"}])
         other = first.submit(prompt="queued behind it", num_inference_steps=4)
         torn = first.submit(prompt="a malformed checkpoint", num_inference_steps=2)
+        twin = first.submit(prompt="resume me", num_inference_steps=12, loras=[{"name": "b"}])
         path = videos.checkpoint_path(folder, job["id"])
         wait_until(lambda: first.client.get(f"/jobs/{job['id']}").json()["step"] >= 5, 30, "step 5")
         saved = torch.load(path, weights_only=True)["state"]["step"]
@@ -98,12 +105,20 @@ def test_a_killed_server_resumes_its_job_and_ignores_a_foreign_checkpoint(tmp_pa
         torch.save({"format": 1, "state": {}}, videos.checkpoint_path(folder, torn["id"]))  # loads: no key
     finally:
         first.stop(signal.SIGKILL)  # the API and its group, mid-job
+    # the twin's request is the job's but for its LoRA set: the job's checkpoint is not the twin's
+    shutil.copy(path, videos.checkpoint_path(folder, twin["id"]))
 
-    second = ServerProcess(tmp_path, *FLAGS, env=SLOW)
+    second = ServerProcess(tmp_path, *flags, env=SLOW)
     try:
         second.wait()
-        resumed, fresh, started_over = (second.wait_job(j["id"]) for j in (job, other, torn))
+        resumed, fresh, started_over, twin = (second.wait_job(j["id"]) for j in (job, other, torn, twin))
         assert resumed["status"] == "completed" and resumed["attempts"] == 2
+        assert resumed["request"]["loras"] == [["a", 1.0]] and twin["request"]["loras"] == [["b", 1.0]]
+        assert twin["status"] == "completed" and twin["resumed_from_step"] is None
+        assert (
+            f"job {twin['id']}: its checkpoint is ignored, starting from the first step: made for another"
+            in (second.log())
+        )
         assert (
             resumed["resumed_from_step"] >= saved
             and resumed["timings"]["steps"] == 12 - resumed["resumed_from_step"]

@@ -238,3 +238,39 @@ def test_openai_errors_have_openai_shape(server):
     assert "API key" in denied.value.message
     native = server.client.get("/jobs/" + "0" * 32)  # the native API keeps FastAPI's {"detail": ...}
     assert native.status_code == 404 and "detail" in native.json()
+
+
+def _switches(srv: ServerProcess) -> int:
+    lines = srv.client.get("/metrics").text.splitlines()
+    return int(next(line for line in lines if line.startswith("ithaca_lora_switches_total ")).split()[-1])
+
+
+def test_a_job_names_a_lora_of_the_catalogue(server, tmp_path):
+    """The session server's --lora-dir (one LoRA, `glow`): listed by /loras; a job naming it completes with
+    its set in its spec and a video other than the base's; with `glow` applied, a later job of it is claimed
+    before an older one without (the queue's preference), and that one gives the base's frames again (the
+    weights restored); /metrics counts the two switches; an unknown name is a 422."""
+    listed = server.client.get("/loras").json()
+    assert listed["data"] == [{"name": "glow", "experts": False, "fits": True, "error": None}]
+    bad = server.client.post("/generate", json={"prompt": "fox", "loras": [{"name": "nope"}]})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "loras"], bad.text
+    before = _switches(server)
+    request = dict(prompt="a green square moving left", num_frames=9, height=48, width=80,
+                   num_inference_steps=4, seed=3)  # fmt: skip
+    glow = [{"name": "glow", "strength": 1.0}]
+    base = server.wait_job(server.submit(**request)["id"])
+    first = server.submit(**request, loras=glow)
+    wait_until(lambda: server.client.get(f"/jobs/{first['id']}").json()["status"] != "queued", 30, "a claim")
+    plain, again = server.submit(**request), server.submit(**request, loras=glow)  # plain is older
+    jobs = [server.wait_job(job["id"]) for job in (first, plain, again)]
+    assert all(job["status"] == "completed" for job in [base, *jobs]), jobs
+    assert [job["request"].get("loras") for job in jobs] == [[["glow", 1.0]], None, [["glow", 1.0]]]
+    assert jobs[2]["started_at"] < jobs[1]["started_at"]  # glow was applied: `again` went first
+    frames = []
+    for k, job in enumerate([base, *jobs]):
+        (tmp_path / f"{k}.mp4").write_bytes(server.client.get(job["video_url"]).content)
+        frames.append(iio.imread(tmp_path / f"{k}.mp4").astype(float))
+    base_frames, first_frames, plain_frames, again_frames = frames
+    assert abs(first_frames - base_frames).mean() > 2  # glow changes the frames by ~6 (0-255)
+    assert (plain_frames == base_frames).all() and (again_frames == first_frames).all()
+    wait_until(lambda: _switches(server) == before + 2, 10, "both switches in /metrics")

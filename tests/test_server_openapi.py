@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
 from dit.pipeline import TINY_LIMITS
-from testing.published import TINY_RANDOM_TOKENS, tiny_random_app
+from testing.published import LORA_CATALOGUE, TINY_RANDOM_TOKENS, tiny_random_app
 
 
 @pytest.fixture
@@ -52,8 +52,9 @@ def test_openapi_tells_the_truth(client):
 def test_schema_fuzzing(tmp_path):
     """Every operation of the app's own OpenAPI, positive and negative examples, under every schemathesis
     check: no 5xx, every reply one the document declares (status, media type, body schema), every request
-    the document calls valid taken and every invalid one refused. Bounded: a fixed number of examples."""
-    app = tiny_random_app(tmp_path, max_queue=10_000)
+    the document calls valid taken and every invalid one refused (`loras` too: a catalogue is published).
+    Bounded: a fixed number of examples."""
+    app = tiny_random_app(tmp_path, loras=LORA_CATALOGUE, max_queue=10_000)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     start, count = time.monotonic(), 0
     for result in schema.get_all_operations():

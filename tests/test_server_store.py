@@ -12,7 +12,16 @@ import time
 import pytest
 
 from server import limits, logs, videos
-from server.store import PHASE_TIMINGS, SCHEMA_VERSION, JobStore, QueueFull, StoreBusy, StoreError, open_store
+from server.store import (
+    PHASE_TIMINGS,
+    SCHEMA_VERSION,
+    JobStore,
+    QueueFull,
+    StoreBusy,
+    StoreError,
+    lora_set,
+    open_store,
+)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -72,6 +81,28 @@ def test_a_full_queue_is_counted_in_the_insert_and_queue_positions_are_unique(ne
     assert len(jobs) == 16 and [r.queued for r in results if isinstance(r, QueueFull)] == [16] * 4
     store = open_store(url)
     assert sorted(store.queue_position(store.get(job.id)) for job in jobs) == list(range(16))
+
+
+def test_claims_prefer_the_applied_lora_set_while_no_job_waited_past_the_patience(store):
+    """Set A applied, queue [B (older), A, none]: A goes first while B is young; once B has waited past the
+    patience, B does (the oldest first); with nothing of the applied set queued, the oldest; positions stay
+    the count of queued jobs created before."""
+    a_set = [["style", 0.8]]
+    applied = lora_set(a_set)
+    b = store.create({"prompt": "b", "loras": [["other", 1.0]]})[0]
+    a = store.create({"prompt": "a", "loras": a_set})[0]
+    plain = store.create({"prompt": "plain"})[0]
+    assert store.get(a.id).spec["loras"] == a_set
+    assert [store.queue_position(store.get(j.id)) for j in (b, a, plain)] == [0, 1, 2]
+    assert store.claim("w", "box", applied=applied, patience=60).id == a.id
+    assert [store.queue_position(store.get(j.id)) for j in (b, plain)] == [0, 1]
+    again = store.create({"prompt": "a again", "loras": [["style", 0.8]]})[0]
+    with store._write() as db:  # B has waited two minutes
+        db.execute("UPDATE jobs SET created_at = created_at - 120 WHERE id = ?", (b.id,))
+    assert store.claim("w", "box", applied=applied, patience=60).id == b.id
+    assert store.claim("w", "box", applied=lora_set([["x", 1.0]]), patience=60).id == plain.id  # none: oldest
+    assert store.claim("w", "box", applied="", patience=60).id == again.id
+    assert lora_set([["b", 1], ["a", 0.5]]) == lora_set([["a", 0.5], ["b", 1.0]]) != lora_set([]) == ""
 
 
 def test_idempotency_cancel_and_progress(store):

@@ -2,9 +2,9 @@
 a downloaded one) against real `ithaca serve` processes running the TRAINED TINY MODEL: the session's
 `tiny_server` (tests/conftest.py: one worker group of 2 ranks under a server with an API key), and a second
 API process without a key attached to the same store.
-Without a key: submit from the page, the progress bar moves, a preview shows, the finished MP4 plays from its
-URL. With one: the page asks for the key, the same flow works through blob: URLs, and a running job is
-cancelled. Screenshots go to pytest's tmp_path."""
+Without a key: submit from the page (with a LoRA row), the progress bar moves, a preview shows, the finished
+MP4 plays from its URL. With one: the page asks for the key, the same flow works through blob: URLs, and a
+running job is cancelled. Screenshots go to pytest's tmp_path."""
 
 from __future__ import annotations
 
@@ -146,8 +146,10 @@ def test_generate_on_the_tiny_model(servers, page, tmp_path):
     page.get_by_label("Prompt", exact=True).fill("a red fox in snow")
     assert hint.inner_text().startswith("It does not know: fox, in, snow.")
     page.evaluate(RECORDER)
+    page.get_by_role("button", name="Add LoRA").click()  # the session server's catalogue: `glow`
+    assert page.get_by_label("LoRA 1", exact=True).input_value() == "glow"
     # enough steps (the tiny model's are ~0.1 s) that the bar is seen between 0 and 100
-    _submit(page, "a red circle moving right", Steps=24, Seed=3)
+    _submit(page, "a red circle moving right", Steps=24, Seed=3, **{"Strength of LoRA 1": 0.5})
     shot = tmp_path / "tiny.png"
     seen = _watch_to_the_video(page, "a red circle moving right", shot)
     if os.environ.get("ITHACA_WEB_SCREENSHOT"):  # how docs/web-page.png is made: 64 colours keep it small
@@ -157,6 +159,7 @@ def test_generate_on_the_tiny_model(servers, page, tmp_path):
     assert not hint.inner_text().startswith("It does not know")
     assert seen["poster_vs_frame"] < MAX_POSTER_DIFFERENCE, seen  # the poster is the frame the page shows
     job = opened.client.get("/jobs", params={"limit": 1}).json()["data"][0]
+    assert job["request"]["loras"] == [["glow", 0.5]]
     timings = job["timings"]
     print(
         f"progress {seen['progress']}, previews {seen['previews']}, {seen['duration']:.2f} s of video, "

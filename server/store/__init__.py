@@ -30,10 +30,11 @@ from server.store.job import (
     TERMINAL,
     TIMED_PHASES,
     Job,
+    lora_set,
 )
 from server.store.job_store import JobStore, open_store
 from server.store.schema import SCHEMA_VERSION
 
 __all__ = ["ACTIVE", "DENOISED", "PHASE_PROGRESS", "PHASE_TIMINGS", "PHASES", "SCHEMA_VERSION", "STATUSES",
            "TERMINAL", "TIMED_PHASES", "IdempotencyConflict", "Job", "JobStore", "QueueFull", "StoreBusy",
-           "StoreError", "backend_for", "open_store"]  # fmt: skip
+           "StoreError", "backend_for", "lora_set", "open_store"]  # fmt: skip

@@ -54,6 +54,12 @@ class Job:
         return self.status in TERMINAL
 
 
+def lora_set(loras) -> str:
+    """A request's LoRA set as the store compares it (the `lora_set` column): its (name, strength) pairs in
+    name order; "" for none."""
+    return json.dumps(sorted([str(name), float(strength)] for name, strength in loras)) if loras else ""
+
+
 def job_from_row(row) -> Job | None:
     if row is None:
         return None

@@ -9,7 +9,7 @@ import uuid
 
 from server.store.connections import CREATE_LOCK, Connections
 from server.store.errors import IdempotencyConflict, QueueFull
-from server.store.job import STATUSES, Job, job_from_row, log_change
+from server.store.job import STATUSES, Job, job_from_row, log_change, lora_set
 
 
 class JobQueue(Connections):
@@ -48,8 +48,8 @@ class JobQueue(Connections):
                 if queued >= max_queued:
                     raise QueueFull(queued)
             row = db.execute(
-                "INSERT INTO jobs (id, idempotency_key, request_hash, status, spec, meta, created_at) "
-                "VALUES (?, ?, ?, 'queued', ?, ?, ?) RETURNING *",
+                "INSERT INTO jobs (id, idempotency_key, request_hash, status, spec, meta, created_at, "
+                "lora_set) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?) RETURNING *",
                 (
                     job_id or uuid.uuid4().hex,
                     idempotency_key,
@@ -57,6 +57,7 @@ class JobQueue(Connections):
                     json.dumps(spec),
                     json.dumps(meta or {}),
                     time.time(),
+                    lora_set(spec.get("loras")),
                 ),
             ).fetchone()
             return log_change(job_from_row(row)), True
@@ -87,7 +88,8 @@ class JobQueue(Connections):
         return [job_from_row(r) for r in rows[:limit]], len(rows) > limit
 
     def queue_position(self, job: Job) -> int | None:
-        """Queued jobs ahead of this one (0 = runs next); None once it left the queue."""
+        """Queued jobs ahead of this one (0 = first in line; a job of the LoRA set a replica has applied may
+        still go first: `JobRuns.claim`); None once it left the queue."""
         if job.status != "queued":
             return None
         return self._db.execute(

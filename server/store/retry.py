@@ -87,11 +87,11 @@ class StoreOutage:
                 fn = again or fn
 
 
-def _claim_again(store, worker: str, instance: str):
+def _claim_again(store, worker: str, instance: str, **preference):
     """A claim retried: the job it claimed if it did (the group would hold it forever, heartbeating), or a
     new claim."""
     mine = [job for job in store.in_progress(worker_prefix=worker) if job.worker == worker]
-    return mine[0] if mine else store.claim(worker, instance)
+    return mine[0] if mine else store.claim(worker, instance, **preference)
 
 
 def _finish_again(store, job_id: str, worker: str | None, status: str, **fields):

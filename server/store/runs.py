@@ -26,16 +26,21 @@ class JobRuns(Connections):
         """Cheap read-only check so idle polling never takes the write lock."""
         return self._db.execute("SELECT 1 FROM jobs WHERE status = 'queued' LIMIT 1").fetchone() is not None
 
-    def claim(self, worker: str, instance: str) -> Job | None:
-        """Atomically move the oldest queued job to in_progress for this worker (None: the queue is empty)."""
+    def claim(self, worker: str, instance: str, *, applied: str = "", patience: float = 0.0) -> Job | None:
+        """Atomically move the oldest queued job to in_progress for this worker (None: the queue is empty).
+        `applied`: the LoRA set (job.lora_set) the worker has applied; the oldest job of that set goes first
+        while every queued job has waited less than `patience` seconds (a switch is saved, and no job
+        waits more than `patience` and one job for it)."""
+        now = time.time()
         with self._write() as db:
             row = db.execute(
-                "UPDATE jobs SET status = 'in_progress', started_at = ?, worker = ?, instance = ?, "
+                "UPDATE jobs SET status = 'in_progress', started_at = ?1, worker = ?2, instance = ?3, "
                 "attempts = attempts + 1, step = 0, progress = 0, phase = 'encoding', "
                 "resumed_from_step = NULL "
-                "WHERE seq = (SELECT seq FROM jobs WHERE status = 'queued' ORDER BY seq LIMIT 1"
-                f"{self._backend.skip_locked}) AND status = 'queued' RETURNING *",
-                (time.time(), worker, instance),
+                "WHERE seq = (SELECT seq FROM jobs WHERE status = 'queued' ORDER BY CASE WHEN lora_set = ?4 "
+                "AND (SELECT MIN(created_at) FROM jobs WHERE status = 'queued') > ?5 THEN 0 ELSE 1 END, seq "
+                f"LIMIT 1{self._backend.skip_locked}) AND status = 'queued' RETURNING *",
+                (now, worker, instance, applied, now - patience),
             ).fetchone()
         return log_change(job_from_row(row))
 

@@ -62,6 +62,7 @@ _ADDED_COLUMNS = {
     **dict.fromkeys(PHASE_TIMINGS, "{float}"),
     "preview_step": "INTEGER",  # the step of the latest live preview (videos.preview_path); null: none yet
     "resumed_from_step": "INTEGER",  # the checkpoint's step this run went on from; null: from the start
+    "lora_set": "TEXT NOT NULL DEFAULT ''",  # the request's LoRAs (job.lora_set): claims prefer the applied
 }
 
 

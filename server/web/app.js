@@ -94,10 +94,11 @@ async function loadLimits() {
 
 let vocabulary = null; // {about, words}: the words a small model knows (null: a model that declares none)
 
-function applyLimits({ model, limits, vocabulary: declared }) {
+function applyLimits({ model, limits, vocabulary: declared, loras }) {
   $("model").textContent = `Model: ${model}`;
   vocabulary = declared || null;
   hintPrompt();
+  applyLoras(loras);
   for (const name of NUMBERS) {
     const spec = limits[name];
     if (!spec) continue; // seed, and any field this model does not publish: only the input's own bounds
@@ -121,6 +122,50 @@ function applyLimits({ model, limits, vocabulary: declared }) {
     $("image-hint").textContent = `${image.required ? "required" : "optional"}: PNG, JPEG or WebP, at most ${mb} MiB`;
   }
   $("generate").disabled = false;
+}
+
+// -- LoRAs: a row per LoRA (a name of the catalogue that fits, a strength), shown when the server has some --
+
+const MAX_STRENGTH = 4;
+let loraNames = [];
+let loraRows = 0; // rows made so far: each row's labels stay unique
+
+function applyLoras(catalogue) {
+  loraNames = (catalogue || []).filter((entry) => entry.fits).map((entry) => entry.name);
+  $("loras-field").hidden = loraNames.length === 0;
+  const misfits = (catalogue || []).filter((entry) => !entry.fits).map((entry) => entry.name);
+  $("loras-hint").textContent =
+    `${loraNames.length} in the catalogue, strength −${MAX_STRENGTH} to ${MAX_STRENGTH}` +
+    (misfits.length ? `; not for this model: ${misfits.join(", ")}` : "");
+}
+
+$("add-lora").addEventListener("click", () => {
+  loraRows += 1;
+  const row = element("div", { class: "lora-row" });
+  const name = element("select", { id: `lora-${loraRows}`, "aria-label": `LoRA ${loraRows}` });
+  name.append(...loraNames.map((lora) => element("option", { value: lora }, lora)));
+  const strength = element("input", {
+    id: `lora-${loraRows}-strength`,
+    type: "number",
+    inputmode: "decimal",
+    min: -MAX_STRENGTH,
+    max: MAX_STRENGTH,
+    step: "any",
+    value: "1",
+    "aria-label": `Strength of LoRA ${loraRows}`,
+  });
+  const remove = element("button", { type: "button", "aria-label": `Remove LoRA ${loraRows}` }, "Remove");
+  remove.addEventListener("click", () => row.remove());
+  row.append(name, strength, remove);
+  $("lora-rows").append(row);
+  name.focus();
+});
+
+function chosenLoras() {
+  return [...$("lora-rows").querySelectorAll(".lora-row")].map((row) => ({
+    name: row.querySelector("select").value,
+    strength: Number(row.querySelector("input").value),
+  }));
 }
 
 // Under the prompt, for a model that declares its vocabulary: what it draws, its words, and the prompt's
@@ -148,12 +193,16 @@ $("generate-form").addEventListener("submit", async (event) => {
   for (const name of NUMBERS) {
     if ($(name).value !== "") fields[name] = Number($(name).value);
   }
+  const loras = chosenLoras();
+  if (loras.length) fields.loras = loras;
   const file = $("image-field").hidden ? null : $("image").files[0];
   let body;
   const headers = {};
   if (file) {
     body = new FormData();
-    for (const [name, value] of Object.entries(fields)) body.append(name, String(value));
+    for (const [name, value] of Object.entries(fields)) {
+      body.append(name, name === "loras" ? JSON.stringify(value) : String(value)); // loras: one JSON part
+    }
     body.append("image", file);
   } else {
     body = JSON.stringify(fields);
