@@ -26,7 +26,7 @@ newest) and written once the store answers, and an idle leader polls on slowly, 
 
 Once the video is decoded, its middle frame takes the last live preview's place before the job completes:
 a finished job's thumbnail is a frame of its video. Its MP4's frames are then all with ffmpeg, so the leader
-hands the rest to a thread (`VideoCloser`: wait for the file, rename it into place, complete the job) and
+hands the rest to a thread (`server.job_end`: wait for the file, rename it into place, complete the job) and
 claims its next job at once. Until the file is in place the job stays in progress under this worker, so a
 group that dies meanwhile has it re-queued, never completed without its file; a drain waits (up to CLOSE_S)
 for those closes before the group exits.
@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import importlib
 import logging
 import os
@@ -72,11 +71,12 @@ from dit.vocabulary import read_vocabulary
 from server import limits as limits_mod
 from server import logs, metrics, videos
 from server.config import ServeConfig, add_arguments, from_args
+from server.job_end import JobEnd
 from server.lifetime import die_with_parent
 from server.phases import PhaseClock, job_timings
 from server.store import Job, StoreBusy, lora_set, open_store
 from server.store.retry import MAX_RETRY_S, LatestStep, PatientStore, StoreOutage
-from server.writers import CheckpointWriter, PreviewWriter, StreamedVideo, VideoCloser
+from server.writers import CheckpointWriter, PreviewWriter, StreamedVideo
 
 HEARTBEAT_S = 1.0
 KEEPALIVE_S = 5.0
@@ -104,7 +104,7 @@ class Worker:
         # its thread waits out an outage, then records the newest preview
         self.previews = PreviewWriter(self.store, config.videos_dir, self.name) if leader else None
         self.checkpoints = CheckpointWriter(config.videos_dir) if leader else None
-        self.closer = VideoCloser() if leader else None
+        self.ending = JobEnd(self.store, self.name, config.videos_dir) if leader else None
         described = limits_mod.describe(pipe.limits, config.image_limits)
         self.info = {
             "limits": described,
@@ -235,15 +235,6 @@ class Worker:
             self.store.set_resumed(job.id, self.name, state.step, spec["num_inference_steps"])
         return state
 
-    def _drop_files(self, job_id: str, image: bool) -> None:
-        """Remove a deleted job's input image once it is over (the API leaves it while the job runs), and
-        any preview written after the API removed it."""
-        job = self.store.get(job_id, include_deleted=True)
-        if job is not None and job.deleted and job.terminal:
-            if image:
-                videos.remove_input(self.config.videos_dir, job_id)
-            videos.remove_preview(self.config.videos_dir, job_id)
-
     def _count_switches(self) -> None:
         """Count the LoRA switch the job made, if any (every rank switched alike: the leader counts)."""
         switches = self.pipe.lora_switches
@@ -266,9 +257,9 @@ class Worker:
             if message is not None:
                 self._run_job(message["id"], message["spec"], message["key"], message["resume"])
                 if self.store is not None:
-                    self._drop_files(message["id"], "image" in message["spec"])
+                    self.ending.drop_files(message["id"], "image" in message["spec"])
                     self._count_switches()
-        if self.store is not None and not self.closer.flush(CLOSE_S):
+        if self.store is not None and not self.ending.flush(CLOSE_S):
             log.warning(
                 "an MP4 was not closed within %g s: its job stays in progress, to be re-queued", CLOSE_S
             )
@@ -337,12 +328,13 @@ class Worker:
                 video.drop()
                 self.previews.flush(FLUSH_S)
                 self.checkpoints.flush(FLUSH_S)  # the last one, to resume from
-                self.closer.flush(FLUSH_S)  # the job before, complete with its file, rather than re-run
+                self.ending.flush(FLUSH_S)  # the job before, complete with its file, rather than re-run
             raise
         if leader:  # the finished job's thumbnail: a frame of its video, in place before it completes
             self.previews.submit(job_id, spec["num_inference_steps"], frame_preview(frames))
             self._flush(job_id)
-            self._complete(job_id, video, frames, start, step_times, phases, "image" in spec)
+            evaluations, image = self.pipe.evaluations, "image" in spec
+            self.ending.hand_off(job_id, video, frames, start, step_times, phases, evaluations, image)
         self.job_id, self.state = None, "ready"
 
     def _flush(self, job_id: str) -> None:
@@ -350,54 +342,6 @@ class Worker:
         self.previews.flush(FLUSH_S)
         self.checkpoints.flush(FLUSH_S)
         videos.remove_checkpoint(self.config.videos_dir, job_id)
-
-    def _complete(self, job_id, video, frames, start, step_times, phases, image: bool) -> None:
-        """Hand the MP4 (encoded during the decode: `writing` is the time after its last frame) to the closer,
-        unless the job was cancelled after its last step."""
-        phases.enter("writing")
-        if self.store.set_phase(job_id, self.name, "writing", phases.timings):
-            video.drop()
-            self.store.finish(
-                job_id, self.name, "cancelled", error="cancelled while decoding; no video was written",
-                timings=job_timings(start, step_times, phases),
-            )  # fmt: skip
-            return
-        evaluations = self.pipe.evaluations  # this job's: the next job's generate replaces them
-        close = functools.partial(
-            self._close, job_id, video, frames, start, step_times, phases, evaluations, image
-        )
-        self.closer.submit(job_id, len(step_times), close)
-
-    def _close(self, job_id, video, frames, start, step_times, phases, evaluations, image: bool) -> None:
-        """On the closer's thread: finish the file, then complete the job. The file is renamed into place
-        before the job completes, so readers of a completed job always find it; a cancel that lands in
-        between is found by `finish`, and the file goes again. A close that fails fails the job: its frames
-        are gone, and a run again would be a whole new generation for what is most likely a disk's fault."""
-        path = os.path.join(self.config.videos_dir, f"{job_id}.mp4")
-        try:
-            os.replace(video.close(frames), path)  # readers never see a half-written file
-        except Exception as e:
-            video.drop()
-            log.error("job %s: its MP4 was not written: %s: %s", job_id, type(e).__name__, e)
-            error = f"the MP4 was not written: {type(e).__name__}: {e}"
-            timings = job_timings(start, step_times, phases)
-            self.store.finish(job_id, self.name, "failed", error=error, timings=timings)
-            self._drop_files(job_id, image)
-            return
-        timings = job_timings(start, step_times, phases) | {
-            "evaluated": evaluations.evaluated,
-            "skipped": evaluations.skipped,
-        }
-        job = self.store.finish(job_id, self.name, "completed", video=os.path.basename(path), timings=timings)
-        if job is None or job.status != "completed":  # cancelled meanwhile, or no longer this worker's
-            os.remove(path)
-        else:
-            self.store.add_counters(
-                metrics.observations(
-                    step_times, job.finished_at - job.started_at, phases.seconds, evaluations
-                )
-            )
-        self._drop_files(job_id, image)  # a job deleted while its file closed is over only now
 
 
 def _alive(pid: int) -> bool:

@@ -162,9 +162,13 @@ def test_pipeline_folder_loads_and_generates(ours, reference):
 
 
 def _reference_kwargs(req: GenerationRequest) -> dict:
-    """WanPipeline's arguments for `req` (the same names but seed, fps and our step cache); our initial noise
-    is randn of this generator."""
-    fields = {k: v for k, v in dataclasses.asdict(req).items() if k not in ("seed", "fps", "cache", "image")}
+    """WanPipeline's arguments for `req` (the same names but seed, fps, our step cache and LoRA set); our
+    initial noise is randn of this generator."""
+    fields = {
+        k: v
+        for k, v in dataclasses.asdict(req).items()
+        if k not in ("seed", "fps", "cache", "image", "loras")
+    }
     return {**fields, "generator": torch.Generator("cpu").manual_seed(req.seed)}
 
 

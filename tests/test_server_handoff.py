@@ -108,7 +108,7 @@ def test_a_cancel_while_the_mp4_closes_leaves_no_file_and_a_cancelled_job(served
     s.gate.set()
     cancelled = _at(s, job.id, "cancelled")
     assert cancelled.video is None and "not kept" in cancelled.error
-    wait_until(lambda: s.worker.closer.flush(0), WAIT_S, "the close")
+    wait_until(lambda: s.worker.ending.flush(0), WAIT_S, "the close")
     assert _files(s.config, job.id) == []
 
 

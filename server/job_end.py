@@ -1,0 +1,84 @@
+"""The worker leader's end of a finished job: its MP4's frames are all with ffmpeg, so the rest (wait for the
+file, rename it into place, complete the job, count it) runs on a thread of its own (`VideoCloser`) while the
+leader claims its next job. Until the file is in place the job stays in progress under its worker: a group
+that dies meanwhile has it re-queued, never completed without its file."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+from server import metrics, videos
+from server.phases import job_timings
+from server.store import JobStore
+from server.writers import VideoCloser
+
+log = logging.getLogger("ithaca.worker")
+
+
+class JobEnd:
+    def __init__(self, store: JobStore, name: str, videos_dir: str):
+        self.store, self.name, self.videos_dir = store, name, videos_dir
+        self.closer = VideoCloser()
+
+    def drop_files(self, job_id: str, image: bool) -> None:
+        """Remove a deleted job's input image once it is over (the API leaves it while the job runs), and
+        any preview written after the API removed it."""
+        job = self.store.get(job_id, include_deleted=True)
+        if job is not None and job.deleted and job.terminal:
+            if image:
+                videos.remove_input(self.videos_dir, job_id)
+            videos.remove_preview(self.videos_dir, job_id)
+
+    def hand_off(self, job_id, video, frames, start, step_times, phases, evaluations, image: bool) -> None:
+        """Hand the MP4 (encoded during the decode: `writing` is the time after its last frame) to the closer,
+        unless the job was cancelled after its last step. `evaluations`: this job's (the next job's
+        generate replaces the pipeline's)."""
+        phases.enter("writing")
+        if self.store.set_phase(job_id, self.name, "writing", phases.timings):
+            video.drop()
+            self.store.finish(
+                job_id, self.name, "cancelled", error="cancelled while decoding; no video was written",
+                timings=job_timings(start, step_times, phases),
+            )  # fmt: skip
+            return
+        close = functools.partial(
+            self._close, job_id, video, frames, start, step_times, phases, evaluations, image
+        )
+        self.closer.submit(job_id, len(step_times), close)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait for the closes handed off; False when `timeout` ran out first."""
+        return self.closer.flush(timeout)
+
+    def _close(self, job_id, video, frames, start, step_times, phases, evaluations, image: bool) -> None:
+        """On the closer's thread: finish the file, then complete the job. The file is renamed into place
+        before the job completes, so readers of a completed job always find it; a cancel that lands in
+        between is found by `finish`, and the file goes again. A close that fails fails the job: its frames
+        are gone, and a run again would be a whole new generation for what is most likely a disk's fault."""
+        path = os.path.join(self.videos_dir, f"{job_id}.mp4")
+        try:
+            os.replace(video.close(frames), path)  # readers never see a half-written file
+        except Exception as e:
+            video.drop()
+            log.error("job %s: its MP4 was not written: %s: %s", job_id, type(e).__name__, e)
+            error = f"the MP4 was not written: {type(e).__name__}: {e}"
+            timings = job_timings(start, step_times, phases)
+            self.store.finish(job_id, self.name, "failed", error=error, timings=timings)
+            self.drop_files(job_id, image)
+            return
+        timings = job_timings(start, step_times, phases) | {
+            "evaluated": evaluations.evaluated,
+            "skipped": evaluations.skipped,
+        }
+        job = self.store.finish(job_id, self.name, "completed", video=os.path.basename(path), timings=timings)
+        if job is None or job.status != "completed":  # cancelled meanwhile, or no longer this worker's
+            os.remove(path)
+        else:
+            self.store.add_counters(
+                metrics.observations(
+                    step_times, job.finished_at - job.started_at, phases.seconds, evaluations
+                )
+            )
+        self.drop_files(job_id, image)  # a job deleted while its file closed is over only now
