@@ -106,6 +106,16 @@ def preflight(
         from dit.shape import request_limits
 
         check_numbers(request, request_limits(model, sampler=sampler, timesteps=timesteps))
+    if config.warmup:  # each warm-up size against the model's limits, as a request of that size
+        from dit.request import GenerationRequest, check_numbers
+        from dit.shape import request_limits
+
+        limits = request_limits(model, sampler=sampler, timesteps=timesteps)
+        for height, width, frames in config.warmup:
+            try:
+                check_numbers(GenerationRequest("", height=height, width=width, num_frames=frames), limits)
+            except ValueError as e:
+                raise ValueError(f"--warmup {height}x{width}x{frames}: {e}") from None
     if needs_model(ulysses, ring, cfg):
         from dit.shape import plan_layout
 

@@ -85,6 +85,20 @@ def _lora_text(lora: tuple[str, float]) -> str:
     return f"{lora[0]}:{lora[1]!r}"
 
 
+def _warmup_size(text: str) -> tuple[int, int, int]:
+    """One `--warmup` size, HEIGHTxWIDTHxFRAMES (480x832x81) → (height, width, frames)."""
+    import re
+
+    found = re.fullmatch(r"(\d+)x(\d+)x(\d+)", text.strip())
+    if found is None:
+        raise ValueError(f"{text!r} is not HEIGHTxWIDTHxFRAMES, e.g. 480x832x81")
+    return tuple(int(n) for n in found.groups())
+
+
+def _warmup_sizes(text: str) -> tuple[tuple[int, int, int], ...]:
+    return tuple(_warmup_size(part) for part in text.replace(";", ",").replace(" ", ",").split(",") if part)
+
+
 def _cache(text: str) -> str:
     from dit.cache import CacheConfig
 
@@ -214,6 +228,19 @@ class PipelineConfig:
         commands=("serve",),
         key=True,
         parse=_cache,
+    )
+    # (height, width, frames) each worker group generates once, a few steps, before it reports ready: the
+    # first job of that size then finds its compiled graphs (--compile) and its kernels chosen (dit.warmup)
+    warmup: tuple[tuple[int, int, int], ...] = setting(
+        (),
+        "video sizes HEIGHTxWIDTHxFRAMES (several separated by ','), e.g. 480x832x81: the worker group "
+        "generates each once, 2 steps, before it reports ready, so that the first job of that size does "
+        "not compile",
+        commands=("serve",),
+        parse=_warmup_sizes,
+        item=_warmup_size,
+        item_text=lambda size: "x".join(map(str, size)),
+        metavar="SIZES",
     )
     # True: every rank of a replica holds the VAE and decodes a band of rows (dit.vae_parallel); False: the
     # replica leader alone holds it and decodes the whole video while the others wait (the comparison

@@ -28,9 +28,9 @@ def ready(request: Request):
     ok = services.ready()
     supervisor = services.supervisor
     try:
-        comm = services.worker_info().get("comm")
+        info = services.worker_info()
     except StoreBusy:  # the reason below says why
-        comm = None
+        info = {}
     body = {
         "ready": ok,
         "group": supervisor.group_id if supervisor else None,
@@ -38,7 +38,9 @@ def ready(request: Request):
         "fatal": supervisor.fatal if supervisor else None,
         "reason": None if ok else _unready_reason(supervisor),
         # the exchange the workers use and, with --comm auto, the start-up probe's rows (ms None: ruled out)
-        "comm": comm,
+        "comm": info.get("comm"),
+        # the sizes --warmup generated before the group reported ready, each with its seconds
+        "warmup": info.get("warmup"),
     }
     return JSONResponse(body, status_code=200 if ok else 503)
 

@@ -68,6 +68,7 @@ from dit.preview import frame_preview
 from dit.settings import checkpoint_key
 from dit.startup import start
 from dit.vocabulary import read_vocabulary
+from dit.warmup import warm_up
 from server import limits as limits_mod
 from server import logs, metrics, videos
 from server.config import ServeConfig, add_arguments, from_args
@@ -246,6 +247,8 @@ class Worker:
     # -- every rank -----------------------------------------------------------------------------------------
 
     def run(self) -> None:
+        # before the first heartbeat: the group is not ready until its warm-ups are done
+        self.info["warmup"] = warm_up(self.pipe, self.config.pipeline.warmup, self.module.GenerationRequest)
         if self.store is not None:
             threading.Thread(target=self._heartbeat_loop, daemon=True).start()
         while True:

@@ -14,17 +14,18 @@ def _shutdown_dist_pool():
 @pytest.fixture(scope="session")
 def tiny_server(tmp_path_factory):
     """`ithaca serve` of the trained tiny model: a real worker group of 2 CPU ranks (gloo), an API key, at
-    most 4 jobs queued, a LoRA catalogue of one (`glow`, testing/loras.py). One for the session: the tests
-    that only submit jobs share it (test_server_e2e.py, test_web_page.py), as starting a group costs ~20 s
-    on 2 cores."""
+    most 4 jobs queued, a LoRA catalogue of one (`glow`, testing/loras.py), a warm-up at 48×80, 9 frames.
+    One for the session: the tests that only submit jobs share it (test_server_e2e.py, test_web_page.py), as
+    starting a group costs ~20 s on 2 cores."""
     from testing.loras import write_lora
 
     loras = tmp_path_factory.mktemp("tiny-loras")
     write_lora(loras / "glow.safetensors")
-    srv = ServerProcess(tmp_path_factory.mktemp("tiny-server"), "--max-queue", "4", "--nproc", "2",
-                        "--lora-dir", str(loras), api_key="tiny-server-key")  # fmt: skip
+    flags = ("--max-queue", "4", "--nproc", "2", "--lora-dir", str(loras), "--warmup", "48x80x9")
+    srv = ServerProcess(tmp_path_factory.mktemp("tiny-server"), *flags, api_key="tiny-server-key")
     try:
         srv.wait()
+        srv.first_ready = srv.client.get("/ready").json()  # what the group said when it first was ready
         yield srv
     finally:
         srv.stop()

@@ -105,3 +105,18 @@ def test_modelled_bytes_match_count_comm(ulysses, ring, comm):
     for got in counted:
         assert {k: got[k] for k in want} == want
         assert set(got) <= set(want) | {"recv"}
+
+
+def test_whole_job_by_phase_and_modelled_for_8(tmp_path):
+    """The whole-job section's code path at toy size: each measured job's phases fit inside its time to the
+    closed MP4, and the 8-GPU row's decode is the measured one over 8 plus the frames' gather on NVLink."""
+    assert gpu.main(["--cpu-smoke", "--out", str(tmp_path), "--only", "whole-job"]) == 0
+    section = json.loads((tmp_path / "gpu.json").read_text())["sections"]["whole-job"]
+    assert section["status"] == "pass", section["why"]
+    measured, modelled = ([[float(c) for c in row[-5:]] for row in t["rows"]] for t in section["tables"])
+    assert len(measured) == len(modelled) == 4  # 4 steps and 40 with CFG, bf16 (fp32 here) and fp8
+    for (encode, steps, decode, mp4, total), m in zip(measured, modelled, strict=True):
+        assert 0 < encode + steps + decode + mp4 <= total + 2e-3
+        assert m[2] == pytest.approx(decode / 8 + 5 * 32 * 32 * 3 * 7 / 8 / 450e9, abs=1e-3)
+        assert m[0] == encode and m[3] == mp4 and m[1] < steps
+    assert [t["met"] for t in section["targets"]] == [None] * 4  # toy sizes are not judged

@@ -192,6 +192,7 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
         (dict(nproc=4, ulysses=3), "do not fit --nproc 4: ulysses=3 x ring=1 x cfg=1 does not divide world "
                                    "size 4; valid ulysses x ring x cfg for world size 4: 1x1x1, 2x1x1"),
         (dict(nproc=6, ring=4), "do not fit --nproc 6: ring=4 x cfg=1 does not divide world size 6"),
+        (dict(warmup=((64, 64, 9), (63, 64, 9))), "--warmup 63x64x9: height must be a multiple of 16"),
     ]  # fmt: skip
     for settings, message in cases:
         line = _preflight_error(**settings)
@@ -212,6 +213,7 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
         (["parity", "--device", "cuda:99"], {}, "ithaca parity: error: --device cuda:99: "),
         (["serve", "--attn-backend", "fast"], {}, "ithaca serve: error: --attn-backend 'fast' is not one of"),
         (["serve"], {"ITHACA_NPROC": "abc"}, "ithaca serve: error: ITHACA_NPROC: 'abc' is not an integer"),
+        (["serve"], {"ITHACA_WARMUP": "480x832"}, "ITHACA_WARMUP: '480x832' is not HEIGHTxWIDTHxFRAMES"),
     ],
 )  # fmt: skip
 def test_a_mistake_is_one_line_and_exit_code_2(tmp_path, argv, env, says):

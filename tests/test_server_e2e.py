@@ -70,6 +70,14 @@ def _evaluations(srv: ServerProcess) -> dict[str, int]:
     return {line[len(prefix) :].split('"')[0]: int(line.split()[-1]) for line in lines}
 
 
+def test_the_warmup_ran_before_the_group_reported_ready(server):
+    """The session's server starts with --warmup 48x80x9: its first ready answer already holds the warm-up's
+    time, and each rank logged it (a 2-step guided tiny generation: well under a minute, above nothing)."""
+    (warmup,) = server.first_ready["warmup"]
+    assert warmup["size"] == "48x80x9" and 0 < warmup["seconds"] < 60
+    assert server.log().count("warm-up 48x80x9: ") == 2  # both ranks ran it: it is a collective generation
+
+
 def test_a_cached_job_reports_its_skipped_evaluations(server):
     """The step cache on the server's 2-rank sequence-parallel group: the job view and /metrics count the
     passes it ran and skipped."""
