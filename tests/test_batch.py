@@ -106,22 +106,26 @@ def test_requests_that_cannot_share_a_batch_are_refused(pipe, change, message):
 
 
 def _layouts(layouts):
-    """On every rank: each layout's batch outcomes, job 1 cancelled after step 2."""
+    """On every rank, per layout: the batch's outcomes (job 1 cancelled after step 2), jobs 0 and 2 alone."""
     import parallel
 
     out = []
-    for ulysses, cfg in layouts:
-        pipe = _load(mesh=parallel.init_parallel(ulysses=ulysses, cfg=cfg))
+    for ulysses, ring, cfg in layouts:
+        pipe = _load(mesh=parallel.init_parallel(ulysses=ulysses, ring=ring, cfg=cfg))
         stop_after_2 = BatchJob(REQUESTS[1], callback=lambda step, total: step < 2)
-        out.append(denoise_batch(pipe, [BatchJob(REQUESTS[0]), stop_after_2, BatchJob(REQUESTS[2])]))
+        batch = denoise_batch(pipe, [BatchJob(REQUESTS[0]), stop_after_2, BatchJob(REQUESTS[2])])
+        out.append((batch, {j: pipe.denoise(REQUESTS[j]) for j in (0, 2)}))
     return out
 
 
-def test_batches_over_ulysses_and_cfg_parallel_match_one_rank(solo):
-    ranks = run_distributed(2, _layouts, [(2, 1), (1, 2)], timeout=120)
-    for layout in range(2):
-        got = ranks[0][layout]
+def test_batches_over_ulysses_ring_and_cfg_parallel_match_their_solo_runs(solo):
+    ranks = run_distributed(2, _layouts, [(2, 1, 1), (1, 2, 1), (1, 1, 2)], timeout=120)
+    # measured (2026-11-25): Ulysses and CFG bit-identical; ring 1.5e-6 (its attention partials, merged by
+    # their log-sum-exp, round a batch differently from one sample)
+    for layout, bound in enumerate((EXACT_REL, 1e-5, EXACT_REL)):
+        got, alone = ranks[0][layout]
         assert isinstance(got[1], GenerationCancelled) and got[1].step == 2
         for j in (0, 2):
-            assert all(torch.equal(rank[layout][j], got[j]) for rank in ranks)
-            assert rel(got[j], solo[j]) <= EXACT_REL, (layout, j, rel(got[j], solo[j]))
+            assert all(torch.equal(rank[layout][0][j], got[j]) for rank in ranks)
+            assert rel(got[j], alone[j]) <= bound, (layout, j, rel(got[j], alone[j]))
+            assert rel(got[j], solo[j]) <= 1e-4  # the layout's own rounding (tests/test_pipeline_parallel.py)
