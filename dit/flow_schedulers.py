@@ -43,6 +43,9 @@ class _FlowScheduler:
     def step_index(self) -> int:
         return self._step_index
 
+    def take_rows(self, rows: list[int]) -> None:
+        """Keep only these rows of a batch's state (its jobs that go on): none kept here."""
+
 
 class UniPCFlowScheduler(_FlowScheduler):
     """UniPC multistep (predictor, then corrector at the next step) on flow sigmas, predicting x0 from the
@@ -106,6 +109,12 @@ class UniPCFlowScheduler(_FlowScheduler):
         self.lower_order_nums = min(self.lower_order_nums + 1, c["solver_order"])
         self._step_index += 1
         return prev
+
+    def take_rows(self, rows: list[int]) -> None:
+        """Keep only these rows of the history (a batch's jobs that go on): each row's is its own."""
+        index = lambda x: None if x is None else x[torch.tensor(rows, device=x.device)]  # noqa: E731
+        self.model_outputs = [index(x) for x in self.model_outputs]
+        self.last_sample = index(self.last_sample)
 
     def _update(self, x: torch.Tensor, s: int, order: int, model_t: torch.Tensor | None = None):
         """UniPC's B(h) update of `x` from sigma index `s` to `s + 1` with the last `order` x0 predictions
@@ -195,14 +204,22 @@ class FlowMatchEulerScheduler(_FlowScheduler):
         sigma, sigma_next = self.sigmas[self._step_index], self.sigmas[self._step_index + 1]
         if self.config["stochastic_sampling"]:
             x0 = sample - sigma * model_output
-            # a CPU generator draws on the CPU whatever the sample's device (diffusers' randn_tensor)
-            drawn = sample.device if generator is None else generator.device
-            noise = torch.randn(sample.shape, generator=generator, device=drawn, dtype=sample.dtype)
+            noise = _draw(sample.shape, generator, sample.dtype, sample.device)
             prev = (1.0 - sigma_next) * x0 + sigma_next * noise.to(sample.device)
         else:
             prev = sample + (sigma_next - sigma) * model_output
         self._step_index += 1
         return prev.to(model_output.dtype)
+
+
+def _draw(shape, generator, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Standard normal noise of `shape` from `generator`; from a list of generators (a batch's, dit.batch)
+    each row from its own, as that job's solo run draws it. A CPU generator draws on the CPU whatever the
+    sample's device (diffusers' randn_tensor)."""
+    if isinstance(generator, list):
+        return torch.cat([_draw((1, *shape[1:]), g, dtype, device) for g in generator])
+    drawn = device if generator is None else generator.device
+    return torch.randn(shape, generator=generator, device=drawn, dtype=dtype)
 
 
 FlowScheduler = UniPCFlowScheduler | FlowMatchEulerScheduler

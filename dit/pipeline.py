@@ -48,6 +48,7 @@ from dit.text_cache import TextCache
 from dit.vae_frames import cast_decoder
 
 if TYPE_CHECKING:
+    from dit.batch import BatchJob
     from dit.flow_schedulers import FlowScheduler
 
 __all__ = [
@@ -200,12 +201,11 @@ class Pipeline:
         req = self.validate(req)
         if self._loras is not None:  # every rank, before any forward: the job's set, or the base
             self._loras.apply(req.loras)
-        _enter(on_phase, "encoding")
+        enter_phase(on_phase, "encoding")
         cond, uncond = self.conditioning(req)
-        _enter(on_phase, "denoising")
+        enter_phase(on_phase, "denoising")
         # One stream from the seed: the initial noise, then the fresh noise of each renoise step.
         generator = torch.Generator("cpu").manual_seed(req.seed)
-        schedule = self.limits.schedule
         cache = self.step_cache(CacheConfig.parse(req.cache))
         self.evaluations, counted = None, Evaluations()
         latents = denoise(
@@ -218,7 +218,7 @@ class Pipeline:
             guidance=req.guidance_scale,
             mesh=self.mesh,
             callback=callback,
-            sigmas=self.family.sigmas(req.num_inference_steps) if schedule is None else schedule.sigmas,
+            sigmas=self.sigmas(req.num_inference_steps),
             generator=generator,
             cache=cache,
             second=self.second_expert(req),
@@ -231,6 +231,12 @@ class Pipeline:
         if "first_frame" in cond:  # as diffusers' expand_timesteps: the given frame, not the one sampled
             latents = with_first_frame(latents, cond["first_frame"])
         return latents
+
+    def sigmas(self, steps: int) -> list[float] | None:
+        """The unshifted sigmas `denoise` samples `steps` steps with: the fixed schedule's, the family's
+        (HunyuanVideo-1.5's linspace), or None for the scheduler's own."""
+        schedule = self.limits.schedule
+        return self.family.sigmas(steps) if schedule is None else schedule.sigmas
 
     def preview_hook(self, steps: int, cond: dict, on_preview: PreviewCallback | None):
         """`denoise`'s `on_x0` for `on_preview` on the replica leader (None elsewhere, or when off)."""
@@ -337,11 +343,19 @@ class Pipeline:
         "denoising" and "decoding" as each begins, so a server can show where a job is; `on_preview`,
         `resume` and `checkpoints` as in `denoise`, `on_frames` as in `decode`."""
         latents = self.denoise(req, callback, on_phase, on_preview, resume, checkpoints)
-        _enter(on_phase, "decoding")
+        enter_phase(on_phase, "decoding")
         return self.decode(latents, on_frames)
 
+    def generate_batch(self, jobs: list[BatchJob], on_phase: PhaseCallback | None = None) -> list:
+        """Jobs that may share every forward (`dit.batch.batch_key`; ValueError naming the field when they
+        cannot) run as one batch: each job's frames on the replica leader (None on the other ranks), or its
+        GenerationCancelled when its callback stopped it, in the jobs' order (`dit.batch.generate_batch`)."""
+        from dit.batch import generate_batch  # dit.batch builds on this module
 
-def _enter(on_phase: PhaseCallback | None, phase: str) -> None:
+        return generate_batch(self, jobs, on_phase)
+
+
+def enter_phase(on_phase: PhaseCallback | None, phase: str) -> None:
     if on_phase is not None:
         on_phase(phase)
 

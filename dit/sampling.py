@@ -5,7 +5,7 @@ step."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from itertools import pairwise
 
@@ -43,6 +43,8 @@ _TIMESTEPS_RULE = (
     "e.g. 1000,750,500,250"
 )
 Callback = Callable[[int, int], "bool | None"]
+# A guidance scale: one for the whole batch, or a float32 tensor [B, 1, 1, 1, 1] of each row's (dit.batch)
+Guidance = float | torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,9 @@ class GenerationCancelled(RuntimeError):
         super().__init__(f"generation cancelled after step {step} of {total}")
         self.step, self.total = step, total
 
+    def __reduce__(self):  # pickles with its numbers (a batch's outcomes cross processes)
+        return type(self), (self.step, self.total)
+
 
 def make_scheduler(
     sampler: str = "unipc", flow_shift: float = 3.0, config: dict | None = None
@@ -132,8 +137,14 @@ def sampler_of(config: dict) -> str | None:
     return None
 
 
+def unguided(guidance: Guidance) -> bool:
+    """A scale of 1: the unconditional pass would be multiplied by zero (a batch's per-row scales are all
+    guided: `dit.batch` passes 1.0 for an unguided batch)."""
+    return not isinstance(guidance, torch.Tensor) and guidance == 1.0
+
+
 def guided_noise(
-    model, x, t, cond: dict, uncond: dict | None, guidance: float, mesh, cache: StepCache | None = None
+    model, x, t, cond: dict, uncond: dict | None, guidance: Guidance, mesh, cache: StepCache | None = None
 ) -> torch.Tensor:
     """One guided prediction; `cond`/`uncond` are the model's text keyword arguments. CFG-parallel (cfg_size
     2): cfg rank 0 runs the prompt, cfg rank 1 the negative prompt, and one all-gather gives both to every
@@ -147,19 +158,19 @@ def guided_noise(
 
     if mesh.cfg_size == 2:
         cond_pred, uncond_pred = parallel.cfg_all_gather(evaluate(("cond", "uncond")[mesh.cfg_rank]), mesh)
-    elif guidance == 1.0:  # no guidance: the unconditional pass would be multiplied by zero
+    elif unguided(guidance):
         return evaluate("cond")
     else:
         cond_pred, uncond_pred = evaluate("cond"), evaluate("uncond")
-    if guidance == 1.0:
+    if unguided(guidance):
         return cond_pred
     return uncond_pred + guidance * (cond_pred - uncond_pred)
 
 
-def passes_per_step(mesh, guidance: float) -> int:
+def passes_per_step(mesh, guidance: Guidance) -> int:
     """Transformer passes `guided_noise` runs per step over the replica: the prompt's, and the negative
     prompt's when guided or on CFG-parallel's cfg rank 1."""
-    return 2 if mesh.cfg_size == 2 or guidance != 1.0 else 1
+    return 2 if mesh.cfg_size == 2 or not unguided(guidance) else 1
 
 
 def should_continue(callback: Callback | None, step: int, total: int, mesh) -> bool:
@@ -171,10 +182,12 @@ def after_step(
     callback: Callback | None, checkpoints: Checkpointing | None, step: int, total: int, mesh
 ) -> tuple[bool, bool]:
     """(go on, take a checkpoint now), asked on the replica leader: its callback and its `checkpoints`;
-    every rank of the replica gets the same answers, in one broadcast."""
+    every rank of the replica gets the same answers, in one broadcast. A batch's callback answers a list,
+    one go-on per row, passed on as it is."""
     keep, due = True, False
     if mesh.is_replica_leader:
-        keep = callback is None or callback(step, total) is not False
+        answer = True if callback is None else callback(step, total)
+        keep = answer if isinstance(answer, list) else answer is not False
         due = checkpoints is not None and checkpoints.due(step, total)
     return mesh.broadcast_object((keep, due))
 
@@ -214,7 +227,7 @@ def denoise(
     uncond: dict[str, torch.Tensor] | None,
     scheduler: FlowScheduler,
     steps: int,
-    guidance: float,
+    guidance: Guidance,
     mesh,
     callback: Callback | None = None,
     sigmas: list[float] | None = None,
@@ -225,6 +238,7 @@ def denoise(
     on_x0: Callable[[int, torch.Tensor], None] | None = None,
     resume: DenoiseState | None = None,
     checkpoints: Checkpointing | None = None,
+    on_rows: Callable[[int, list[int]], None] | None = None,
 ) -> torch.Tensor:
     """Run `steps` denoising steps from `latents` (float32) and return the final latents (float32, the same on
     every rank). The model sees its own dtype; the scheduler works in float32. A renoise scheduler draws its
@@ -238,7 +252,13 @@ def denoise(
     latents. `resume` (dit.denoise_state, on every rank) goes on from a checkpoint's step: its latents,
     scheduler and generator state replace `latents` and the generator's, this rank's residuals the cache's;
     `checkpoints` (the replica leader's) hears the state when due, each rank of a cached replica adding its
-    residuals."""
+    residuals.
+
+    A batch (dit.batch; no cache, resume or checkpoints) holds one job per row of `latents`, `cond` and
+    `uncond`: `guidance` (and `second.guidance`) may be a tensor of each row's scale, `generator` a list of
+    each row's generator, and `callback` answers a list of each row's go-on. Rows told to stop leave the batch
+    (their latents, text, scales, generators and the scheduler's history) and `on_rows(step, rows)` hears, on
+    every rank, the rows that stay; GenerationCancelled when none does."""
     dtype = next(model.parameters()).dtype
     if sigmas is None:
         scheduler.set_timesteps(steps, device=latents.device)
@@ -282,9 +302,30 @@ def denoise(
             if due:
                 snapshot = partial(capture, i + 1, latents, scheduler, generator, counts)
                 _checkpoint(checkpoints, snapshot, cache, mesh)
+            if isinstance(keep, list):  # a batch's rows
+                rows = [row for row, go_on in enumerate(keep) if go_on]
+                if rows and len(rows) < len(keep):
+                    latents, cond, uncond, guidance, generator = (
+                        take_rows(x, rows) for x in (latents, cond, uncond, guidance, generator)
+                    )
+                    if second is not None:
+                        second = replace(second, guidance=take_rows(second.guidance, rows))
+                    scheduler.take_rows(rows)
+                    on_rows(i + 1, rows)
+                keep = bool(rows)
             if not keep:
                 raise GenerationCancelled(i + 1, steps)
     return latents
+
+
+def take_rows(x, rows: list[int]):
+    """Rows `rows` of a batch's tensor, of each tensor of a dict, of a list (each row's generator); a
+    number (a scale shared by the batch) or None as it is."""
+    if isinstance(x, torch.Tensor):
+        return x[torch.tensor(rows, device=x.device)]
+    if isinstance(x, dict):
+        return {name: take_rows(t, rows) for name, t in x.items()}
+    return [x[row] for row in rows] if isinstance(x, list) else x
 
 
 def _checkpoint(checkpoints: Checkpointing | None, snapshot, cache: StepCache | None, mesh) -> None:

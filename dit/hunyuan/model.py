@@ -28,6 +28,7 @@ from dit.hunyuan.layers import (
     rope_3d,
 )
 from dit.hunyuan.refiner import TokenRefiner
+from dit.rowwise import RowwiseConv3d
 from parallel import local_attention
 
 # Condition-type ids added to each text source (diffusers `cond_type_embed`).
@@ -137,7 +138,9 @@ class HunyuanVideo15Transformer(nn.Module):
         super().__init__()
         self.config = config
         dim, heads = config.inner_dim, config.num_attention_heads
-        self.patch_embed = nn.Conv3d(config.in_channels, dim, kernel_size=config.patch, stride=config.patch)
+        self.patch_embed = RowwiseConv3d(
+            config.in_channels, dim, kernel_size=config.patch, stride=config.patch
+        )
         self.image_embedder = ImageProjection(config.image_embed_dim, dim)
         self.text_refiner = TokenRefiner(config.text_embed_dim, dim, heads, config.num_refiner_layers)
         self.byt5_proj = ByT5Projection(config.text_embed_2_dim, BYT5_HIDDEN_DIM, dim)

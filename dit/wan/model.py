@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dit.rowwise import RowwiseConv3d, rowwise
 from dit.wan.config import WanConfig
 from parallel import local_attention
 
@@ -55,7 +56,7 @@ class PatchEmbed(nn.Module):
 
     def __init__(self, cfg: WanConfig):
         super().__init__()
-        self.proj = nn.Conv3d(cfg.in_channels, cfg.dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+        self.proj = RowwiseConv3d(cfg.in_channels, cfg.dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(x.to(self.proj.weight.dtype)).flatten(2).transpose(1, 2).contiguous()
@@ -96,6 +97,9 @@ class TimeEmbedding(nn.Module):
         self.proj = nn.Linear(cfg.dim, 6 * cfg.dim)
 
     def forward(self, timestep: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return rowwise(self._embed, timestep, dtype)  # a batch's rows each as alone (dit.rowwise)
+
+    def _embed(self, timestep: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         t = timestep if timestep.ndim == 2 else timestep[:, None]  # [B] → [B, 1]: one path for both forms
         half = self.freq_dim // 2
         freqs = torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32, device=t.device) / half)

@@ -1,0 +1,166 @@
+"""Batches of compatible jobs: several requests share every transformer forward, one row of the latents each.
+
+Requests may share a batch when `batch_key` gives them the same key: the same size, frames, steps, guidance
+on or off (per expert), LoRA set, the step cache off and no image (the sampler and schedule are the
+pipeline's). Each job keeps its own seed (its own CPU generator draws its initial and renoise noise, as its
+solo run does), prompt, negative prompt, guidance scale (a per-row scale in the guidance combine), progress
+callback, preview and cancel: a job whose callback says stop leaves the batch at that step and the others go
+on. Each job's latents equal its solo run's up to the rounding of batched matrix products (README,
+"Batches"). A server claims jobs of one key and hands them here; a failure raises for the whole batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+from dit.cache import Evaluations
+from dit.pipeline import FramesCallback, PhaseCallback, Pipeline, enter_phase
+from dit.preview import PreviewCallback
+from dit.request import GenerationRequest
+from dit.sampling import Callback, GenerationCancelled, denoise
+
+
+@dataclass(frozen=True)
+class BatchKey:
+    """What the requests of one batch share (of requests as `Pipeline.validate` returns them)."""
+
+    height: int
+    width: int
+    num_frames: int
+    num_inference_steps: int
+    guided: bool  # guidance_scale != 1: the negative prompt's pass runs
+    guided_2: bool  # the same for a two-expert model's low-noise expert
+    cache: str  # must be "off"
+    loras: tuple[tuple[str, float], ...]
+    image: bool  # must be False: an image-to-video job runs alone
+
+
+def batch_key(req: GenerationRequest) -> BatchKey:
+    """The key of a validated request: requests with equal keys may share a batch (when `runs_alone` is
+    None)."""
+    return BatchKey(
+        req.height, req.width, req.num_frames, req.num_inference_steps, req.guidance_scale != 1.0,
+        req.guidance_scale_2 not in (None, 1.0), req.cache, req.loras, req.image is not None,
+    )  # fmt: skip
+
+
+def runs_alone(key: BatchKey) -> str | None:
+    """Why a request with this key cannot join a batch (the field first), or None."""
+    if key.cache != "off":
+        return f"cache: a batch runs with the step cache off, got {key.cache}"
+    if key.image:
+        return "image: a request with an image runs alone"
+    return None
+
+
+def check_batch(requests: list[GenerationRequest]) -> None:
+    """ValueError naming the field when validated `requests` cannot share a batch."""
+    if not requests:
+        raise ValueError("a batch needs at least one request")
+    keys = [batch_key(req) for req in requests]
+    if (reason := runs_alone(keys[0])) is not None:
+        raise ValueError(reason)
+    for key in keys[1:]:
+        for field in fields(BatchKey):
+            mine, first = getattr(key, field.name), getattr(keys[0], field.name)
+            if mine != first:
+                raise ValueError(f"{field.name} differs within the batch ({first!r} and {mine!r})")
+
+
+@dataclass
+class BatchJob:
+    """One job of a batch: its request and its own callbacks (`Pipeline.generate`'s meaning for each)."""
+
+    request: GenerationRequest
+    callback: Callback | None = None
+    on_preview: PreviewCallback | None = None
+    on_frames: FramesCallback | None = None
+
+
+def denoise_batch(
+    pipe: Pipeline, jobs: list[BatchJob], on_phase: PhaseCallback | None = None
+) -> list[torch.Tensor | GenerationCancelled]:
+    """Each job's final latents `[1, ...]` (float32, the same on every rank), or the GenerationCancelled of a
+    job that left the batch, in the jobs' order. `on_phase` hears "encoding" and "denoising" once."""
+    requests = [pipe.validate(job.request) for job in jobs]
+    check_batch(requests)
+    first = requests[0]
+    if pipe._loras is not None:  # every rank, before any forward: the batch's one set
+        pipe._loras.apply(first.loras)
+    enter_phase(on_phase, "encoding")
+    texts = [pipe.conditioning(req) for req in requests]  # each job's (cond, uncond), one broadcast each
+    cond = _stack([c for c, _ in texts])
+    uncond = None if texts[0][1] is None else _stack([u for _, u in texts])
+    enter_phase(on_phase, "denoising")
+    generators = [torch.Generator("cpu").manual_seed(req.seed) for req in requests]
+    latents = torch.cat([pipe.initial_noise(req, g) for req, g in zip(requests, generators, strict=True)])
+    steps, live = first.num_inference_steps, list(range(len(jobs)))  # live: the job of each row
+    outcomes: list = [None] * len(jobs)
+    second = pipe.second_expert(first)
+    if second is not None:
+        second.guidance = _scales(requests, "guidance_scale_2", latents.device)
+
+    def callback(step: int, total: int) -> list[bool]:  # the replica leader's: each live job's answer
+        return [jobs[j].callback is None or jobs[j].callback(step, total) is not False for j in live]
+
+    def on_rows(step: int, rows: list[int]) -> None:
+        for j in set(live) - {live[row] for row in rows}:
+            outcomes[j] = GenerationCancelled(step, steps)
+        live[:] = [live[row] for row in rows]
+
+    previews = [pipe.preview_hook(steps, cond, job.on_preview) for job in jobs]
+
+    def on_x0(step: int, x0: torch.Tensor) -> None:
+        for row, j in enumerate(live):
+            if previews[j] is not None:
+                previews[j](step, x0[row : row + 1])
+
+    counted = Evaluations()
+    pipe.evaluations = None
+    try:
+        latents = denoise(
+            pipe.model, latents, cond=cond, uncond=uncond, scheduler=pipe.scheduler, steps=steps,
+            guidance=_scales(requests, "guidance_scale", latents.device), mesh=pipe.mesh, callback=callback,
+            sigmas=pipe.sigmas(steps), generator=generators, second=second, evaluations=counted,
+            on_x0=on_x0 if any(previews) else None, on_rows=on_rows,
+        )  # fmt: skip
+    except GenerationCancelled as stop:  # the last jobs left together
+        for j in live:
+            outcomes[j] = stop
+        return outcomes
+    pipe.evaluations = counted
+    for row, j in enumerate(live):
+        outcomes[j] = latents[row : row + 1]
+    return outcomes
+
+
+def generate_batch(
+    pipe: Pipeline, jobs: list[BatchJob], on_phase: PhaseCallback | None = None
+) -> list[np.ndarray | None | GenerationCancelled]:
+    """Each job's frames on the replica leader (None on the other ranks), or its GenerationCancelled, in the
+    jobs' order; each finished job's `on_frames` hears its frames as they decode. `on_phase` hears
+    "encoding", "denoising" and "decoding" once. Collective over the replica, as `Pipeline.generate`."""
+    outcomes = denoise_batch(pipe, jobs, on_phase)
+    if any(isinstance(out, torch.Tensor) for out in outcomes):
+        enter_phase(on_phase, "decoding")
+    return [
+        pipe.decode(out, job.on_frames) if isinstance(out, torch.Tensor) else out
+        for out, job in zip(outcomes, jobs, strict=True)
+    ]
+
+
+def _scales(requests: list[GenerationRequest], name: str, device: torch.device) -> float | torch.Tensor:
+    """The guidance the loop takes: 1.0 for an unguided batch, else each row's scale, [B, 1, 1, 1, 1]."""
+    scales = [getattr(req, name) for req in requests]
+    if scales[0] in (None, 1.0):  # the batch key makes every row unguided alike
+        return 1.0
+    return torch.tensor(scales, dtype=torch.float32, device=device).view(-1, 1, 1, 1, 1)
+
+
+def _stack(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Each job's text keyword arguments `[1, ...]` as one batch's (Wan pads each text to the encoder's full
+    length and HunyuanVideo-1.5's come with their masks at the same length, so the rows line up)."""
+    return {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
