@@ -136,7 +136,8 @@ def _throughput(model: str, config: dict, request: dict, queued: int, iters: int
         for turn in range(iters):
             for name, waits in WORKERS.items():
                 worker = Worker(serve(f"{turn}-{name}"), "bench", started.mesh, started.pipe, started.module)
-                worker.closer = _WaitingCloser() if waits else worker.closer
+                if waits:
+                    worker.ending.closer = _WaitingCloser()
                 rates[name].append(_jobs_per_minute(worker, request, queued))
     req = dataclasses.asdict(started.pipe.validate(GenerationRequest(**{"prompt": PROMPT, **request})))
     rows = [{"model": model, "queued": queued, "worker": name, "request": req, "jobs_per_min": median}
