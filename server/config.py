@@ -31,12 +31,6 @@ def _checkpoint_every(text: str) -> str:
     return text
 
 
-def _jobs_per_batch(text: str) -> int:
-    if not (text.isdigit() and int(text) > 0):
-        raise ValueError(f"must be a number of jobs, 1 or more, not {text!r}")
-    return int(text)
-
-
 def _store_url(text: str) -> str:
     if not text.startswith(("sqlite:///", "postgresql://", "postgres://")):
         raise ValueError(f"must be sqlite:///PATH or postgresql://USER@HOST:PORT/DB, not {text!r}")
@@ -96,7 +90,6 @@ class ServeConfig:
         "a replica runs up to this many queued jobs that can share every forward (dit.batch.batch_key) as "
         "one batch (1: one job at a time)",
         worker=True,
-        parse=_jobs_per_batch,
     )
     max_body_bytes: int = _opt(65536, "larger request bodies are refused with 413")
     max_image_bytes: int = _opt(
