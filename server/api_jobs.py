@@ -232,6 +232,7 @@ def job_view(services: Services, job: Job) -> dict:
         "timings": job.timings,
         "attempts": job.attempts,
         "resumed_from_step": job.resumed_from_step,
+        "batch": job.batch,
         "worker": job.worker,
         "cancel_requested": job.cancel_requested,
         "error": job.error,

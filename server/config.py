@@ -85,6 +85,12 @@ class ServeConfig:
         "sets while none has waited this many seconds, saving a switch (0: strictly the oldest first)",
         worker=True,
     )
+    max_batch: int = _opt(
+        1,
+        "a replica runs up to this many queued jobs that can share every forward (dit.batch.batch_key) as "
+        "one batch (1: one job at a time)",
+        worker=True,
+    )
     max_body_bytes: int = _opt(65536, "larger request bodies are refused with 413")
     max_image_bytes: int = _opt(
         ImageLimits.max_bytes, "image-to-video: larger input images are refused with 413", worker=True

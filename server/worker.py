@@ -62,9 +62,9 @@ import uuid
 
 import numpy as np
 
+from dit.batch import BatchJob, batch_key, runs_alone
 from dit.denoise_state import Checkpointing, DenoiseState, Expected, load_file
 from dit.image import fit, read
-from dit.preview import frame_preview
 from dit.settings import checkpoint_key
 from dit.startup import start
 from dit.vocabulary import read_vocabulary
@@ -72,12 +72,13 @@ from dit.warmup import warm_up
 from server import limits as limits_mod
 from server import logs, metrics, videos
 from server.config import ServeConfig, add_arguments, from_args
+from server.batching import BATCH_SCAN, companions
 from server.job_end import JobEnd
+from server.job_run import JobRun
 from server.lifetime import die_with_parent
-from server.phases import PhaseClock, job_timings
 from server.store import Job, StoreBusy, lora_set, open_store
 from server.store.retry import MAX_RETRY_S, LatestStep, PatientStore, StoreOutage
-from server.writers import CheckpointWriter, PreviewWriter, StreamedVideo
+from server.writers import CheckpointWriter, PreviewWriter
 
 HEARTBEAT_S = 1.0
 KEEPALIVE_S = 5.0
@@ -182,10 +183,29 @@ class Worker:
                 if spec:
                     self.applied = lora_set(spec.get("loras"))  # every rank applies it as the job starts
                     key = self._checkpoint_key(job, spec)
-                    return {"id": job.id, "spec": spec, "key": key, "resume": self._resume(job, spec, key)}
+                    message = {"id": job.id, "spec": spec, "key": key, "resume": self._resume(job, spec, key)}
+                    return self._with_companions(message) if self.config.max_batch > 1 else message
             if now - idle_since > KEEPALIVE_S:
                 return None
             time.sleep(pause)
+
+    def _with_companions(self, first: dict) -> dict:
+        """`first` (a claimed job's message) and up to --max-batch - 1 queued jobs that can share its
+        forwards (the oldest first: `batching.companions`) as one batch's message; `first` alone when none
+        joins, or when it resumes from a checkpoint or runs alone (a batch takes none)."""
+        request = self.pipe.validate(self.module.GenerationRequest(**first["spec"]))
+        key = batch_key(request)
+        if first["resume"] is not None or runs_alone(key) is not None:
+            return first
+        queued = self.store.queued_jobs(BATCH_SCAN)
+        ids = companions(queued, key, self.config.max_batch - 1, self.pipe, self.module, self.config.videos_dir)
+        messages = [first]
+        for job in self.store.join_batch(self.name, self.config.instance, first["id"], ids):
+            spec = self._validated(job)
+            if spec:
+                messages.append({"id": job.id, "spec": spec, "key": self._checkpoint_key(job, spec),
+                                 "resume": None})  # fmt: skip
+        return first if len(messages) == 1 else {"batch": messages}
 
     def _should_stop(self) -> bool:
         """SIGTERM, a drain request, or a server that is gone (its supervisor was killed)."""
@@ -258,9 +278,13 @@ class Worker:
             if message == "stop":
                 break
             if message is not None:
-                self._run_job(message["id"], message["spec"], message["key"], message["resume"])
+                if "batch" in message:
+                    self._run_batch(message["batch"])
+                else:
+                    self._run_job(message["id"], message["spec"], message["key"], message["resume"])
                 if self.store is not None:
-                    self.ending.drop_files(message["id"], "image" in message["spec"])
+                    for job in message.get("batch", [message]):
+                        self.ending.drop_files(job["id"], "image" in job["spec"])
                     self._count_switches()
         if self.store is not None and not self.ending.flush(CLOSE_S):
             log.warning(
@@ -271,74 +295,72 @@ class Worker:
             self._beat()
 
     def _run_job(self, job_id: str, spec: dict, key: dict, resume: DenoiseState | None) -> None:
-        leader = self.store is not None
+        run = JobRun(self, job_id, spec) if self.store is not None else None  # the leader records the job
         self.job_id, self.state = job_id, "busy"
-        step_times: list[float] = []
-        last = [time.perf_counter()]
-        phases = PhaseClock()
-
-        def callback(step: int, total: int) -> bool:
-            now = time.perf_counter()
-            step_times.append(now - last[0])
-            last[0] = now
-            return not self.steps.record(job_id, step, total)
-
-        def on_phase(phase: str) -> None:
-            phases.enter(phase)
-            if phase == "denoising":
-                last[0] = time.perf_counter()  # the first step's time leaves the text encoding out
-            if leader:
-                self.store.set_phase(job_id, self.name, phase, phases.timings)
-
-        def on_preview(step: int, image: np.ndarray) -> None:
-            self.previews.submit(job_id, step, image)
-
         every, checkpoints = self.config.checkpoint_steps, None
-        if leader and every is not None:
+        if run is not None and every is not None:
             checkpoints = Checkpointing(
                 every,
                 lambda state: self.checkpoints.submit(job_id, state.step, (state, key)),
                 write_cost=lambda: self.checkpoints.write_s,  # the last one, this job's or an earlier one's
             )
-
-        start = time.perf_counter()
-        video = StreamedVideo(self.config.videos_dir, job_id, spec["fps"]) if leader else None
         try:
             frames = self.pipe.generate(
                 self.module.GenerationRequest(**spec),
-                callback if leader else None,
-                on_phase,
-                on_preview=on_preview if leader else None,
+                run and run.callback,
+                run and run.on_phase,
+                on_preview=run and run.on_preview,
                 resume=resume,
                 checkpoints=checkpoints,
-                on_frames=video.frames if leader else None,
+                on_frames=run and run.video.frames,
             )
         except self.module.GenerationCancelled:
-            if leader:
-                video.drop()
-                self._flush(job_id)
-                self.store.finish(
-                    job_id,
-                    self.name,
-                    "cancelled",
-                    error=f"cancelled after step {len(step_times)}",
-                    timings=job_timings(start, step_times, phases),
-                )
-            self.job_id, self.state = None, "ready"
-            return
+            if run is not None:
+                run.cancelled()
         except Exception:
-            if leader:  # the job stays in progress: the supervisor re-queues it once the group is gone
-                video.drop()
-                self.previews.flush(FLUSH_S)
-                self.checkpoints.flush(FLUSH_S)  # the last one, to resume from
-                self.ending.flush(FLUSH_S)  # the job before, complete with its file, rather than re-run
+            self._failed([run] if run is not None else [])
             raise
-        if leader:  # the finished job's thumbnail: a frame of its video, in place before it completes
-            self.previews.submit(job_id, spec["num_inference_steps"], frame_preview(frames))
-            self._flush(job_id)
-            evaluations, image = self.pipe.evaluations, "image" in spec
-            self.ending.hand_off(job_id, video, frames, start, step_times, phases, evaluations, image)
+        else:
+            if run is not None:
+                run.finished(frames, self.pipe.evaluations)  # this job's (the next generate replaces them)
         self.job_id, self.state = None, "ready"
+
+    def _run_batch(self, messages: list[dict]) -> None:
+        """The jobs of one batch through `Pipeline.generate_batch`, each recorded as a job of its own."""
+        leader = self.store is not None
+        runs = [JobRun(self, m["id"], m["spec"]) for m in messages] if leader else []
+        self.job_id, self.state = messages[0]["id"], "busy"  # the heartbeat names the batch's first
+        jobs = [
+            BatchJob(self.module.GenerationRequest(**m["spec"]), *(
+                (runs[i].callback, runs[i].on_preview, runs[i].video.frames) if leader else ()))
+            for i, m in enumerate(messages)
+        ]  # fmt: skip
+
+        def on_phase(phase: str) -> None:  # the batch's phases are each job's
+            for run in runs:
+                run.on_phase(phase)
+
+        try:
+            outcomes = self.pipe.generate_batch(jobs, on_phase if leader else None)
+        except Exception:
+            self._failed(runs)
+            raise
+        for run, outcome in zip(runs, outcomes):
+            if isinstance(outcome, self.module.GenerationCancelled):
+                run.cancelled()
+            else:
+                run.finished(outcome, self.pipe.evaluations)
+        self.job_id, self.state = None, "ready"
+
+    def _failed(self, runs: list[JobRun]) -> None:
+        """A run failed: its jobs stay in progress, for the supervisor to re-queue once the group is gone."""
+        if not runs:
+            return
+        for run in runs:
+            run.video.drop()
+        self.previews.flush(FLUSH_S)
+        self.checkpoints.flush(FLUSH_S)  # the last one, to resume from
+        self.ending.flush(FLUSH_S)  # the job before, complete with its file, rather than re-run
 
     def _flush(self, job_id: str) -> None:
         """The job is over: its last preview in place, its checkpoint gone (once no write of it is left)."""
@@ -361,7 +383,7 @@ def _for_other_ranks(message):
     """The leader's message as the replica's other ranks get it: a job's image fitted to the request's size.
     They only validate the request with it; the leader alone conditions on the image, as given (Wan's CLIP
     sees the whole image, as diffusers'), so the broadcast stays one frame's pixels."""
-    if not isinstance(message, dict) or "image" not in message["spec"]:
+    if not isinstance(message, dict) or "image" not in message.get("spec", ()):  # a batch has no image
         return message
     spec = message["spec"]
     return message | {"spec": spec | {"image": fit(spec["image"], spec["height"], spec["width"])}}

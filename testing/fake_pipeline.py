@@ -10,6 +10,7 @@ every request needs an image (the real `validate` says so), and the video's firs
 to its size, its second the image as the leader got it squeezed to the frame (what tells the image as given,
 which Wan's CLIP sees, from the fitted one). With `--lora-dir` its catalogue is every `NAME.safetensors`
 there, each fitting (no file is read), and a job of another LoRA set than the last counts a switch.
+`generate_batch` runs a batch's steps once, each job's frames its solo run's.
 Selected with `--pipeline-module testing.fake_pipeline`.
 """
 
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from dit.batch import check_batch
 from dit.cache import Evaluations
 from dit.denoise_state import capture
 from dit.image import fit
@@ -72,6 +74,7 @@ class FakePipeline:
         self.evaluations: Evaluations | None = None  # as the real pipeline's: every pass counted, none cached
         self.step_s = float(os.environ.get("ITHACA_FAKE_STEP_S", "0"))
         self.decode_s = float(os.environ.get("ITHACA_FAKE_DECODE_S", "0"))
+        self.batches = 0  # batches run (generate_batch)
 
     def latent_shape(self, req: GenerationRequest) -> tuple[int, ...]:
         return (1,)  # the zero latents its checkpoints hold
@@ -111,6 +114,37 @@ class FakePipeline:
         passes = passes_per_step(self.mesh, req.guidance_scale)
         self.evaluations = Evaluations(evaluated=passes * req.num_inference_steps)
         on_phase("decoding")  # as the real pipeline: every rank decodes a band, the leader gets the frames
+        return self._decode(req, on_frames)
+
+    def generate_batch(self, jobs, on_phase=None):
+        """`Pipeline.generate_batch`'s surface: the batch's steps once (one cancel broadcast a step, each job
+        its answer), each job's frames as its solo run's; `self.batches` counts the batches run."""
+        requests = [self.validate(job.request) for job in jobs]
+        check_batch(requests)
+        self.batches += 1
+        on_phase = on_phase or (lambda phase: None)
+        on_phase("encoding")
+        on_phase("denoising")
+        total, live, outcomes = requests[0].num_inference_steps, list(range(len(jobs))), [None] * len(jobs)
+        for step in range(1, total + 1):
+            time.sleep(self.step_s)
+            answers = [jobs[j].callback is None or jobs[j].callback(step, total) is not False for j in live]
+            keep = should_continue(lambda *_: answers, step, total, self.mesh)
+            for j, go in zip(list(live), keep, strict=True):
+                if not go:
+                    outcomes[j] = GenerationCancelled(step, total)
+                    live.remove(j)
+            for j in live:
+                if jobs[j].on_preview is not None and self.mesh.is_replica_leader:
+                    jobs[j].on_preview(step, _preview(step, total))
+        self.evaluations = Evaluations(evaluated=passes_per_step(self.mesh, requests[0].guidance_scale) * total)
+        on_phase("decoding")
+        for j in live:
+            outcomes[j] = self._decode(requests[j], jobs[j].on_frames)
+        return outcomes
+
+    def _decode(self, req: GenerationRequest, on_frames):
+        """The request's frames (seeded by it) on the replica leader, handed to `on_frames` as they come."""
         time.sleep(self.decode_s)
         if not self.mesh.is_replica_leader:
             return None

@@ -105,6 +105,23 @@ def test_claims_prefer_the_applied_lora_set_while_no_job_waited_past_the_patienc
     assert lora_set([["b", 1], ["a", 0.5]]) == lora_set([["a", 0.5], ["b", 1.0]]) != lora_set([]) == ""
 
 
+def test_a_batch_claims_the_named_jobs_still_queued_and_records_its_size(store):
+    """The leader claimed `first`; of the companions it names, one was cancelled and one claimed by another
+    worker meanwhile: the rest join, in queue order, and every job of the batch records its size; a re-queue
+    clears it."""
+    first, taken, a, gone, b, left = (store.create({"prompt": f"p{i}"})[0] for i in range(6))
+    assert store.claim("w", "box").id == first.id and store.get(first.id).batch == 1
+    assert store.claim("other", "box").id == taken.id
+    assert [j.id for j in store.queued_jobs(3)] == [a.id, gone.id, b.id]
+    store.cancel(gone.id)
+    joined = store.join_batch("w", "box", first.id, [b.id, taken.id, gone.id, a.id])
+    assert [(j.id, j.status, j.worker, j.batch, j.attempts) for j in joined] == [
+        (a.id, "in_progress", "w", 3, 1), (b.id, "in_progress", "w", 3, 1)]  # fmt: skip
+    assert [store.get(j.id).batch for j in (first, taken, gone, left)] == [3, 1, None, None]
+    assert store.get(taken.id).worker == "other"
+    assert store.requeue_or_fail(store.get(a.id), max_attempts=3, reason="test").batch is None
+
+
 def test_idempotency_cancel_and_progress(store):
     a, created = store.create({"prompt": "a"}, idempotency_key="k1")
     again, created_again = store.create({"prompt": "different"}, idempotency_key="k1")

@@ -48,6 +48,7 @@ class Job:
     phase: str = "queued"
     preview_step: int | None = None
     resumed_from_step: int | None = None
+    batch: int | None = None  # how many jobs shared its run's forwards (1: alone); None until claimed
 
     @property
     def terminal(self) -> bool:
@@ -87,6 +88,7 @@ def job_from_row(row) -> Job | None:
         phase=row["phase"],
         preview_step=row["preview_step"],
         resumed_from_step=row["resumed_from_step"],
+        batch=row["batch"],
     )
 
 

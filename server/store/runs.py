@@ -34,15 +34,41 @@ class JobRuns(Connections):
         now = time.time()
         with self._write() as db:
             row = db.execute(
-                "UPDATE jobs SET status = 'in_progress', started_at = ?1, worker = ?2, instance = ?3, "
-                "attempts = attempts + 1, step = 0, progress = 0, phase = 'encoding', "
-                "resumed_from_step = NULL "
+                f"UPDATE jobs SET {_CLAIMED}, batch = 1 "
                 "WHERE seq = (SELECT seq FROM jobs WHERE status = 'queued' ORDER BY CASE WHEN lora_set = ?4 "
                 "AND (SELECT MIN(created_at) FROM jobs WHERE status = 'queued') > ?5 THEN 0 ELSE 1 END, seq "
                 f"LIMIT 1{self._backend.skip_locked}) AND status = 'queued' RETURNING *",
                 (now, worker, instance, applied, now - patience),
             ).fetchone()
         return log_change(job_from_row(row))
+
+    def queued_jobs(self, limit: int) -> list[Job]:
+        """The oldest `limit` queued jobs, oldest first (a batch's candidates: `join_batch` claims them)."""
+        rows = self._db.execute(
+            "SELECT * FROM jobs WHERE status = 'queued' ORDER BY seq LIMIT ?", (limit,)
+        ).fetchall()
+        return [job_from_row(r) for r in rows]
+
+    def join_batch(self, worker: str, instance: str, first: str, ids: list[str]) -> list[Job]:
+        """Claim, in one transaction, the jobs of `ids` still queued, for `worker` to run in one batch with
+        its running job `first`: one another worker claimed or a cancel ended meanwhile is left out. Every
+        job of the batch, `first` included, records how many share it (`batch`). The claimed jobs, in queue
+        order."""
+        marks = ", ".join(f"?{4 + i}" for i in range(len(ids)))
+        with self._write() as db:
+            claimed = [row["id"] for row in db.execute(
+                f"UPDATE jobs SET {_CLAIMED} WHERE status = 'queued' AND id IN ({marks}) RETURNING id",
+                (time.time(), worker, instance, *ids),
+            ).fetchall()] if ids else []  # fmt: skip
+            batch = [first, *claimed]
+            db.execute(
+                f"UPDATE jobs SET batch = ? WHERE worker = ? AND status = 'in_progress' "
+                f"AND id IN ({', '.join('?' * len(batch))})", (len(batch), worker, *batch),
+            )  # fmt: skip
+            rows = db.execute(
+                f"SELECT * FROM jobs WHERE id IN ({', '.join('?' * len(claimed))}) ORDER BY seq", claimed
+            ).fetchall() if claimed else []  # fmt: skip
+        return [log_change(job_from_row(row)) for row in rows]
 
     def set_spec(self, job_id: str, spec: dict) -> None:
         with self._write() as db:
@@ -158,7 +184,7 @@ class JobRuns(Connections):
             if job.attempts < max_attempts:
                 row = db.execute(
                     "UPDATE jobs SET status = 'queued', worker = NULL, started_at = NULL, step = 0, "
-                    "progress = 0, phase = 'queued', preview_step = NULL, resumed_from_step = NULL, "
+                    "progress = 0, phase = 'queued', preview_step = NULL, resumed_from_step = NULL, batch = NULL, "
                     f"{_CLEAR_TIMINGS} "
                     "WHERE id = ? AND status = 'in_progress' RETURNING *",
                     (job.id,),
@@ -179,4 +205,9 @@ def _phase_timings(first: int, timings: dict | None) -> tuple[str, list]:
     return sql, [(timings or {}).get(c) for c in PHASE_TIMINGS]
 
 
+# a claim's changes, of the parameters ?1 (now), ?2 (the worker) and ?3 (its instance)
+_CLAIMED = (
+    "status = 'in_progress', started_at = ?1, worker = ?2, instance = ?3, attempts = attempts + 1, step = 0, "
+    "progress = 0, phase = 'encoding', resumed_from_step = NULL"
+)
 _CLEAR_TIMINGS = ", ".join(f"{c} = NULL" for c in PHASE_TIMINGS)  # a re-queued job starts its phases afresh

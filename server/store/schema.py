@@ -63,6 +63,7 @@ _ADDED_COLUMNS = {
     "preview_step": "INTEGER",  # the step of the latest live preview (videos.preview_path); null: none yet
     "resumed_from_step": "INTEGER",  # the checkpoint's step this run went on from; null: from the start
     "lora_set": "TEXT NOT NULL DEFAULT ''",  # the request's LoRAs (job.lora_set): claims prefer the applied
+    "batch": "INTEGER",  # how many jobs shared this run's forwards (1: alone); null until claimed
 }
 
 

@@ -1,0 +1,54 @@
+"""One job's run as the worker's replica leader records it, alone or in a batch: its steps (each recorded,
+its cancel flag read back), phases and their seconds, previews and MP4 (`StreamedVideo`), and its end:
+cancelled (file dropped), handed off to `JobEnd` once decoded, or left in progress when the run failed (the
+supervisor re-queues it once the group is gone)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from dit.preview import frame_preview
+from server.phases import PhaseClock, job_timings
+from server.writers import StreamedVideo
+
+
+class JobRun:
+    def __init__(self, worker, job_id: str, spec: dict):
+        self.worker, self.job_id, self.spec = worker, job_id, spec
+        self.step_times: list[float] = []
+        self.phases = PhaseClock()
+        self.start = self._last = time.perf_counter()
+        self.video = StreamedVideo(worker.config.videos_dir, job_id, spec["fps"])
+
+    def callback(self, step: int, total: int) -> bool:
+        now = time.perf_counter()
+        self.step_times.append(now - self._last)
+        self._last = now
+        return not self.worker.steps.record(self.job_id, step, total)
+
+    def on_phase(self, phase: str) -> None:
+        self.phases.enter(phase)
+        if phase == "denoising":
+            self._last = time.perf_counter()  # the first step's time leaves the text encoding out
+        self.worker.store.set_phase(self.job_id, self.worker.name, phase, self.phases.timings)
+
+    def on_preview(self, step: int, image: np.ndarray) -> None:
+        self.worker.previews.submit(self.job_id, step, image)
+
+    def cancelled(self) -> None:
+        self.video.drop()
+        self.worker._flush(self.job_id)
+        self.worker.store.finish(
+            self.job_id, self.worker.name, "cancelled", error=f"cancelled after step {len(self.step_times)}",
+            timings=job_timings(self.start, self.step_times, self.phases),
+        )  # fmt: skip
+
+    def finished(self, frames: np.ndarray, evaluations) -> None:
+        """The thumbnail (a frame of its video) in place, then the MP4 handed off to be closed."""
+        worker, job_id = self.worker, self.job_id
+        worker.previews.submit(job_id, self.spec["num_inference_steps"], frame_preview(frames))
+        worker._flush(job_id)
+        worker.ending.hand_off(job_id, self.video, frames, self.start, self.step_times, self.phases,
+                               evaluations, "image" in self.spec)  # fmt: skip

@@ -1,0 +1,103 @@
+"""`--max-batch`: the worker's job loop in this process (one rank, the fake pipeline, the real writers and
+SQLite store, as tests/test_server_handoff.py) claims compatible queued jobs as one batch: each job records
+`batch`, its own steps and MP4 (its solo run's frames); an incompatible job runs alone; a cancel ends one job
+of the batch and the others complete; a batch that fails leaves every job of it to the group-death re-queue.
+Each job's frames equal its solo run's on the real pipeline: tests/test_batch.py."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from dit.video import read_mp4
+from server.config import ServeConfig
+from server.store import JobStore
+from server.store.retry import LatestStep
+from server.worker import Worker
+from testing import fake_pipeline
+from testing.server_process import wait_until
+from tests.test_server_handoff import MESH, SPEC, WAIT_S, _mp4
+
+OTHER = SPEC | {"num_inference_steps": 3}  # another batch key: runs alone
+
+
+def _queued(tmp_path, max_batch: int, specs: list[dict]):
+    """`specs` queued and a worker for them, not started: (config, store, job ids, worker, its errors)."""
+    config = ServeConfig(data_dir=str(tmp_path), checkpoint_every="off", max_batch=max_batch)
+    store = JobStore(config.store_url)
+    ids = [store.create(spec)[0].id for spec in specs]
+    worker = Worker(config, "group", MESH, fake_pipeline.load_pipeline(config.pipeline, MESH), fake_pipeline)
+    errors: list[BaseException] = []
+    return config, store, ids, worker, errors
+
+
+def _run(config, store, ids, worker, errors, done):
+    """Run the worker's loop until `done` holds for every job (or the loop failed); the jobs."""
+    def serve():
+        try:
+            worker.run()
+        except Exception as e:  # the group exits: the supervisor re-queues its jobs
+            errors.append(e)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    wait_until(lambda: errors or all(done(store.get(i)) for i in ids), WAIT_S, "the jobs")
+    worker.stopping.set()
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    return [store.get(i) for i in ids]
+
+
+def _frames(config, job_id: str) -> np.ndarray:
+    return read_mp4(_mp4(config, job_id)).frames
+
+
+def test_compatible_jobs_run_as_one_batch_each_with_its_solo_mp4_and_others_alone(tmp_path):
+    specs = [SPEC | {"seed": 1}, OTHER, SPEC | {"seed": 2, "prompt": "a blue square"}, SPEC | {"seed": 3}]
+    setup = _queued(tmp_path / "batched", 3, specs)
+    jobs = _run(*setup, lambda job: job.terminal)
+    assert [(j.status, j.batch, j.step) for j in jobs] == [
+        ("completed", 3, 2), ("completed", 1, 3), ("completed", 3, 2), ("completed", 3, 2)]  # fmt: skip
+    assert setup[3].pipe.batches == 1  # the three of one key shared their steps; the other ran alone
+    assert all(j.timings["writing_s"] > 0 and j.timings["steps"] == j.step for j in jobs)
+    solo = _queued(tmp_path / "solo", 1, specs)
+    alone = _run(*solo, lambda job: job.terminal)
+    assert [j.batch for j in alone] == [1] * 4 and solo[3].pipe.batches == 0
+    for batched, single in zip(jobs, alone, strict=True):
+        assert np.array_equal(_frames(setup[0], batched.id), _frames(solo[0], single.id))
+
+
+def test_a_cancel_ends_one_job_of_the_batch_and_the_others_complete(tmp_path, monkeypatch):
+    setup = _queued(tmp_path, 3, [SPEC | {"seed": s} for s in range(3)])
+    store, ids = setup[1], setup[2]
+    real_record = LatestStep.record
+
+    def record(steps, job_id, step, total):  # the user cancels the middle job after its first step
+        if job_id == ids[1] and step == 1:
+            store.cancel(job_id)
+        return real_record(steps, job_id, step, total)
+
+    monkeypatch.setattr(LatestStep, "record", record)
+    jobs = _run(*setup, lambda job: job.terminal)
+    assert [(j.status, j.batch, j.step, j.video is None) for j in jobs] == [
+        ("completed", 3, 2, False), ("cancelled", 3, 1, True), ("completed", 3, 2, False)]  # fmt: skip
+    assert jobs[1].error == "cancelled after step 1" and not (tmp_path / "videos" / f"{ids[1]}.mp4").exists()
+
+
+def test_a_failed_batch_leaves_every_job_to_the_group_death_re_queue(tmp_path):
+    setup = _queued(tmp_path, 3, [SPEC | {"seed": s} for s in range(3)])
+    config, store, ids, worker, errors = setup
+
+    def broken(jobs, on_phase=None):
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    worker.pipe.generate_batch = broken
+    jobs = _run(*setup, lambda job: job.status == "in_progress")
+    assert [str(e) for e in errors] == ["CUDA error: an illegal memory access"]
+    assert [(j.status, j.batch) for j in jobs] == [("in_progress", 3)] * 3
+    # the group is gone: the supervisor re-queues what its workers were running (_group_exited)
+    running = store.in_progress(worker_prefix=f"{config.instance}/group/")
+    assert sorted(j.id for j in running) == sorted(ids)
+    again = [store.requeue_or_fail(j, max_attempts=3, reason="the worker group exited") for j in running]
+    assert [(j.status, j.batch, j.attempts) for j in again] == [("queued", None, 1)] * 3
