@@ -60,8 +60,6 @@ import time
 import traceback
 import uuid
 
-import numpy as np
-
 from dit.batch import BatchJob, batch_key, runs_alone
 from dit.denoise_state import Checkpointing, DenoiseState, Expected, load_file
 from dit.image import fit, read
@@ -71,8 +69,8 @@ from dit.vocabulary import read_vocabulary
 from dit.warmup import warm_up
 from server import limits as limits_mod
 from server import logs, metrics, videos
-from server.config import ServeConfig, add_arguments, from_args
 from server.batching import BATCH_SCAN, companions
+from server.config import ServeConfig, add_arguments, from_args
 from server.job_end import JobEnd
 from server.job_run import JobRun
 from server.lifetime import die_with_parent
@@ -198,7 +196,9 @@ class Worker:
         if first["resume"] is not None or runs_alone(key) is not None:
             return first
         queued = self.store.queued_jobs(BATCH_SCAN)
-        ids = companions(queued, key, self.config.max_batch - 1, self.pipe, self.module, self.config.videos_dir)
+        ids = companions(
+            queued, key, self.config.max_batch - 1, self.pipe, self.module, self.config.videos_dir
+        )
         messages = [first]
         for job in self.store.join_batch(self.name, self.config.instance, first["id"], ids):
             spec = self._validated(job)
@@ -345,7 +345,7 @@ class Worker:
         except Exception:
             self._failed(runs)
             raise
-        for run, outcome in zip(runs, outcomes):
+        for run, outcome in zip(runs, outcomes, strict=True):
             if isinstance(outcome, self.module.GenerationCancelled):
                 run.cancelled()
             else:

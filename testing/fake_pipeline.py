@@ -129,7 +129,7 @@ class FakePipeline:
         for step in range(1, total + 1):
             time.sleep(self.step_s)
             answers = [jobs[j].callback is None or jobs[j].callback(step, total) is not False for j in live]
-            keep = should_continue(lambda *_: answers, step, total, self.mesh)
+            keep = should_continue(lambda *_, said=answers: said, step, total, self.mesh)
             for j, go in zip(list(live), keep, strict=True):
                 if not go:
                     outcomes[j] = GenerationCancelled(step, total)
@@ -137,7 +137,9 @@ class FakePipeline:
             for j in live:
                 if jobs[j].on_preview is not None and self.mesh.is_replica_leader:
                     jobs[j].on_preview(step, _preview(step, total))
-        self.evaluations = Evaluations(evaluated=passes_per_step(self.mesh, requests[0].guidance_scale) * total)
+        self.evaluations = Evaluations(
+            evaluated=passes_per_step(self.mesh, requests[0].guidance_scale) * total
+        )
         on_phase("decoding")
         for j in live:
             outcomes[j] = self._decode(requests[j], jobs[j].on_frames)

@@ -34,6 +34,7 @@ def _queued(tmp_path, max_batch: int, specs: list[dict]):
 
 def _run(config, store, ids, worker, errors, done):
     """Run the worker's loop until `done` holds for every job (or the loop failed); the jobs."""
+
     def serve():
         try:
             worker.run()

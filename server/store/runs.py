@@ -184,7 +184,8 @@ class JobRuns(Connections):
             if job.attempts < max_attempts:
                 row = db.execute(
                     "UPDATE jobs SET status = 'queued', worker = NULL, started_at = NULL, step = 0, "
-                    "progress = 0, phase = 'queued', preview_step = NULL, resumed_from_step = NULL, batch = NULL, "
+                    "progress = 0, phase = 'queued', preview_step = NULL, resumed_from_step = NULL, "
+                    "batch = NULL, "
                     f"{_CLEAR_TIMINGS} "
                     "WHERE id = ? AND status = 'in_progress' RETURNING *",
                     (job.id,),
