@@ -19,6 +19,7 @@ The throughput rows (--queued N, 0: none): the server's own worker loop (`server
 the served group's are, its real writers and SQLite store) runs N queued jobs after a warm-up job, once
 waiting for each MP4 to be closed before the next claim (as it used to) and once handing it off, the two in
 turns --iters times; jobs per minute from the first claim to the last completion, the median of the turns.
+--max-batch N... adds rows whose worker runs up to N compatible queued jobs as one batch (serve's flag).
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ from server.writers import VideoCloser  # noqa: E402
 
 PROMPT = "a red circle moving right"
 COLUMNS = dict(zip(TIMED_PHASES, ("encode", "denoise", "decode", "write"), strict=True))
-WORKERS = {"waits for the file": True, "hands it off": False}  # the throughput rows: waits for each MP4?
+# the throughput rows: (waits for each MP4?, --max-batch); batched rows join with --max-batch
+WORKERS = {"waits for the file": (True, 1), "hands it off": (False, 1)}
 
 
 def _rank(
@@ -122,20 +124,25 @@ class _WaitingCloser(VideoCloser):
         close()
 
 
-def _throughput(model: str, config: dict, request: dict, queued: int, iters: int, out: str) -> None:
+def _throughput(
+    model: str, config: dict, request: dict, queued: int, iters: int, out: str, batches: list[int]
+) -> None:
     """One rank: the worker loop over `queued` jobs a turn (the module's doc says how); the rows to `out`."""
-    rates = {name: [] for name in WORKERS}
+    workers = WORKERS | {f"hands it off, --max-batch {n}": (False, n) for n in batches if n > 1}
+    rates = {name: [] for name in workers}
     with tempfile.TemporaryDirectory() as tmp:
 
-        def serve(name: str) -> ServeConfig:
+        def serve(name: str, max_batch: int = 1) -> ServeConfig:
             folder = os.path.join(tmp, name)
-            return ServeConfig(data_dir=folder, preset=model, pipeline=serve_pipeline(**config))
+            pipeline = serve_pipeline(**config)
+            return ServeConfig(data_dir=folder, preset=model, pipeline=pipeline, max_batch=max_batch)
 
         started = _start(serve("warm-up"), "bench")  # as a served group's rank starts
         _jobs_per_minute(started, request, 1)
         for turn in range(iters):
-            for name, waits in WORKERS.items():
-                worker = Worker(serve(f"{turn}-{name}"), "bench", started.mesh, started.pipe, started.module)
+            for name, (waits, max_batch) in workers.items():
+                served = serve(f"{turn}-{len(rates[name])}-{max_batch}-{waits}", max_batch)
+                worker = Worker(served, "bench", started.mesh, started.pipe, started.module)
                 if waits:
                     worker.ending.closer = _WaitingCloser()
                 rates[name].append(_jobs_per_minute(worker, request, queued))
@@ -207,6 +214,10 @@ def main(argv=None) -> None:
     p.add_argument(
         "--queued", type=int, default=8, help="jobs per throughput row (0: none), the worker loop on 1 rank"
     )
+    p.add_argument(
+        "--max-batch", type=int, nargs="+", default=[], metavar="N",
+        help="also throughput rows whose worker runs up to N compatible queued jobs as one batch",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = p.parse_args(argv)
     (config,) = _fields([PipelineConfig], args.config, "--config", p, reserved=("model",))
@@ -220,7 +231,7 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models if args.queued else ():
             out = os.path.join(tmp, "throughput.json")
-            spawn_local(_throughput, 1, model, config, request, args.queued, args.iters, out)
+            spawn_local(_throughput, 1, model, config, request, args.queued, args.iters, out, args.max_batch)
             with open(out) as f:
                 throughput += json.load(f)
     if args.json:
