@@ -21,7 +21,8 @@ from parallel.plan import parse_degree
 
 
 def _opt(default, help: str, *, worker: bool = False, parse=None):
-    """`parse(text)` checks a text value as the flag or variable is read (ValueError: what is wrong)."""
+    """`parse(value)` checks a value as the flag or variable is read, after an int or float field's text is
+    converted (ValueError: what is wrong)."""
     return field(default=default, metadata={"help": help, "worker": worker, "parse": parse})
 
 
@@ -29,6 +30,12 @@ def _checkpoint_every(text: str) -> str:
     if text not in ("auto", "off") and not (text.isdigit() and int(text) > 0):
         raise ValueError(f"must be auto, off or a number of steps, not {text!r}")
     return text
+
+
+def _positive(number: int) -> int:
+    if number < 1:
+        raise ValueError(f"must be 1 or more, not {number}")
+    return number
 
 
 def _store_url(text: str) -> str:
@@ -90,6 +97,7 @@ class ServeConfig:
         "a replica runs up to this many queued jobs that can share every forward (dit.batch.batch_key) as "
         "one batch (1: one job at a time)",
         worker=True,
+        parse=_positive,
     )
     max_body_bytes: int = _opt(65536, "larger request bodies are refused with 413")
     max_image_bytes: int = _opt(
@@ -308,9 +316,9 @@ def _convert(f: dataclasses.Field, raw: str):
         return None  # compose's `${VAR:-}` sets an empty value: the same as unset
     try:
         if kind.startswith("int"):
-            return int(raw)
-        if kind.startswith("float"):
-            return float(raw)
+            raw = int(raw)
+        elif kind.startswith("float"):
+            raw = float(raw)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{raw!r} is not {'an integer' if kind.startswith('int') else 'a number'}"

@@ -49,6 +49,7 @@ def test_a_bad_value_names_its_variable_or_flag(capsys):
             {"ITHACA_WORKERS": "maybe"},
             "ITHACA_WORKERS: 'maybe' is not a boolean (1/0, true/false, yes/no, on/off)",
         ),
+        ({"ITHACA_MAX_BATCH": "0"}, "ITHACA_MAX_BATCH: must be 1 or more, not 0"),
     ):
         with pytest.raises(ValueError) as e:
             _parse([], env)
