@@ -68,15 +68,14 @@ def _keep(key_mask, causal, Sq, start, stop, device):
 def emulate(z: QuantisedQKV, Sk: int, key_mask=None, causal=False, dtype=torch.float32):
     """The kernel's arithmetic in torch: (out [B, Sq, H, D] in `dtype`, lse [B, Sq, H] fp32, natural log)."""
     B, H, Sq, D = z.q.shape
-    q = z.q.float()
+    q, k, v_t = z.q.float(), z.k.float(), z.v_t.float()  # widened once: slices of e4m3 widen slowly
     row_scale = z.q_scale * (D**-0.5 * LOG2E)  # S in log2 units, as the kernel's exp2 wants it
     m = q.new_full((B, H, Sq), float("-inf"))
     row_sum = q.new_zeros(B, H, Sq)
     acc = q.new_zeros(B, H, Sq, D)
     for j, start in enumerate(range(0, Sk, KEY_BLOCK)):
         stop = min(start + KEY_BLOCK, Sk)
-        k = z.k[:, :, start:stop].float()
-        s = (q @ k.transpose(-1, -2)) * (row_scale * z.k_scale[..., j, None])[..., None]
+        s = (q @ k[:, :, start:stop].transpose(-1, -2)) * (row_scale * z.k_scale[..., j, None])[..., None]
         keep = _keep(key_mask, causal, Sq, start, stop, q.device)
         if keep is not None:
             s = s.masked_fill(~keep, float("-inf"))
@@ -85,7 +84,7 @@ def emulate(z: QuantisedQKV, Sk: int, key_mask=None, causal=False, dtype=torch.f
         p = torch.exp2(s - m_safe[..., None])
         alpha = torch.exp2(m - m_safe)
         row_sum = row_sum * alpha + p.sum(-1)
-        pv = (p * P_SCALE).to(FP8).float() @ z.v_t[..., start:stop].float().transpose(-1, -2)
+        pv = (p * P_SCALE).to(FP8).float() @ v_t[..., start:stop].transpose(-1, -2)
         acc = acc * alpha[..., None] + pv
         m = m_new
     l_safe = row_sum.masked_fill(row_sum == 0, 1.0)  # a query with no key left: out 0, lse -inf
