@@ -54,12 +54,13 @@ class Section:
 SECTIONS = (
     Section("attention", "local_attention per backend vs float64", gpu_correct.attention, 20),
     Section("fp8", "FP8 wire format: fused vs eager, round trip", gpu_correct.fp8_wire, 30),
+    Section("fp8-attention", "FP8 attention vs float64, kernel vs emulation", gpu_correct.fp8_attention, 10),
     Section(
         "models", "Wan and HunyuanVideo-1.5 vs diffusers, same weights, small configs", gpu_correct.models, 30
     ),
     Section("pipeline", "tiny pipeline end to end vs the CPU", gpu_correct.pipeline, 25),
     Section("serve", "`ithaca serve --nproc 1` answers one job", gpu_correct.serve, 60),
-    Section("attention-speed", "attention TFLOP/s per backend", gpu_speed.attention_speed, 20),
+    Section("attention-speed", "attention TFLOP/s per backend, fp8 too", gpu_speed.attention_speed, 25),
     Section(
         "shard",
         "Ulysses pack / FP8 quantise / unpack of one rank's share at P=8",

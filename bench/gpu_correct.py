@@ -49,6 +49,17 @@ def attention_backends(kit: Kit) -> list[str]:
     return (["flash"] if _flash_attn() is not None else []) + ["cudnn", "sdpa", "math"]
 
 
+def _case_inputs(kit: Kit, g: torch.Generator, shape, dtype, masked: bool):
+    """q, k, v of `shape` and, when `masked`, random real keys (the first always real: causal rows keep
+    one)."""
+    q, k, v = (torch.randn(*shape, generator=g, device=kit.device, dtype=dtype) for _ in "qkv")
+    mask = None
+    if masked:
+        mask = torch.rand(shape[:2], generator=g, device=kit.device) < 0.7
+        mask[:, 0] = True
+    return q, k, v, mask
+
+
 def attention(kit: Kit, report: Report) -> None:
     """`parallel.local_attention` on every backend present, per dtype and case, vs float64."""
     B, S, H, D = kit.pick((2, 300, 4, 64), (2, 40, 2, 16))
@@ -60,13 +71,7 @@ def attention(kit: Kit, report: Report) -> None:
                 if backend == "flash" and dtype == torch.float32:
                     report.skip_check(what, "flash-attn takes fp16/bf16 only")
                     continue
-                q, k, v = (
-                    torch.randn(B, S, H, D, generator=g, device=kit.device, dtype=dtype) for _ in "qkv"
-                )
-                mask = None
-                if masked:  # random real keys, the first always real so causal rows keep one
-                    mask = torch.rand(B, S, generator=g, device=kit.device) < 0.7
-                    mask[:, 0] = True
+                q, k, v, mask = _case_inputs(kit, g, (B, S, H, D), dtype, masked)
                 got = local_attention(q, k, v, key_mask=mask, causal=causal, backend=backend, return_lse=lse)
                 want_out, want_lse = attention_reference(q, k, v, mask, causal)
                 err = rel_diff(got[0], want_out) if lse else rel_diff(got, want_out)
@@ -75,6 +80,32 @@ def attention(kit: Kit, report: Report) -> None:
                 report.check(what + (" (out and LSE)" if lse else ""), err, TOL[dtype])
     if "flash" not in attention_backends(kit):
         report.note("flash-attn is not installed: its rows are absent (auto uses cuDNN on Hopper).")
+
+
+def fp8_attention(kit: Kit, report: Report) -> None:
+    """backend fp8 (e4m3 Q, K, V and P) per case vs float64, and on CUDA the Triton kernel vs the emulation
+    of the same quantised bytes (only fp32 summation order and exp2's rounding differ)."""
+    from parallel.fp8_attention import emulate, quantize_qkv
+
+    B, S, H, D = kit.pick((2, 300, 4, 64), (2, 40, 2, 16))
+    g = torch.Generator(device=kit.device).manual_seed(0)
+    for case, masked, causal, lse in CASES:
+        q, k, v, mask = _case_inputs(kit, g, (B, S, H, D), torch.bfloat16, masked)
+        out, got_lse = local_attention(q, k, v, key_mask=mask, causal=causal, backend="fp8", return_lse=True)
+        want_out, want_lse = attention_reference(q, k, v, mask, causal)
+        err = max(rel_diff(out, want_out), rel_diff(got_lse, want_lse) if lse else 0.0)
+        report.check(f"fp8 bf16 {case} vs float64" + (" (out and LSE)" if lse else ""), err, 0.08)
+        if not kit.cuda:
+            continue
+        from parallel import fp8_attention_kernel
+
+        z = quantize_qkv(q, k, v, mask)
+        kernel = fp8_attention_kernel.attend(z, S, mask, causal, torch.float32)
+        emulated = emulate(z, S, mask, causal, torch.float32)
+        err = max(rel_diff(a, b) for a, b in zip(kernel, emulated, strict=True))
+        report.check(f"fp8 Triton kernel vs its emulation, {case} (out and LSE)", err, 1e-3)
+    if not kit.cuda:
+        report.skip_check("fp8 Triton kernel vs its emulation", "the kernel needs CUDA")
 
 
 def fp8_wire(kit: Kit, report: Report) -> None:

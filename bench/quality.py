@@ -4,7 +4,7 @@ step cache (dit/cache.py) the table adds the evaluations it skipped and the PSNR
 same option uncached.
 
     python bench/quality.py [--steps 4 8 16] [--guidance 1 3 5] [--cache off fbcache:0.05 ...] [--seed 0]
-                            [--quant none fp8] [--model tiny] [--json]
+                            [--quant none fp8] [--attn auto fp8] [--model tiny] [--json]
 
 Later speed work (few-step schedules, FP8) reports its score here beside the time it saves.
 """
@@ -36,17 +36,25 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def run(
-    model: str, steps: list[int], guidance: list[float], caches: list[str], seed: int, quants=("none",)
+    model: str,
+    steps: list[int],
+    guidance: list[float],
+    caches: list[str],
+    seed: int,
+    quants=("none",),
+    attns=("auto",),
 ) -> list[dict]:
-    """A row per (FP8 or not, steps, guidance, cache); the PSNR reference of each (steps, guidance) is the
-    unquantised, uncached run, made first whether asked for or not."""
+    """A row per (FP8 linear layers or not, attention backend, steps, guidance, cache); the PSNR reference of
+    each (steps, guidance) is the unquantised, auto-attention, uncached run, made first whether asked for or
+    not."""
     references, rows = {}, []
-    for quant in ["none", *(q for q in quants if q != "none")]:
-        pipe = load_pipeline(PipelineConfig(model=model, quant=quant))
+    exact = ("none", "auto")
+    for quant, attn in [exact, *((q, a) for q in quants for a in attns if (q, a) != exact)]:
+        pipe = load_pipeline(PipelineConfig(model=model, quant=quant, attn_backend=attn))
         for n in steps:
             for g in guidance:
                 for cache in ["off", *(c for c in caches if c != "off")]:
-                    if quant == "none" and cache == "off" and (n, g) in references:
+                    if (quant, attn) == exact and cache == "off" and (n, g) in references:
                         continue
                     scored = generate_and_read(
                         pipe, all_scenes(), num_inference_steps=n, guidance_scale=g, seed=seed, cache=cache
@@ -55,6 +63,7 @@ def run(
                     held = [s for s in scored if s.held_out]
                     row = dict(
                         quant=quant,
+                        attn=attn,
                         steps=n,
                         guidance=g,
                         cache=cache,
@@ -66,7 +75,7 @@ def run(
                             psnr(s.frames, u.frames) for s, u in zip(scored, reference, strict=True)
                         ),
                     )
-                    if cache in caches and quant in quants:
+                    if cache in caches and quant in quants and attn in attns:
                         rows.append(row)
     return rows
 
@@ -78,21 +87,23 @@ def main(argv=None) -> None:
     p.add_argument("--guidance", type=float, nargs="+", default=[1.0, 3.0, 5.0])
     p.add_argument("--cache", nargs="+", default=["off"], help="step caches: off | fbcache[:THRESHOLD]")
     p.add_argument("--quant", nargs="+", default=["none"], help="none | fp8 (FP8 linear layers)")
+    p.add_argument("--attn", nargs="+", default=["auto"], help="attention backends, e.g. auto fp8")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = p.parse_args(argv)
-    rows = run(args.model, args.steps, args.guidance, args.cache, args.seed, args.quant)
+    rows = run(args.model, args.steps, args.guidance, args.cache, args.seed, args.quant, args.attn)
     if args.json:
         print(json.dumps(rows, indent=1))
         return
     print(f"{args.model}: 72 prompts (6 held out of training), seed {args.seed}, one CPU rank")
     print(
-        "| quant | steps | guidance | cache | colour | shape | direction | all three | held-out, all three "
-        "| evaluations skipped | PSNR vs unquantised uncached, dB (median) | s/video |"
+        "| quant | attn | steps | guidance | cache | colour | shape | direction | all three "
+        "| held-out, all three | evaluations skipped | PSNR vs unquantised uncached, dB (median) | s/video |"
     )
-    print("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        cells = [r["quant"], r["steps"], f"{r['guidance']:g}", r["cache"], *(f"{r[k]:.0%}" for k in SCORES)]
+        cells = [r["quant"], r["attn"], r["steps"], f"{r['guidance']:g}", r["cache"]]
+        cells += [f"{r[k]:.0%}" for k in SCORES]
         cells += [f"{r['skipped']:.0%}", f"{r['psnr']:.1f}", f"{r['seconds_per_video']:.2f}"]
         print("| " + " | ".join(map(str, cells)) + " |")
 

@@ -143,7 +143,8 @@ class PipelineConfig:
     )
     attn_backend: str = setting(  # parallel.kernels
         "auto",
-        "auto | flash | cudnn | sdpa | math (auto: flash-attn on CUDA when installed, else SDPA)",
+        "auto | flash | cudnn | sdpa | math | fp8 (auto: flash-attn on CUDA when installed, else SDPA; fp8: "
+        "e4m3 Q, K, V and P, a Triton kernel on CUDA, lossy, never chosen by auto)",
         key=True,
     )
     # None: the folder's scheduler class, else the family's (Wan: unipc, HunyuanVideo-1.5: euler); a folder's

@@ -3,7 +3,8 @@
 auto: flash-attn when importable on CUDA (and no key mask) → SDPA preferring cuDNN on Hopper (599 vs 373
 TFLOP/s for the flash backend at S=32760, H=40, D=128 on an H100) → SDPA. The LSE path (for the ring merge)
 exists on every backend: flash-attn's softmax_lse, the CUDA efficient-attention op, the CPU flash op, or
-`math` (fp32 scores, the reference; fp64 for fp64 inputs).
+`math` (fp32 scores, the reference; fp64 for fp64 inputs). `fp8` (`parallel.fp8_attention`: e4m3 Q, K, V and
+P, lossy) only when asked for: `auto` never picks it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-BACKENDS = ("auto", "flash", "cudnn", "sdpa", "math")
+from parallel.fp8_attention import fp8_attention
+
+BACKENDS = ("auto", "flash", "cudnn", "sdpa", "math", "fp8")
 
 
 @functools.cache
@@ -78,6 +81,9 @@ def local_attention(q, k, v, *, key_mask=None, causal=False, backend="auto", ret
     if causal and Sq != Sk:
         raise ValueError(f"causal attention needs as many queries as keys, got {Sq} and {Sk}")
     backend = resolve_backend(backend, q, key_mask)
+    if backend == "fp8":
+        out, lse = fp8_attention(q, k, v, key_mask=key_mask, causal=causal)
+        return (out, lse) if return_lse else out
     if backend == "flash" and key_mask is None:
         out = _flash_attn()(q, k, v, causal=causal, return_attn_probs=return_lse)
         return (out[0], out[1].transpose(1, 2)) if return_lse else out

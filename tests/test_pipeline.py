@@ -137,7 +137,7 @@ def test_tiny_text_encoder_pads_like_wan(pipe):
 
 def test_attn_backend_is_checked_and_applied(monkeypatch):
     with pytest.raises(
-        ValueError, match=r"attn_backend must be one of auto, flash, cudnn, sdpa, math, got 'fast'"
+        ValueError, match=r"attn_backend must be one of auto, flash, cudnn, sdpa, math, fp8, got 'fast'"
     ):
         load_pipeline(PipelineConfig(model="tiny-random", device="cpu", attn_backend="fast"))
 

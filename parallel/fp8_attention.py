@@ -1,0 +1,103 @@
+"""FP8 attention (`backend="fp8"`): Q, K, V in float8_e4m3 with fp32 scales, both products on FP8 inputs with
+fp32 accumulation, the softmax in fp32. Lossy, so `auto` never picks it.
+
+Scales (all from `fp8.quantize`, absmax / 448, computed in torch so the kernel and the emulation read the
+same bytes):
+- Q one per (batch, head, token): a row scale costs the kernel nothing (it multiplies S's rows with the
+  softmax scale) and a token's scale never depends on which rank holds it;
+- K one per (batch, head, block of KEY_BLOCK keys): one scalar per S tile; keys the mask drops count as 0;
+- V one per (batch, head, channel) over the keys: it leaves P·V's sum and scales the output's columns;
+- P (in [0, 1] after the running max) is multiplied by the fixed 448 before its cast, so small weights keep
+  e4m3's mantissa instead of flushing to 0; the row sum comes from the fp32 P.
+
+`emulate` is the specification: the kernel's online softmax step for step (one step per key block, exp2
+with log2(e) folded into the scales, P quantised against the running max), in plain torch. CUDA tensors run
+the Triton kernel (`parallel.fp8_attention_kernel`); elsewhere the emulation runs (as slow as `math`: it is
+the CPU path of the tests and the quality tables, not a fast path).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from parallel.fp8 import FP8, FP8_MAX, quantize
+
+KEY_BLOCK = 128  # keys per K scale and per online-softmax step; the kernel's BLOCK_N
+P_SCALE = FP8_MAX
+LOG2E = math.log2(math.e)
+
+
+@dataclass(frozen=True)
+class QuantisedQKV:
+    q: torch.Tensor  # e4m3 [B, H, Sq, D]
+    k: torch.Tensor  # e4m3 [B, H, ⌈Sk/KEY_BLOCK⌉·KEY_BLOCK, D], zero past Sk
+    v_t: torch.Tensor  # e4m3 [B, H, D, Sk] (keys contiguous: the FP8 MMA's operand layout)
+    q_scale: torch.Tensor  # fp32 [B, H, Sq]
+    k_scale: torch.Tensor  # fp32 [B, H, ⌈Sk/KEY_BLOCK⌉]
+    v_scale: torch.Tensor  # fp32 [B, H, D]
+
+
+def quantize_qkv(q, k, v, key_mask=None) -> QuantisedQKV:
+    """q [B, Sq, H, D], k/v [B, Sk, H, D] (any float dtype); key_mask [B, Sk] bool (True = real key)."""
+    B, Sk, H, D = k.shape
+    if key_mask is not None:  # dropped keys must not widen a block's or a channel's scale
+        k, v = (t.masked_fill(~key_mask[:, :, None, None], 0) for t in (k, v))
+    qp, qs = quantize(q.transpose(1, 2))
+    pad = -Sk % KEY_BLOCK
+    kt = torch.nn.functional.pad(k.transpose(1, 2).float(), (0, 0, 0, pad))
+    kp, ks = quantize(kt.reshape(B, H, -1, KEY_BLOCK * D))
+    vp, vs = quantize(v.permute(0, 2, 3, 1))
+    qp, vp, qs, vs = (t.contiguous() for t in (qp, vp, qs[..., 0], vs[..., 0]))  # the kernel's layout
+    return QuantisedQKV(qp, kp.view(B, H, -1, D), vp, qs, ks[..., 0], vs)
+
+
+def _keep(key_mask, causal, Sq, start, stop, device):
+    """bool [B or 1, 1, Sq, n] of the keys start:stop each query may see, or None for all."""
+    keep = None
+    if key_mask is not None:
+        keep = key_mask[:, None, None, start:stop]
+    if causal:
+        seen = torch.arange(Sq, device=device)[:, None] >= torch.arange(start, stop, device=device)
+        keep = seen if keep is None else keep & seen
+    return keep
+
+
+def emulate(z: QuantisedQKV, Sk: int, key_mask=None, causal=False, dtype=torch.float32):
+    """The kernel's arithmetic in torch: (out [B, Sq, H, D] in `dtype`, lse [B, Sq, H] fp32, natural log)."""
+    B, H, Sq, D = z.q.shape
+    q, k, v_t = z.q.float(), z.k.float(), z.v_t.float()  # widened once: slices of e4m3 widen slowly
+    row_scale = z.q_scale * (D**-0.5 * LOG2E)  # S in log2 units, as the kernel's exp2 wants it
+    m = q.new_full((B, H, Sq), float("-inf"))
+    row_sum = q.new_zeros(B, H, Sq)
+    acc = q.new_zeros(B, H, Sq, D)
+    for j, start in enumerate(range(0, Sk, KEY_BLOCK)):
+        stop = min(start + KEY_BLOCK, Sk)
+        s = (q @ k[:, :, start:stop].transpose(-1, -2)) * (row_scale * z.k_scale[..., j, None])[..., None]
+        keep = _keep(key_mask, causal, Sq, start, stop, q.device)
+        if keep is not None:
+            s = s.masked_fill(~keep, float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1))
+        m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)  # no key yet: exp2(-inf) = 0, not NaN
+        p = torch.exp2(s - m_safe[..., None])
+        alpha = torch.exp2(m - m_safe)
+        row_sum = row_sum * alpha + p.sum(-1)
+        pv = (p * P_SCALE).to(FP8).float() @ v_t[..., start:stop].transpose(-1, -2)
+        acc = acc * alpha[..., None] + pv
+        m = m_new
+    l_safe = row_sum.masked_fill(row_sum == 0, 1.0)  # a query with no key left: out 0, lse -inf
+    out = acc / l_safe[..., None] * (z.v_scale * (1 / P_SCALE))[:, :, None, :]
+    lse = (m + torch.log2(row_sum)) * math.log(2)
+    return out.transpose(1, 2).to(dtype), lse.transpose(1, 2)
+
+
+def fp8_attention(q, k, v, *, key_mask=None, causal=False):
+    """`local_attention` for backend="fp8": (out [B, Sq, H, D] in q's dtype, lse [B, Sq, H] fp32)."""
+    z = quantize_qkv(q, k, v, key_mask)
+    if q.is_cuda:
+        from parallel import fp8_attention_kernel  # Triton: CUDA builds of torch only
+
+        return fp8_attention_kernel.attend(z, k.shape[1], key_mask, causal, q.dtype)
+    return emulate(z, k.shape[1], key_mask, causal, q.dtype)

@@ -1,0 +1,102 @@
+"""The FP8 attention forward as one Triton kernel (flash-attention style): each program holds BLOCK_M queries
+and walks the keys KEY_BLOCK at a time with an online softmax; Q·Kᵀ and P·V are FP8 `tl.dot`s accumulating
+in fp32 (Hopper's FP8 wgmma). Its arithmetic is `fp8_attention.emulate`'s, step for step, on the bytes
+`fp8_attention.quantize_qkv` wrote. Imported only on CUDA (Triton ships with CUDA builds of torch); under
+TRITON_INTERPRET=1 it also runs on CPU tensors, which is how the tests check it against the emulation.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from parallel.fp8_attention import KEY_BLOCK, LOG2E, P_SCALE, QuantisedQKV
+
+
+@triton.jit
+def _round_e4m3(x):
+    """x >= 0 rounded to e4m3's grid to nearest even, in fp32: the interpreter's fp32→e4m3 cast (Triton 3.9)
+    drops a round-up's carry into the exponent (31.5 → 16); on an exact value it is right."""
+    bits = x.to(tl.int32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)  # 3 of 23 bits
+    return tl.where(x < 0.015625, (x + 24576.0) - 24576.0, normal)  # below 2^-6: multiples of 2^-9
+
+
+@triton.jit
+def _attend(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, vs_ptr, mask_ptr, o_ptr, lse_ptr,
+            H, Sq, Sk, D, Sk_pad, n_kblocks, o_sb, o_ss, o_sh, mask_sb, sm_scale, p_scale,
+            HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, ROUND_P: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)
+    keys = tl.arange(0, BLOCK_N)
+    live_d = cols < D
+    q = tl.load(q_ptr + (bh * Sq + rows)[:, None] * D + cols[None, :],
+                mask=(rows < Sq)[:, None] & live_d[None, :], other=0.0)  # fmt: skip
+    row_scale = tl.load(qs_ptr + bh * Sq + rows, mask=rows < Sq, other=0.0) * sm_scale
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    row_sum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for j in range(0, n_kblocks):
+        n = j * BLOCK_N + keys
+        k = tl.load(k_ptr + (bh * Sk_pad + n)[None, :] * D + cols[:, None], mask=live_d[:, None], other=0.0)
+        s = tl.dot(q, k) * (row_scale * tl.load(ks_ptr + bh * n_kblocks + j))[:, None]
+        keep = (n < Sk)[None, :]
+        if HAS_MASK:
+            keep = keep & (tl.load(mask_ptr + b * mask_sb + n, mask=n < Sk, other=0) != 0)[None, :]
+        if CAUSAL:
+            keep = keep & (rows[:, None] >= n[None, :])
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp2(-inf) = 0, not NaN
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m - m_safe)
+        row_sum = row_sum * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + (bh * D + cols)[None, :] * Sk + n[:, None],
+                    mask=(n < Sk)[:, None] & live_d[None, :], other=0.0)  # fmt: skip
+        p8 = p * p_scale
+        if ROUND_P:
+            p8 = _round_e4m3(p8)
+        acc = tl.dot(p8.to(v.dtype), v, acc * alpha[:, None])
+        m = m_new
+    l_safe = tl.where(row_sum == 0.0, 1.0, row_sum)  # a query with no key left: out 0, lse -inf
+    v_scale = tl.load(vs_ptr + bh * D + cols, mask=live_d, other=0.0) * (1 / p_scale)
+    out = acc / l_safe[:, None] * v_scale[None, :]
+    o = o_ptr + b * o_sb + h * o_sh + rows.to(tl.int64)[:, None] * o_ss + cols[None, :]
+    tl.store(o, out.to(o_ptr.dtype.element_ty), mask=(rows < Sq)[:, None] & live_d[None, :])
+    tl.store(lse_ptr + bh * Sq + rows, (m + tl.math.log2(row_sum)) * 0.6931471805599453, mask=rows < Sq)
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _check_device(t: torch.Tensor) -> None:
+    if _interpreted():
+        return
+    if not t.is_cuda:
+        raise RuntimeError("the FP8 attention kernel needs CUDA (on the CPU, backend fp8 runs the emulation)")
+    if torch.cuda.get_device_capability(t.device) < (8, 9):
+        raise RuntimeError("the FP8 attention kernel needs FP8 tensor cores: compute capability >= 8.9")
+
+
+def attend(z: QuantisedQKV, Sk: int, key_mask=None, causal=False, dtype=torch.bfloat16, block_m: int = 128,
+           warps: int = 8):  # fmt: skip
+    """(out [B, Sq, H, D] in `dtype`, lse [B, Sq, H] fp32) of `z` over its first Sk keys."""
+    _check_device(z.q)
+    B, H, Sq, D = z.q.shape
+    out = torch.empty(B, Sq, H, D, dtype=dtype, device=z.q.device)
+    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=z.q.device)
+    mask = None if key_mask is None else key_mask.to(torch.int8).contiguous()
+    grid = (triton.cdiv(Sq, block_m), B * H)
+    _attend[grid](z.q, z.k, z.v_t, z.q_scale, z.k_scale, z.v_scale, out if mask is None else mask, out,
+                  lse, H, Sq, Sk, D, z.k.shape[2], z.k_scale.shape[-1], *out.stride()[:3],
+                  0 if mask is None else mask.stride(0), D**-0.5 * LOG2E, P_SCALE, HAS_MASK=mask is not None,
+                  CAUSAL=causal, ROUND_P=_interpreted(), BLOCK_M=block_m, BLOCK_N=KEY_BLOCK,
+                  BLOCK_D=max(32, triton.next_power_of_2(D)), num_warps=warps)  # fmt: skip
+    return out, lse.transpose(1, 2)
