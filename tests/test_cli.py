@@ -178,7 +178,10 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
         (dict(model_path=str(tmp_path / "missing")), "missing: no such folder"),
         (dict(model_path=str(tmp_path / "empty")), "empty: not a model folder (a diffusers pipeline folder"),
         (dict(model_path=str(tmp_path / "other")), "no pipeline for model class 'FluxTransformer2DModel'"),
-        (dict(attn_backend="fast"), "--attn-backend 'fast' is not one of auto, flash, cudnn, sdpa, math, fp8"),
+        (
+            dict(attn_backend="fast"),
+            "--attn-backend 'fast' is not one of auto, flash, cudnn, sdpa, math, fp8",
+        ),
         (dict(device="gpu0"), "--device 'gpu0' is not a device; allowed: cpu, cuda, cuda:N"),
         (dict(device="cuda:99"), "--device cuda:99: "),  # no CUDA here, or fewer than 100 GPUs
         (dict(text_encoder_device="tpu"), "--text-encoder-device 'tpu' is not a device"),
