@@ -138,7 +138,9 @@ def test_a_denoise_equals_quant_fp8_of_the_dequantised_weights(tmp_path):
     shutil.copy(TINY / "transformer" / "config.json", dequantised / "transformer")
     plain = load_transformer(prequantised)  # dequantised as it loads, checked above
     save_file(export_state_dict(plain, "diffusers"), dequantised / "transformer" / "model.safetensors")
-    request = GenerationRequest(prompt="a red ball moves left", num_inference_steps=4, seed=3)
+    request = GenerationRequest(
+        prompt="a red ball moves left", num_frames=9, height=32, width=32, num_inference_steps=3, seed=3
+    )
     latents = [
         load_pipeline(PipelineConfig(model=str(f), quant="fp8", preview_every=0)).denoise(request)
         for f in (prequantised, dequantised)
