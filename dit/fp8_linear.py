@@ -2,8 +2,9 @@
 
 A quantised layer keeps its weight in float8_e4m3 with one scale per output channel (quantised once, when
 the model has loaded and its LoRAs are merged: the peak is the bf16 load's, the steady weight memory half of
-it), quantises its input per token at run time and multiplies with `torch._scaled_mm` (row-wise scales; it
-runs on the CPU too, so the path is tested without a GPU). Which library: bench/fp8_linear.py measured
+it; or read as stored from a pre-quantised checkpoint, dit.fp8_checkpoint), quantises its input per token
+at run time and multiplies with `torch._scaled_mm` (row-wise scales; it runs on the CPU too, so the path is
+tested without a GPU). Which library: bench/fp8_linear.py measured
 `_scaled_mm` and torchao's float8 on an H200 (bench/RESULTS.md, 2026-11-24): the same function, within noise
 of each other compiled; `_scaled_mm` needs no extra package on the device image.
 
@@ -34,19 +35,30 @@ def quantise_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class Fp8Linear(nn.Module):
     """`nn.Linear`'s function with an FP8 weight and FP8 activations (see the module's docstring)."""
 
-    def __init__(self, linear: nn.Linear):
+    # kept in their dtype when the model materialises (dit.weights.materialize)
+    stored_dtypes = ("weight", "weight_scale")
+
+    def __init__(self, linear: nn.Linear, stored: bool = False):
+        """`linear` quantised, or with `stored` empty float8 weights and scales on `linear`'s device for a
+        pre-quantised checkpoint to fill (dit.fp8_checkpoint): no copy in the model dtype is ever made."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight, scale = quantise_rows(linear.weight.detach())
+        w = linear.weight
+        if stored:
+            weight = torch.empty(w.shape, dtype=E4M3, device=w.device)
+            scale = torch.empty(w.shape[0], 1, dtype=torch.float32, device=w.device)
+        else:
+            weight, scale = quantise_rows(w.detach())
         self.weight = nn.Parameter(weight, requires_grad=False)
-        self.register_buffer("weight_scale", scale.t().contiguous())  # [1, N]: `_scaled_mm`'s scale_b
+        # [N, 1], one per output channel (LightX2V's layout too): fused projections' parts stack along dim 0
+        self.weight_scale = nn.Parameter(scale, requires_grad=False)
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, scale = quantise_rows(x.reshape(-1, self.in_features))
         # row-wise scaled GEMMs give bf16 on CUDA; the CPU gives the input's dtype directly
         out_dtype = torch.bfloat16 if x.is_cuda else x.dtype
-        w, w_scale = self.weight.t(), self.weight_scale
+        w, w_scale = self.weight.t(), self.weight_scale.t()  # `_scaled_mm`'s scale_b: [1, N]
         y = torch._scaled_mm(q, w, scale_a=scale, scale_b=w_scale, out_dtype=out_dtype)
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
@@ -69,6 +81,10 @@ def quantise(model: nn.Module) -> int:
     its FP8 copy is made); the number replaced."""
     targets = [(name, module) for name, module in model.named_modules() if quantised(name, module)]
     for name, module in targets:
-        parent_name, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), attr, Fp8Linear(module))
+        replace_module(model, name, Fp8Linear(module))
     return len(targets)
+
+
+def replace_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent_name), attr, module)

@@ -12,6 +12,7 @@ from torch import nn
 
 from dit import lora
 from dit.families import presets, weight_format
+from dit.fp8_checkpoint import StoredFp8
 from dit.presets import PRESETS, resolve
 from dit.weights import (
     Resolver,
@@ -41,19 +42,25 @@ def load_transformer(
     device="cpu",
     seed: int = 0,
     loras: Sequence[lora.Lora] = (),
+    quant: str = "none",
 ) -> nn.Module:
     """A shipped model's name ("tiny": trained weights), a preset name ("tiny-random", "wan2.1-1.3b",
     "wan2.1-14b": random weights from `seed`), a diffusers `transformer/` folder, a whole pipeline folder, or
     an original Wan checkpoint folder → eval-mode model. `loras`: (safetensors file, strength) pairs merged
-    into the weights as they load (dit.lora: the key layouts accepted, the scale)."""
+    into the weights as they load (dit.lora: the key layouts accepted, the scale). A pre-quantised checkpoint
+    (float8 weights and scales, dit.fp8_checkpoint) keeps its float8 layers as stored with `quant="fp8"` and
+    no LoRAs, and is dequantised into `dtype` otherwise."""
     folder, config_json = _source(path_or_preset)
-    weights, config, model = build_empty(config_json, dtype, device)
+    files = [] if folder is None else checkpoint_files(folder)
+    stored = StoredFp8.scan(files)
+    keep = quant == "fp8" and not loras  # a LoRA merges into dequantised weights
+    weights, config, model = build_empty(config_json, dtype, device, stored if keep else None)
     # every LoRA key and shape is checked before the checkpoint is read
     merges = lora.plan(model, loras, _lora_resolver(weights, config))
     if folder is None:
         random_init(model, seed)
     else:
-        load_safetensors(model, checkpoint_files(folder), weights.resolver(config))
+        load_safetensors(model, files, stored.resolver(weights.resolver(config)), stored.prepare)
     return lora.merge(model, merges).eval().requires_grad_(False)
 
 
@@ -96,11 +103,14 @@ def build_random(
     return random_init(model, seed).eval().requires_grad_(False)
 
 
-def build_empty(config_json: dict, dtype: torch.dtype, device):
-    """(weight format, config, model with uninitialised parameters allocated in dtype on device)."""
+def build_empty(config_json: dict, dtype: torch.dtype, device, stored: StoredFp8 | None = None):
+    """(weight format, config, model with uninitialised parameters allocated in dtype on device; the layers
+    `stored` keeps in float8 allocated in float8)."""
     weights = weight_format(config_json.get("_class_name"))
     config = weights.parse_config(config_json)
     with torch.device("meta"):
         model = weights.build(config)
+    if stored is not None:
+        stored.swap(model, weights.resolver(config))
     materialize(model, dtype=dtype, device=torch.device(device), keep_fp32=weights.keep_fp32)
     return weights, config, model

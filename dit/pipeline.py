@@ -399,9 +399,11 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     raw = []  # (raw transformer, its source): the LoRAs per request change its parameters
 
     def transformer(source, seed=0):
-        model = dit.load_transformer(source, dtype=dtype, device=device, loras=config.loras, seed=seed)
+        model = dit.load_transformer(
+            source, dtype=dtype, device=device, loras=config.loras, seed=seed, quant=config.quant
+        )
         raw.append((model, source))
-        if config.quant == "fp8":  # after the LoRAs are merged
+        if config.quant == "fp8":  # after the LoRAs are merged; a pre-quantised checkpoint's layers stay
             quantise(model)
         model = dit.parallelize(
             family.wrap(model.eval(), folder, model_name), mesh, comm=config.comm, backend=config.attn_backend

@@ -185,7 +185,8 @@ class PipelineConfig:
         key=True,
     )
     # FP8 linear layers (dit.fp8_linear): the blocks' large linear layers as float8 GEMMs, quantised after
-    # the weights (and LoRAs) load; lossy, so never chosen for the user
+    # the weights (and LoRAs) load or read as stored from a pre-quantised checkpoint (dit.fp8_checkpoint);
+    # lossy, so never chosen for the user
     quant: str = setting(
         "none",
         "none | fp8: the DiT blocks' large linear layers as FP8 GEMMs (e4m3, per-channel weight and "

@@ -18,6 +18,7 @@ from torch import nn
 
 Target = tuple[str, int, int]
 Resolver = Callable[[str], "Target | None"]
+Prepare = Callable[[str, torch.Tensor], torch.Tensor]
 
 
 def checkpoint_keys(folder: str | Path) -> set[str]:
@@ -44,12 +45,14 @@ def checkpoint_files(folder: str | Path) -> list[Path]:
 
 def materialize(model: nn.Module, *, dtype: torch.dtype, device, keep_fp32: Iterable[str] = ()) -> nn.Module:
     """Replace meta parameters by uninitialised ones in `dtype` on `device`; names containing one of
-    `keep_fp32` stay float32 (small precision-critical tensors, like diffusers' `_keep_in_fp32_modules`)."""
+    `keep_fp32` stay float32 (small precision-critical tensors, like diffusers' `_keep_in_fp32_modules`), and
+    those a module lists in `stored_dtypes` keep theirs (a pre-quantised layer's float8 weight and scales)."""
     keep_fp32 = tuple(keep_fp32)
     for mod_name, module in model.named_modules():
         for name, p in list(module.named_parameters(recurse=False)):
             full = f"{mod_name}.{name}" if mod_name else name
             want = torch.float32 if any(k in f".{full}" for k in keep_fp32) else dtype
+            want = p.dtype if name in getattr(module, "stored_dtypes", ()) else want
             setattr(
                 module,
                 name,
@@ -60,7 +63,7 @@ def materialize(model: nn.Module, *, dtype: torch.dtype, device, keep_fp32: Iter
     return model
 
 
-def _complete(slots: set[tuple[int, int]]) -> bool:
+def complete_slots(slots: set[tuple[int, int]]) -> bool:
     parts = next(iter(slots), (0, 1))[1]
     return slots == {(i, parts) for i in range(parts)}
 
@@ -82,7 +85,7 @@ def _plan(model: nn.Module, keys: Iterable[str], resolve: Resolver) -> dict[str,
             continue
         plan[key] = target
         filled.setdefault(name, set()).add((part, parts))
-    missing = [n for n in params if not _complete(filled.get(n, set()))]
+    missing = [n for n in params if not complete_slots(filled.get(n, set()))]
     if unexpected or missing:
         raise ValueError(
             f"checkpoint does not match the model: {len(unexpected)} unexpected key(s) {unexpected[:8]}, "
@@ -101,9 +104,16 @@ def _copy(params: dict, key: str, target: Target, tensor: torch.Tensor) -> None:
     dst.copy_(tensor)
 
 
+def _as_stored(key: str, tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
 @torch.no_grad()
-def load_safetensors(model: nn.Module, files: Iterable[str | Path], resolve: Resolver) -> nn.Module:
-    """Stream every tensor of `files` into the (materialised) model, one tensor in memory at a time."""
+def load_safetensors(
+    model: nn.Module, files: Iterable[str | Path], resolve: Resolver, prepare: Prepare = _as_stored
+) -> nn.Module:
+    """Stream every tensor of `files` into the (materialised) model, one tensor in memory at a time;
+    `prepare(key, tensor)` gives what is copied (dit.fp8_checkpoint: dequantised weights, whole scales)."""
     files = [str(f) for f in files]
     keys = {}
     for f in files:
@@ -115,7 +125,7 @@ def load_safetensors(model: nn.Module, files: Iterable[str | Path], resolve: Res
         with safe_open(f, framework="pt") as sf:
             for key in sf.keys():
                 if key in plan:
-                    _copy(params, key, plan[key], sf.get_tensor(key))
+                    _copy(params, key, plan[key], prepare(key, sf.get_tensor(key)))
     return model
 
 
