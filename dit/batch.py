@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from dit.cache import Evaluations
-from dit.pipeline import FramesCallback, PhaseCallback, Pipeline, enter_phase
+from dit.callbacks import FramesCallback, PhaseCallback, enter_phase
 from dit.preview import PreviewCallback
 from dit.request import GenerationRequest
 from dit.sampling import Callback, GenerationCancelled, denoise
@@ -81,15 +81,15 @@ class BatchJob:
 
 
 def denoise_batch(
-    pipe: Pipeline, jobs: list[BatchJob], on_phase: PhaseCallback | None = None
+    pipe, jobs: list[BatchJob], on_phase: PhaseCallback | None = None
 ) -> list[torch.Tensor | GenerationCancelled]:
     """Each job's final latents `[1, ...]` (float32, the same on every rank), or the GenerationCancelled of a
-    job that left the batch, in the jobs' order. `on_phase` hears "encoding" and "denoising" once."""
+    job that left the batch, in the jobs' order. `pipe`: a `dit.pipeline.Pipeline` (not imported here: its
+    `generate_batch` calls this module). `on_phase` hears "encoding" and "denoising" once."""
     requests = [pipe.validate(job.request) for job in jobs]
     check_batch(requests)
     first = requests[0]
-    if pipe._loras is not None:  # every rank, before any forward: the batch's one set
-        pipe._loras.apply(first.loras)
+    pipe.apply_loras(first.loras)  # the batch's one set
     enter_phase(on_phase, "encoding")
     texts = [pipe.conditioning(req) for req in requests]  # each job's (cond, uncond), one broadcast each
     cond = _stack([c for c, _ in texts])
@@ -138,7 +138,7 @@ def denoise_batch(
 
 
 def generate_batch(
-    pipe: Pipeline, jobs: list[BatchJob], on_phase: PhaseCallback | None = None
+    pipe, jobs: list[BatchJob], on_phase: PhaseCallback | None = None
 ) -> list[np.ndarray | None | GenerationCancelled]:
     """Each job's frames on the replica leader (None on the other ranks), or its GenerationCancelled, in the
     jobs' order; each finished job's `on_frames` hears its frames as they decode. `on_phase` hears

@@ -10,7 +10,6 @@ the tokenizer, so every rank validates a request on its own and rejects it the s
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch
 import dit
 import parallel
 from dit.cache import CacheConfig, Evaluations, StepCache, real_tokens
+from dit.callbacks import FramesCallback, PhaseCallback, enter_phase
 from dit.comm_choice import choose_comm
 from dit.compile import compile_blocks
 from dit.denoise_state import Checkpointing, DenoiseState
@@ -62,8 +62,6 @@ __all__ = [
     "load_prompt_tokenizer",
 ]
 
-PhaseCallback = Callable[[str], None]
-FramesCallback = Callable[[np.ndarray], None]  # decoded uint8 frames [n, H, W, 3], in order
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -158,6 +156,12 @@ class Pipeline:
         the probe's result. Collective over the replica."""
         return choose_comm(self, self.mesh, allow_lossy, timeout_s)[1]
 
+    def apply_loras(self, loras: tuple[tuple[str, float], ...]) -> None:
+        """Make a validated request's LoRA set (or none: the base) the applied one; every rank, before any
+        forward of the job. Nothing without a catalogue."""
+        if self._loras is not None:
+            self._loras.apply(loras)
+
     @property
     def lora_switches(self) -> int:
         """How many times a job's LoRA set changed the weights (to another set or back to the base)."""
@@ -199,8 +203,7 @@ class Pipeline:
         `resume` (every rank) goes on from a checkpoint of this request; `checkpoints` (the leader only)
         hears the state every few steps (dit.denoise_state)."""
         req = self.validate(req)
-        if self._loras is not None:  # every rank, before any forward: the job's set, or the base
-            self._loras.apply(req.loras)
+        self.apply_loras(req.loras)
         enter_phase(on_phase, "encoding")
         cond, uncond = self.conditioning(req)
         enter_phase(on_phase, "denoising")
@@ -353,11 +356,6 @@ class Pipeline:
         from dit.batch import generate_batch  # dit.batch builds on this module
 
         return generate_batch(self, jobs, on_phase)
-
-
-def enter_phase(on_phase: PhaseCallback | None, phase: str) -> None:
-    if on_phase is not None:
-        on_phase(phase)
 
 
 def _on(text: dict[str, torch.Tensor] | None, device: torch.device) -> dict[str, torch.Tensor] | None:

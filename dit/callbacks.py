@@ -1,0 +1,15 @@
+"""The callbacks a generation calls as it goes, shared by the one-job pipeline and batches (dit.batch)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+PhaseCallback = Callable[[str], None]  # hears "encoding", "denoising", "decoding" as each begins
+FramesCallback = Callable[[np.ndarray], None]  # decoded uint8 frames [n, H, W, 3], in order
+
+
+def enter_phase(on_phase: PhaseCallback | None, phase: str) -> None:
+    if on_phase is not None:
+        on_phase(phase)
