@@ -67,8 +67,9 @@ SECTIONS = (
         gpu_speed.ulysses_shard,
         30,
     ),
-    Section("wan-1.3b", "Wan2.1-1.3B forward, ours vs diffusers", gpu_speed.wan_1_3b, 70),
-    Section("wan-14b", "Wan2.1-14B forward, ours vs diffusers", gpu_speed.wan_14b, 120),
+    # the FP8 rows add 3 × (a recompile of one block + 6 forwards) to the bf16 rows' 30 s and 89 s (H100)
+    Section("wan-1.3b", "Wan2.1-1.3B forward, ours vs diffusers, bf16 and FP8", gpu_speed.wan_1_3b, 100),
+    Section("wan-14b", "Wan2.1-14B forward, ours vs diffusers, bf16 and FP8", gpu_speed.wan_14b, 180),
     Section("modelled", "MODELLED 8-GPU step time", gpu_modelled.modelled, 1),
     Section("overlap", "overlapped Ulysses, MODELLED exchanges", gpu_modelled.overlap, 10),
     Section("job", "Wan2.1-1.3B job by phase", gpu_speed.job_phases, 40),

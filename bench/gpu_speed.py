@@ -104,6 +104,11 @@ def _time_model(kit: Kit, build, call, modes: list[str]) -> tuple[dict, float | 
     """Build one model (`build()` → (module, fn)), time `call(fn)` in each mode, return {mode: (seconds,
     output on the CPU)} and its peak GiB; the model dies with this frame, before the next one is built."""
     model, fn = build()
+    return _time_built(kit, model, fn, call, modes)
+
+
+def _time_built(kit: Kit, model, fn, call, modes: list[str]) -> tuple[dict, float | None]:
+    """`_time_model` of a built model; "compile" compiles `model`'s blocks in place."""
     kit.free()
     if kit.cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -133,8 +138,9 @@ def _forwards(kit: Kit, models: dict, call, compile: bool) -> tuple[list[list], 
     return rows, runs
 
 
-def _wan(kit: Kit, report: Report, preset: str, target: float) -> None:
+def _wan(kit: Kit, report: Report, preset: str, target: float, fp8_target: float) -> None:
     from bench.forward import diffusers_model, ours_from, wan_inputs
+    from bench.gpu_fp8 import BOTH, fp8_rows
     from dit.presets import PRESETS
 
     config = dict(kit.pick(PRESETS[preset], PRESETS["tiny-random"]))
@@ -150,23 +156,28 @@ def _wan(kit: Kit, report: Report, preset: str, target: float) -> None:
 
     def ours():
         model = ours_from(holder.pop("ref"), config, kit.dtype, kit.device)  # diffusers' weights, then freed
+        holder["ours"] = model  # kept for the FP8 rows
         return model, model
 
-    rows, runs = _forwards(
-        kit, {"diffusers": diffusers, "ours": ours}, lambda fn: fn(*holder["inputs"]), compile=True
+    call = lambda fn: fn(*holder["inputs"])  # noqa: E731
+    rows, runs = _forwards(kit, {"diffusers": diffusers, "ours": ours}, call, compile=True)
+    mode = "compile" if ("ours", "compile") in runs else "eager"
+    sec = runs["ours", mode][0]
+    more, fp8_seconds = fp8_rows(
+        kit, holder.pop("ours"), call, mode, runs["ours", mode][1], runs["diffusers", mode][0]
     )
     tokens = holder["tokens"]
     size = f"{frames}×{height}×{width} → {tokens} tokens, text {text}, {kit.dtype}"
     report.table(
-        f"{preset} forward, {size} (regional compile for both)",
-        ["model", "mode", "s/forward", "vs diffusers", "peak GiB"],
-        rows,
+        f"{preset} forward, {size} (regional compile for both); the FP8 rows on ours' weights, their error "
+        "against ours' output in the same mode",
+        ["model", "mode", "s/forward", "vs diffusers", "peak GiB", "max |Δ| / max |ours|", "mean |Δ|"],
+        [row + ["–", "–"] for row in rows] + more,
     )
     diff = rel_diff(runs["ours", "eager"][1], runs["diffusers", "eager"][1])
     report.check("ours vs diffusers, eager outputs (loose: gross breakage only)", diff, 0.1)
-    mode = "compile" if ("ours", "compile") in runs else "eager"
-    sec = runs["ours", mode][0]
     report.target(f"{preset} forward, ours {mode}", sec, target, "s")
+    report.target(f"{preset} forward, ours {mode}, quant + attn fp8", fp8_seconds.get(BOTH), fp8_target, "s")
     heads, head_dim = config["num_attention_heads"], config["attention_head_dim"]
     kit.figures[preset] = dict(
         seconds=sec,
@@ -177,14 +188,17 @@ def _wan(kit: Kit, report: Report, preset: str, target: float) -> None:
         layers=config["num_layers"],
         latent=tuple(holder["inputs"][0].shape),
     )
+    if fp8_seconds:  # the modelled 8-GPU table's second compute figure
+        fastest = min(fp8_seconds, key=fp8_seconds.get)
+        kit.figures[preset]["fp8"] = dict(seconds=fp8_seconds[fastest], what=f"{fastest}, {mode}")
 
 
 def wan_14b(kit: Kit, report: Report) -> None:
-    _wan(kit, report, "wan2.1-14b", 2.6)
+    _wan(kit, report, "wan2.1-14b", 2.6, 1.9)
 
 
 def wan_1_3b(kit: Kit, report: Report) -> None:
-    _wan(kit, report, "wan2.1-1.3b", 0.45)
+    _wan(kit, report, "wan2.1-1.3b", 0.45, 0.35)
 
 
 def hunyuan(kit: Kit, report: Report) -> None:

@@ -120,3 +120,23 @@ def test_whole_job_by_phase_and_modelled_for_8(tmp_path):
         assert m[2] == pytest.approx(decode / 8 + 5 * 32 * 32 * 3 * 7 / 8 / 450e9, abs=1e-3)
         assert m[0] == encode and m[3] == mp4 and m[1] < steps
     assert [t["met"] for t in section["targets"]] == [None] * 4  # toy sizes are not judged
+
+
+def test_fp8_forward_rows_and_their_modelled_steps(tmp_path):
+    """The Wan forward section's FP8 rows at toy size (`_scaled_mm` and the attention's emulation on the CPU):
+    each FP8 forward differs from ours in bf16's place by FP8's error, not by nothing nor by breakage, and
+    the modelled table takes its second compute figure from the fastest of them."""
+    assert gpu.main(["--cpu-smoke", "--out", str(tmp_path), "--only", "wan-14b", "modelled"]) == 0
+    sections = json.loads((tmp_path / "gpu.json").read_text())["sections"]
+    assert [s["status"] for s in sections.values()] == ["pass", "pass"]
+    rows = {row[0]: row for row in sections["wan-14b"]["tables"][0]["rows"]}
+    fp8 = {
+        name: float(rows[name][2]) for name in ("ours, attn fp8", "ours, quant fp8", "ours, quant + attn fp8")
+    }
+    for name in fp8:
+        rel_max, mean_abs = rows[name][-2:]
+        assert 1e-3 < rel_max < 0.1 and 0 < mean_abs < 0.1, (name, rel_max, mean_abs)
+    fastest = min(fp8, key=fp8.get)
+    modelled = sections["modelled"]["tables"][0]["rows"]
+    assert {row[0] for row in modelled} == {"bf16, ours eager", f"FP8: {fastest}, eager"}
+    assert [t["what"].startswith("s/step without CFG") for t in sections["modelled"]["targets"]] == [True]
