@@ -136,7 +136,10 @@ def test_fp8_forward_rows_and_their_modelled_steps(tmp_path):
     for name in fp8:
         rel_max, mean_abs = rows[name][-2:]
         assert 1e-3 < rel_max < 0.1 and 0 < mean_abs < 0.1, (name, rel_max, mean_abs)
-    fastest = min(fp8, key=fp8.get)
     modelled = sections["modelled"]["tables"][0]["rows"]
-    assert {row[0] for row in modelled} == {"bf16, ours eager", f"FP8: {fastest}, eager"}
+    sources = {row[0] for row in modelled} - {"bf16, ours eager"}
+    assert len(sources) == 1 and len(modelled) > 1
+    chosen = sources.pop().removeprefix("FP8: ").removesuffix(", eager")
+    # the fastest, as far as the table's rounded seconds tell (the kit compares the unrounded ones)
+    assert chosen in fp8 and fp8[chosen] <= min(fp8.values()) + 1e-3
     assert [t["what"].startswith("s/step without CFG") for t in sections["modelled"]["targets"]] == [True]
