@@ -22,11 +22,19 @@ import torch.distributed as dist
 
 from parallel.comm import all_gather, ring_pass
 from parallel.kernels import local_attention
+from parallel.padded_text import each_sample_own_text
 from parallel.sharding import SequenceShardInfo
 
 
 def merge_(out, lse, o, lo) -> None:
-    """Fold a partial (o, lo) into the running (out, lse), in place; -inf LSE marks 'no keys yet'."""
+    """Fold a partial (o, lo) into the running (out, lse), in place; -inf LSE marks 'no keys yet'. One
+    sample at a time: a vectorised exp rounds an element unlike the scalar tail that the same element falls
+    into in a one-sample tensor, and a batch's samples must get their solo numbers (dit.batch)."""
+    for sample in range(out.shape[0]):
+        _merge_sample(out[sample], lse[sample], o[sample], lo[sample])
+
+
+def _merge_sample(out, lse, o, lo) -> None:
     new = torch.logaddexp(lse, lo)
     safe = new.masked_fill(new == float("-inf"), 0.0)
     out.mul_(torch.exp(lse - safe)[..., None]).add_(o.to(out.dtype) * torch.exp(lo - safe)[..., None])
@@ -39,6 +47,12 @@ def _empty(q, acc):
 
 def ring_attention(q, k, v, info: SequenceShardInfo, group, text, text_mask, text_first, causal, backend):
     """q/k/v [B, S_span, h, D]: this ring rank's span. Returns (out [B, S_span, h, D], text_out or None)."""
+    if text is not None and text_mask is not None and q.shape[0] > 1 and not causal:  # a ring pass per sample
+
+        def alone(q, k, v, text):
+            return ring_attention(q, k, v, info, group, text, None, text_first, causal, backend)
+
+        return each_sample_own_text(alone, q, k, v, text, text_mask)
     R, r = dist.get_world_size(group), dist.get_rank(group)
     tq, tk, tv = text if text is not None else (None, None, None)
     acc = torch.promote_types(q.dtype, torch.float32)

@@ -11,6 +11,7 @@ import torch
 
 from parallel.comm import CommConfig, exchange, exchange_split
 from parallel.kernels import local_attention
+from parallel.padded_text import each_sample_own_text
 
 
 def pack_qkv(q, k, v, P: int) -> torch.Tensor:
@@ -99,10 +100,17 @@ def ulysses_out(out, group, P: int, H: int, cfg: CommConfig):
 
 
 def joint_attention(q, k, v, n_valid: int, text, text_mask, text_first: bool, causal: bool, backend: str):
-    """Attention of the first n_valid image tokens (+ text before or after them), ONE kernel call.
-    Padding is sliced off, not masked; the image output is zero-padded back to q's length.
+    """Attention of the first n_valid image tokens (+ text before or after them), ONE kernel call (one per
+    sample for a batch's padded texts: parallel.padded_text). Padding is sliced off, not masked; the image
+    output is zero-padded back to q's length.
     Returns (image_out [B, S, h, D], text_out [B, T, h, D] or None)."""
     B, S = q.shape[:2]
+    if text is not None and text_mask is not None and B > 1 and not causal:
+
+        def alone(q, k, v, text):
+            return joint_attention(q, k, v, n_valid, text, None, text_first, causal, backend)
+
+        return each_sample_own_text(alone, q, k, v, text, text_mask)
     tq, tk, tv = text if text is not None else (None, None, None)
     q, k, v = q[:, :n_valid], k[:, :n_valid], v[:, :n_valid]
     key_mask = None

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dit.rowwise import RowwiseLinear
+
 
 def timestep_sinusoid(t: torch.Tensor, dim: int = 256, max_period: float = 10000.0) -> torch.Tensor:
     """[B] -> [B, dim] float32, cosine half first (diffusers `Timesteps(flip_sin_to_cos=True, shift=0)`)."""
@@ -22,9 +24,9 @@ class MLP2(nn.Module):
 
     def __init__(self, dim_in: int, hidden: int, dim_out: int, act: nn.Module):
         super().__init__()
-        self.linear_1 = nn.Linear(dim_in, hidden)
+        self.linear_1 = RowwiseLinear(dim_in, hidden)
         self.act = act
-        self.linear_2 = nn.Linear(hidden, dim_out)
+        self.linear_2 = RowwiseLinear(hidden, dim_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_2(self.act(self.linear_1(x)))
@@ -84,7 +86,7 @@ class Modulation(nn.Module):
     def __init__(self, dim: int, n: int, cond_dim: int | None = None):
         super().__init__()
         self.n = n
-        self.linear = nn.Linear(cond_dim or dim, n * dim)
+        self.linear = RowwiseLinear(cond_dim or dim, n * dim)
 
     def forward(self, temb: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return self.linear(F.silu(temb)).chunk(self.n, dim=-1)
@@ -96,9 +98,9 @@ class ByT5Projection(nn.Module):
     def __init__(self, dim_in: int, hidden: int, dim_out: int):
         super().__init__()
         self.norm = nn.LayerNorm(dim_in)
-        self.linear_1 = nn.Linear(dim_in, hidden)
-        self.linear_2 = nn.Linear(hidden, hidden)
-        self.linear_3 = nn.Linear(hidden, dim_out)
+        self.linear_1 = RowwiseLinear(dim_in, hidden)
+        self.linear_2 = RowwiseLinear(hidden, hidden)
+        self.linear_3 = RowwiseLinear(hidden, dim_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.gelu(self.linear_1(self.norm(x)))
@@ -111,8 +113,8 @@ class ImageProjection(nn.Module):
     def __init__(self, dim_in: int, dim_out: int):
         super().__init__()
         self.norm_in = nn.LayerNorm(dim_in)
-        self.linear_1 = nn.Linear(dim_in, dim_in)
-        self.linear_2 = nn.Linear(dim_in, dim_out)
+        self.linear_1 = RowwiseLinear(dim_in, dim_in)
+        self.linear_2 = RowwiseLinear(dim_in, dim_out)
         self.norm_out = nn.LayerNorm(dim_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

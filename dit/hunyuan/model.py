@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dit.hunyuan.config import BYT5_HIDDEN_DIM, HunyuanVideo15Config
@@ -28,8 +27,8 @@ from dit.hunyuan.layers import (
     rope_3d,
 )
 from dit.hunyuan.refiner import TokenRefiner
-from dit.rowwise import RowwiseConv3d
-from parallel import local_attention
+from dit.rowwise import RowwiseConv3d, RowwiseLinear, real_rows
+from parallel.ulysses import joint_attention
 
 # Condition-type ids added to each text source (diffusers `cond_type_embed`).
 COND_TEXT, COND_BYT5, COND_IMAGE = 0, 1, 2
@@ -46,11 +45,7 @@ class LocalJointAttention:
     backend: str = "auto"
 
     def __call__(self, q, k, v, *, text, text_mask=None, info=None):
-        s = q.shape[1]
-        q, k, v = (torch.cat(pair, dim=1) for pair in zip((q, k, v), text, strict=True))
-        key_mask = None if text_mask is None else F.pad(text_mask, (s, 0), value=True)
-        out = local_attention(q, k, v, key_mask=key_mask, backend=self.backend)
-        return out[:, :s], out[:, s:]
+        return joint_attention(q, k, v, q.shape[1], text, text_mask, False, False, self.backend)
 
 
 class LocalSequence:
@@ -73,23 +68,24 @@ class JointAttention(nn.Module):
         super().__init__()
         self.heads = heads
         head_dim = dim // heads
-        self.img_qkv = nn.Linear(dim, 3 * dim)
-        self.txt_qkv = nn.Linear(dim, 3 * dim)
+        self.img_qkv = RowwiseLinear(dim, 3 * dim)
+        self.txt_qkv = RowwiseLinear(dim, 3 * dim)
         self.img_norm_q, self.img_norm_k = RMSNorm(head_dim), RMSNorm(head_dim)
         self.txt_norm_q, self.txt_norm_k = RMSNorm(head_dim), RMSNorm(head_dim)
-        self.img_out = nn.Linear(dim, dim)
-        self.txt_out = nn.Linear(dim, dim)
+        self.img_out = RowwiseLinear(dim, dim)
+        self.txt_out = RowwiseLinear(dim, dim)
 
     def forward(self, x, txt, rope, text_mask, op, info):
         q, k, v = self.img_qkv(x).unflatten(-1, (3, self.heads, -1)).unbind(2)
         q = apply_rope(self.img_norm_q(q), *rope)
         k = apply_rope(self.img_norm_k(k), *rope)
-        tq, tk, tv = self.txt_qkv(txt).unflatten(-1, (3, self.heads, -1)).unbind(2)
+        tq, tk, tv = real_rows(self.txt_qkv, txt, text_mask).unflatten(-1, (3, self.heads, -1)).unbind(2)
         tq, tk = self.txt_norm_q(tq), self.txt_norm_k(tk)
         out, txt_out = op(
             q, k, v.contiguous(), text=(tq, tk, tv.contiguous()), text_mask=text_mask, info=info
         )
-        return self.img_out(out.flatten(2).to(x.dtype)), self.txt_out(txt_out.flatten(2).to(x.dtype))
+        txt_out = real_rows(self.txt_out, txt_out.flatten(2).to(x.dtype), text_mask)
+        return self.img_out(out.flatten(2).to(x.dtype)), txt_out
 
 
 class DualStreamBlock(nn.Module):
@@ -113,7 +109,9 @@ class DualStreamBlock(nn.Module):
         x = x + attn * gate_a[:, None]
         txt = txt + txt_attn * t_gate_a[:, None]
         x = x + gate_m[:, None] * self.img_mlp(modulate(x, shift_m, scale_m))
-        txt = txt + t_gate_m[:, None] * self.txt_mlp(modulate(txt, t_shift_m, t_scale_m))
+        txt = txt + t_gate_m[:, None] * real_rows(
+            self.txt_mlp, modulate(txt, t_shift_m, t_scale_m), text_mask
+        )
         return x, txt
 
 
@@ -152,7 +150,7 @@ class HunyuanVideo15Transformer(nn.Module):
             DualStreamBlock(dim, heads, config.mlp_ratio) for _ in range(config.num_layers)
         )
         self.norm_out = Modulation(dim, 2)
-        self.proj_out = nn.Linear(dim, config.patch_size_t * config.patch_size**2 * config.out_channels)
+        self.proj_out = RowwiseLinear(dim, config.patch_size_t * config.patch_size**2 * config.out_channels)
         self.attention = LocalJointAttention()
         self.sequence = LocalSequence()
 

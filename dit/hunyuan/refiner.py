@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dit.hunyuan.layers import MLP2, Modulation, TimestepEmbedder
+from dit.rowwise import RowwiseLinear
 
 
 class RefinerBlock(nn.Module):
@@ -15,8 +16,8 @@ class RefinerBlock(nn.Module):
         super().__init__()
         self.heads = heads
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
+        self.qkv = RowwiseLinear(dim, 3 * dim)
+        self.proj = RowwiseLinear(dim, dim)
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = MLP2(dim, int(dim * mlp_ratio), dim, nn.SiLU())
         self.gates = Modulation(dim, 2)
@@ -36,7 +37,7 @@ class TokenRefiner(nn.Module):
         super().__init__()
         self.time_embed = TimestepEmbedder(dim)
         self.pooled_embed = MLP2(dim_in, dim, dim, nn.SiLU())
-        self.proj_in = nn.Linear(dim_in, dim)
+        self.proj_in = RowwiseLinear(dim_in, dim)
         self.blocks = nn.ModuleList(RefinerBlock(dim, heads, mlp_ratio) for _ in range(num_layers))
 
     def forward(self, text: torch.Tensor, timestep: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

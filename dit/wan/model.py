@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dit.rowwise import RowwiseConv3d, rowwise
+from dit.rowwise import RowwiseConv3d, RowwiseLinear, rowwise
 from dit.wan.config import WanConfig
 from parallel import local_attention
 
@@ -116,9 +116,9 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.num_heads = cfg.num_heads
         self.eps = cfg.eps
-        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)
+        self.qkv = RowwiseLinear(cfg.dim, 3 * cfg.dim)
         self.qk_norm = nn.Parameter(torch.ones(2 * cfg.dim))  # RMSNorm weights of q then k (across all heads)
-        self.out = nn.Linear(cfg.dim, cfg.dim)
+        self.out = RowwiseLinear(cfg.dim, cfg.dim)
         self.attention = local_attention  # the one op the parallel layer replaces: (q, k, v) [B, S, H, D]
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -138,15 +138,15 @@ class CrossAttention(nn.Module):
         super().__init__()
         self.num_heads = cfg.num_heads
         self.eps = cfg.eps
-        self.q = nn.Linear(cfg.dim, cfg.dim)
-        self.kv = nn.Linear(cfg.dim, 2 * cfg.dim)
+        self.q = RowwiseLinear(cfg.dim, cfg.dim)
+        self.kv = RowwiseLinear(cfg.dim, 2 * cfg.dim)
         self.norm_q = nn.RMSNorm(cfg.dim, eps=cfg.eps)
         self.norm_k = nn.RMSNorm(cfg.dim, eps=cfg.eps)
-        self.out = nn.Linear(cfg.dim, cfg.dim)
+        self.out = RowwiseLinear(cfg.dim, cfg.dim)
         self.attention = local_attention  # the kernel choice is set from outside (`dit.parallelize`)
         self.kv_img = self.norm_k_img = None
         if cfg.added_kv_proj_dim is not None:
-            self.kv_img = nn.Linear(cfg.added_kv_proj_dim, 2 * cfg.dim)
+            self.kv_img = RowwiseLinear(cfg.added_kv_proj_dim, 2 * cfg.dim)
             self.norm_k_img = nn.RMSNorm(cfg.dim, eps=cfg.eps)
 
     def forward(self, x: torch.Tensor, context: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
@@ -182,7 +182,9 @@ class Block(nn.Module):
         self.norm_cross = nn.LayerNorm(cfg.dim, eps=cfg.eps) if cfg.cross_attn_norm else None
         self.cross_attn = CrossAttention(cfg)
         self.ffn = nn.Sequential(
-            nn.Linear(cfg.dim, cfg.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_dim, cfg.dim)
+            RowwiseLinear(cfg.dim, cfg.ffn_dim),
+            nn.GELU(approximate="tanh"),
+            RowwiseLinear(cfg.ffn_dim, cfg.dim),
         )
         self.modulation = _modulation(6, cfg.dim)
 
@@ -205,7 +207,7 @@ class ImageEmbedding(nn.Module):
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.image_dim)
         self.ff = nn.Sequential(
-            nn.Linear(cfg.image_dim, cfg.image_dim), nn.GELU(), nn.Linear(cfg.image_dim, cfg.dim)
+            RowwiseLinear(cfg.image_dim, cfg.image_dim), nn.GELU(), RowwiseLinear(cfg.image_dim, cfg.dim)
         )
         self.norm2 = nn.LayerNorm(cfg.dim)
         self.pos_embed = None
@@ -225,7 +227,7 @@ class Head(nn.Module):
         super().__init__()
         self.eps = cfg.eps
         self.modulation = _modulation(2, cfg.dim)
-        self.proj = nn.Linear(cfg.dim, cfg.out_channels * math.prod(cfg.patch_size))
+        self.proj = RowwiseLinear(cfg.dim, cfg.out_channels * math.prod(cfg.patch_size))
 
     def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
         shift, scale = (self.modulation.unsqueeze(0) + temb.unsqueeze(2)).unbind(2)
@@ -243,7 +245,7 @@ class WanModel(nn.Module):
         self.rope = RotaryEmbedding(config)
         self.time_embed = TimeEmbedding(config)
         self.text_embed = nn.Sequential(
-            nn.Linear(config.text_dim, dim), nn.GELU(approximate="tanh"), nn.Linear(dim, dim)
+            RowwiseLinear(config.text_dim, dim), nn.GELU(approximate="tanh"), RowwiseLinear(dim, dim)
         )
         self.img_embed = ImageEmbedding(config) if config.image_dim is not None else None
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
