@@ -72,12 +72,14 @@ def check_batch(requests: list[GenerationRequest]) -> None:
 
 @dataclass
 class BatchJob:
-    """One job of a batch: its request and its own callbacks (`Pipeline.generate`'s meaning for each)."""
+    """One job of a batch: its request and its own callbacks (`Pipeline.generate`'s meaning for each;
+    `on_phase` hears "decoding" as this job's own decode begins: the batch decodes its jobs in turn)."""
 
     request: GenerationRequest
     callback: Callback | None = None
     on_preview: PreviewCallback | None = None
     on_frames: FramesCallback | None = None
+    on_phase: PhaseCallback | None = None
 
 
 def denoise_batch(
@@ -147,9 +149,14 @@ def generate_batch(
     if any(isinstance(out, torch.Tensor) for out in outcomes):
         enter_phase(on_phase, "decoding")
     return [
-        pipe.decode(out, job.on_frames) if isinstance(out, torch.Tensor) else out
+        _decode(pipe, out, job) if isinstance(out, torch.Tensor) else out
         for out, job in zip(outcomes, jobs, strict=True)
     ]
+
+
+def _decode(pipe, latents: torch.Tensor, job: BatchJob) -> np.ndarray | None:
+    enter_phase(job.on_phase, "decoding")
+    return pipe.decode(latents, job.on_frames)
 
 
 def _scales(requests: list[GenerationRequest], name: str, device: torch.device) -> float | torch.Tensor:

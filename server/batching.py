@@ -8,11 +8,22 @@ from __future__ import annotations
 
 import os
 
-from dit.batch import BatchKey, batch_key
+from dit.batch import BatchKey, batch_key, runs_alone
 from server import videos
 from server.store import Job
 
 BATCH_SCAN = 64  # the oldest queued jobs looked at for a batch's companions
+
+
+def companion_ids(first: dict, store, pipe, module, config) -> list[str]:
+    """The queued jobs to claim beside `first` (a claimed job's worker message) under `config.max_batch`:
+    none when it resumes from a checkpoint or runs alone (a batch takes neither)."""
+    key = batch_key(pipe.validate(module.GenerationRequest(**first["spec"])))
+    if first["resume"] is not None or runs_alone(key) is not None:
+        return []
+    return companions(
+        store.queued_jobs(BATCH_SCAN), key, config.max_batch - 1, pipe, module, config.videos_dir
+    )
 
 
 def companions(queued: list[Job], key: BatchKey, wanted: int, pipe, module, videos_dir: str) -> list[str]:

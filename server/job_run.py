@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 
+from dit.batch import BatchJob
 from dit.preview import frame_preview
 from server.phases import PhaseClock, job_timings
 from server.writers import StreamedVideo
@@ -33,6 +34,18 @@ class JobRun:
         if phase == "denoising":
             self._last = time.perf_counter()  # the first step's time leaves the text encoding out
         self.worker.store.set_phase(self.job_id, self.worker.name, phase, self.phases.timings)
+
+    def batch_job(self, request) -> BatchJob:
+        """This job in a batch (`Pipeline.generate_batch`), its callbacks this run's."""
+        return BatchJob(request, self.callback, self.on_preview, self.video.frames, self.on_phase)
+
+    def on_batch_phase(self, phase: str) -> None:
+        """A phase of the batch this job is in: its own, but for the batch's decoding, where the job waits
+        (its clock stopped) until its own decode begins (`on_phase`, from dit.batch)."""
+        if phase == "decoding":
+            self.phases.enter(None)
+        else:
+            self.on_phase(phase)
 
     def on_preview(self, step: int, image: np.ndarray) -> None:
         self.worker.previews.submit(self.job_id, step, image)

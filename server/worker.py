@@ -60,7 +60,7 @@ import time
 import traceback
 import uuid
 
-from dit.batch import BatchJob, batch_key, runs_alone
+from dit.batch import BatchJob
 from dit.denoise_state import Checkpointing, DenoiseState, Expected, load_file
 from dit.image import fit, read
 from dit.settings import checkpoint_key
@@ -69,7 +69,7 @@ from dit.vocabulary import read_vocabulary
 from dit.warmup import warm_up
 from server import limits as limits_mod
 from server import logs, metrics, videos
-from server.batching import BATCH_SCAN, companions
+from server.batching import companion_ids
 from server.config import ServeConfig, add_arguments, from_args
 from server.job_end import JobEnd
 from server.job_run import JobRun
@@ -191,14 +191,7 @@ class Worker:
         """`first` (a claimed job's message) and up to --max-batch - 1 queued jobs that can share its
         forwards (the oldest first: `batching.companions`) as one batch's message; `first` alone when none
         joins, or when it resumes from a checkpoint or runs alone (a batch takes none)."""
-        request = self.pipe.validate(self.module.GenerationRequest(**first["spec"]))
-        key = batch_key(request)
-        if first["resume"] is not None or runs_alone(key) is not None:
-            return first
-        queued = self.store.queued_jobs(BATCH_SCAN)
-        ids = companions(
-            queued, key, self.config.max_batch - 1, self.pipe, self.module, self.config.videos_dir
-        )
+        ids = companion_ids(first, self.store, self.pipe, self.module, self.config)
         messages = [first]
         for job in self.store.join_batch(self.name, self.config.instance, first["id"], ids):
             spec = self._validated(job)
@@ -330,15 +323,13 @@ class Worker:
         leader = self.store is not None
         runs = [JobRun(self, m["id"], m["spec"]) for m in messages] if leader else []
         self.job_id, self.state = messages[0]["id"], "busy"  # the heartbeat names the batch's first
-        jobs = [
-            BatchJob(self.module.GenerationRequest(**m["spec"]), *(
-                (runs[i].callback, runs[i].on_preview, runs[i].video.frames) if leader else ()))
-            for i, m in enumerate(messages)
-        ]  # fmt: skip
+        requests = [self.module.GenerationRequest(**m["spec"]) for m in messages]
+        jobs = [run.batch_job(req) for run, req in zip(runs, requests, strict=True)] if leader else [
+            BatchJob(req) for req in requests]  # fmt: skip
 
-        def on_phase(phase: str) -> None:  # the batch's phases are each job's
+        def on_phase(phase: str) -> None:  # the batch's phases are each job's, but its own decode's start
             for run in runs:
-                run.on_phase(phase)
+                run.on_batch_phase(phase)
 
         try:
             outcomes = self.pipe.generate_batch(jobs, on_phase if leader else None)

@@ -1,10 +1,13 @@
 """The server end to end on the joint-attention family: `--preset tiny-joint` (HunyuanVideo-1.5 architecture)
 on a real 2-rank CPU worker group, Ulysses 2, so every block's text path runs head-sliced + all-gathered; the
-exchange is `--comm auto`'s (the default): timed at start-up, published on /ready and /metrics."""
+exchange is `--comm auto`'s (the default): timed at start-up, published on /ready and /metrics. With
+`--max-batch 2`, jobs queued together share forwards (texts of different lengths padded) and each batched
+job's video equals the one it makes alone."""
 
 from __future__ import annotations
 
 import imageio.v3 as iio
+import numpy as np
 import pytest
 
 from testing.server_process import ServerProcess
@@ -12,7 +15,9 @@ from testing.server_process import ServerProcess
 
 @pytest.mark.slow  # a real server
 def test_tiny_joint_serves_a_video(tmp_path):
-    srv = ServerProcess(tmp_path / "data", "--preset", "tiny-joint", "--nproc", "2", "--ulysses", "2")
+    srv = ServerProcess(
+        tmp_path / "data", "--preset", "tiny-joint", "--nproc", "2", "--ulysses", "2", "--max-batch", "2"
+    )
     try:
         srv.wait()
         comm = srv.client.get("/ready").json()["comm"]
@@ -29,15 +34,25 @@ def test_tiny_joint_serves_a_video(tmp_path):
         assert "exchange: " in srv.log()
         limits = srv.client.post("/generate", json={"prompt": "x", "height": 40}).json()
         assert "height" in str(limits["detail"])  # the joint family's VAE wants multiples of 16
-        job = srv.submit(prompt='a sign that says "open"', num_frames=5, height=32, width=48,
-                         num_inference_steps=3, seed=3)  # fmt: skip
-        done = srv.wait_job(job["id"])
-        assert done["status"] == "completed", done
-        assert done["step"] == 3
-        r = srv.client.get(f"/jobs/{job['id']}/video")
-        assert r.status_code == 200
-        (tmp_path / "v.mp4").write_bytes(r.content)
-        frames = iio.imread(tmp_path / "v.mp4")
-        assert frames.shape[0] == 5 and frames.shape[1:3] == (32, 48)
+        size = dict(num_frames=5, height=32, width=48, num_inference_steps=3)
+        specs = [dict(prompt='a sign that says "open"', seed=3, **size), dict(prompt="a cat", seed=4, **size),
+                 dict(prompt="rain on a window at night", seed=5, **size)]  # fmt: skip
+        jobs = [srv.submit(**spec) for spec in specs]  # the second and third at least wait: a batch of 2
+        done = [srv.wait_job(job["id"]) for job in jobs]
+        assert all(d["status"] == "completed" and d["step"] == 3 for d in done), done
+        batched = [j for j, d in enumerate(done) if d["batch"] == 2]
+        assert len(batched) >= 2, done
+        for j in batched:
+            alone = srv.wait_job(srv.submit(**specs[j])["id"])
+            assert alone["batch"] == 1
+            frames = [_frames(srv, tmp_path, d["id"]) for d in (done[j], alone)]
+            assert frames[0].shape == (5, 32, 48, 3) and np.array_equal(*frames)
     finally:
         srv.stop()
+
+
+def _frames(srv, tmp_path, job_id: str) -> np.ndarray:
+    r = srv.client.get(f"/jobs/{job_id}/video")
+    assert r.status_code == 200
+    (tmp_path / f"{job_id}.mp4").write_bytes(r.content)
+    return iio.imread(tmp_path / f"{job_id}.mp4")
