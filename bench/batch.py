@@ -32,7 +32,7 @@ from parallel.launch import spawn_local  # noqa: E402
 PROMPTS = ("a red circle moving right", "a blue square", "green waves at sea", "a yellow star at night")
 
 
-def _requests(count: int, request: dict) -> list[GenerationRequest]:
+def requests_for(count: int, request: dict) -> list[GenerationRequest]:
     """`count` different jobs: their own prompts, seeds and guidance scales."""
     return [
         GenerationRequest(**{"guidance_scale": 4.0 + j, **request}, prompt=PROMPTS[j % 4], seed=j)
@@ -43,7 +43,7 @@ def _requests(count: int, request: dict) -> list[GenerationRequest]:
 def _rank(model: str, config: dict, request: dict, sizes: list[int], jobs: int, iters: int, out: str) -> None:
     mesh = init_parallel(backend="gloo" if config.get("device", "cpu") == "cpu" else None)
     pipe = load_pipeline(PipelineConfig(**{"preview_every": 0, **config, "model": model}), mesh)
-    reqs = _requests(jobs, request)
+    reqs = requests_for(jobs, request)
     solo = [pipe.denoise(req) for req in reqs[: max(sizes)]]
     rows = []
     for n in sizes:

@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from bench import gpu_correct, gpu_lora, gpu_modelled, gpu_speed, gpu_whole  # noqa: E402
+from bench import gpu_batch, gpu_correct, gpu_lora, gpu_modelled, gpu_speed, gpu_whole  # noqa: E402
 from bench.gpu_kit import Kit, Report, Skip, fmt  # noqa: E402
 
 # a module of ours missing is a bug, not a skip
@@ -75,7 +75,10 @@ SECTIONS = (
     Section("job", "Wan2.1-1.3B job by phase", gpu_speed.job_phases, 40),
     Section("vae", "VAE decode per --vae-dtype, 81 frames 480p", gpu_speed.vae_decode, 60),
     Section("text", "text encode (UMT5-XXL)", gpu_speed.text_encode, 30),
-    Section("lora", "LoRA per request: a switch at Wan2.1-1.3B", gpu_lora.lora_switch, 25),
+    # the 14B's part: building it and copying its ~26 GB of block weights to the host and back a few times
+    Section("lora", "LoRA per request: a switch at Wan2.1-1.3B and 14B", gpu_lora.lora_switch, 70),
+    # ~45 s on an H100 at the job section's 1.3 s per guided step of 81 frames
+    Section("batch", "Wan2.1-1.3B jobs per minute, 1, 2 and 4 jobs per batch", gpu_batch.batch_jobs, 60),
     # ~80 s on an H200: the 40-step CFG row times 2 steps and multiplies (bench/gpu_whole.py)
     Section("whole-job", "Wan2.1-14B 480p whole job by phase, 1 GPU + MODELLED 8", gpu_whole.whole_job, 100),
     Section("hunyuan", "HunyuanVideo-1.5 480p forward, ours vs diffusers", gpu_speed.hunyuan, 90),

@@ -1,5 +1,7 @@
-"""The GPU kit's LoRA-per-request section: what switching a job's LoRA set costs at Wan2.1-1.3B's size
-(bench/lora_switch.py's rows, on the device), and that a switch back leaves the base weights exact."""
+"""The GPU kit's LoRA-per-request section: what switching a job's LoRA set costs at Wan2.1-1.3B's and
+Wan2.1-14B's sizes (bench/lora_switch.py's rows, on the device), and that a switch back leaves the base
+weights exact. The 1.3B goes through a served pipeline; the 14B is its transformer alone (the switch
+touches nothing else), with one timed switch per row."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from bench.lora_switch import switch_rows, write_lora
 
 
 def lora_switch(kit: Kit, report: Report) -> None:
+    from dit.lora_catalogue import LoraCatalogue
     from dit.lora_switch import LoraSwitch
     from dit.pipeline import PipelineConfig, load_pipeline
 
@@ -25,16 +28,35 @@ def lora_switch(kit: Kit, report: Report) -> None:
         for name, seed in (("a", 1), ("b", 2)):
             write_lora(Path(folder) / f"{name}.safetensors", model, rank, seed)
         base = {n: p.detach().clone() for n, p in model.named_parameters()}
-        rows = switch_rows(pipe, iters=kit.pick(5, 1))
+        _table(
+            report, config.model, config.dtype, rank, switch_rows(pipe.lora_catalogue, iters=kit.pick(5, 1))
+        )
         switch = LoraSwitch(pipe.lora_catalogue, [model], keep=2)
         for loras in ((("a", 1.0),), (("b", 0.5),), ()):
             switch.apply(loras)
         drift = max((p - base[n]).abs().max().item() for n, p in model.named_parameters())
-    report.check("largest weight difference after a → b → base (exact restore)", drift, 0.0)
+        report.check("largest weight difference after a → b → base (exact restore)", drift, 0.0)
+        del pipe, model, base, switch
+        kit.free()
+    with tempfile.TemporaryDirectory(dir=kit.tmp) as folder:
+        big = _bare_catalogue(kit, kit.pick("wan2.1-14b", "tiny-random"), Path(folder), rank, LoraCatalogue)
+        _table(report, kit.pick("wan2.1-14b", "tiny-random"), config.dtype, rank, switch_rows(big, iters=1))
+        del big
+        kit.free()
+
+
+def _bare_catalogue(kit: Kit, preset: str, folder: Path, rank: int, catalogue_class):
+    from dit.loading import load_transformer, lora_resolver
+
+    model = load_transformer(preset, dtype=kit.dtype, device=kit.device)
+    for name, seed in (("a", 1), ("b", 2)):
+        write_lora(folder / f"{name}.safetensors", model, rank, seed)
+    return catalogue_class(folder, [(model, lora_resolver(preset))])
+
+
+def _table(report: Report, model: str, dtype: str, rank: int, rows: list[dict]) -> None:
     report.table(
-        f"LoRA switch, {config.model} in {config.dtype}, rank {rank} on every block linear layer",
+        f"LoRA switch, {model} in {dtype}, rank {rank} on every block linear layer",
         ["what", "s / MB"],
         [[r["row"], f"{r['seconds']:.4f}" if "seconds" in r else f"{r['value']:.1f}"] for r in rows],
     )
-    del pipe, model, base
-    kit.free()

@@ -61,8 +61,7 @@ def write_lora(path: Path, model, rank: int, seed: int) -> None:
     save_file({k: v.to(torch.bfloat16) for k, v in state.items()}, path)
 
 
-def switch_rows(pipe, iters: int) -> list[dict]:
-    catalogue = pipe.lora_catalogue
+def switch_rows(catalogue, iters: int) -> list[dict]:
     models = [model for model, _ in catalogue.experts]
     reads, cached = LoraSwitch(catalogue, models, keep=1), LoraSwitch(catalogue, models, keep=2)
     a, b = (("a", 1.0),), (("b", 1.0),)
@@ -164,7 +163,8 @@ def main(argv=None) -> None:
                 write_lora(Path(folder) / f"{name}.safetensors", model, args.rank, seed)
             rows += [
                 r | {"dtype": dtype}
-                for r in switch_rows(pipe, args.iters) + drift_rows(pipe, args.round_trips, job)
+                for r in switch_rows(pipe.lora_catalogue, args.iters)
+                + drift_rows(pipe, args.round_trips, job)
             ]
             for f in Path(folder).iterdir():
                 f.unlink()

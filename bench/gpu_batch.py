@@ -1,0 +1,64 @@
+"""The GPU kit's batch section: Wan2.1-1.3B jobs per minute when 1, 2 or 4 jobs share every transformer
+forward (dit.batch), at 480p with 33 and 81 frames: where batching pays on a GPU and where a forward is
+already big enough. The DiT alone: each job's text encoding and decode cost the same batched or not (the
+`vae` and `text` sections time them). Each batched job's latents are checked against its solo run's."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from bench.batch import requests_for
+from bench.gpu_kit import Kit, Report
+
+SIZES = (1, 2, 4)
+JOBS = 4  # per timed turn: one turn runs them all, SIZE at a time
+
+
+def batch_jobs(kit: Kit, report: Report) -> None:
+    from dit.batch import BatchJob, denoise_batch
+    from dit.pipeline import PipelineConfig, load_pipeline
+
+    model, dtype = kit.pick(("wan2.1-1.3b", "bfloat16"), ("tiny-random", "float32"))
+    config = PipelineConfig(model=model, device=kit.device.type, dtype=dtype, preview_every=0)
+    pipe = load_pipeline(config)
+    steps = kit.pick(2, 2)
+    rows, worst = [], 0.0
+    for frames in kit.pick((33, 81), (5, 9)):
+        size = dict(height=kit.pick(480, 32), width=kit.pick(832, 48), num_frames=frames)
+        reqs = requests_for(JOBS, {**size, "num_inference_steps": steps})
+        warm = requests_for(max(SIZES), {**size, "num_inference_steps": 1})
+        solo, base = None, None
+        for n in SIZES:
+            denoise_batch(pipe, [BatchJob(req) for req in warm[:n]])  # first calls of this shape
+            _sync(kit)
+            start = time.perf_counter()
+            got = []
+            for first in range(0, JOBS, n):
+                got += denoise_batch(pipe, [BatchJob(req) for req in reqs[first : first + n]])
+            _sync(kit)
+            per_min = 60 * JOBS / (time.perf_counter() - start)
+            solo, base = solo or got, base or per_min
+            rel = max(_rel(g, s) for g, s in zip(got, solo, strict=True))
+            worst = max(worst, rel)
+            rows.append([frames, n, f"{per_min:.2f}", f"{per_min / base:.2f}×", f"{rel:.1e}"])
+        kit.free()
+    # bf16 on a GPU: a batch's products may take other kernels than one job's (fp32 CPU: bit-identical)
+    report.check("largest |batch − solo| / |solo| of a job's latents", worst, kit.pick(5e-2, 1e-6))
+    report.table(
+        f"{config.model} {config.dtype}, {size['height']}×{size['width']}, {steps} guided steps, DiT only",
+        ["frames", "jobs per batch", "jobs per minute", "vs 1", "rel vs solo"],
+        rows,
+    )
+    del pipe
+    kit.free()
+
+
+def _sync(kit: Kit) -> None:
+    if kit.cuda:
+        torch.cuda.synchronize()
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
