@@ -85,7 +85,8 @@ def attention(kit: Kit, report: Report) -> None:
 def fp8_attention(kit: Kit, report: Report) -> None:
     """backend fp8 (e4m3 Q, K, V and P) per case vs float64, and on CUDA the Triton kernel vs the emulation
     of the same quantised bytes (only fp32 summation order and exp2's rounding differ)."""
-    from parallel.fp8_attention import emulate, quantize_qkv
+    from parallel.fp8_attention import emulate
+    from parallel.fp8_attention_format import quantize_qkv
 
     B, S, H, D = kit.pick((2, 300, 4, 64), (2, 40, 2, 16))
     g = torch.Generator(device=kit.device).manual_seed(0)

@@ -1,8 +1,8 @@
 """FP8 attention (`backend="fp8"`): Q, K, V in float8_e4m3 with fp32 scales, both products on FP8 inputs with
 fp32 accumulation, the softmax in fp32. Lossy, so `auto` never picks it.
 
-Scales (all from `fp8.quantize`, absmax / 448, computed in torch so the kernel and the emulation read the
-same bytes):
+Scales (all from `fp8.quantize`, absmax / 448, computed in torch by `fp8_attention_format.quantize_qkv`
+so the kernel and the emulation read the same bytes):
 - Q one per (batch, head, token): a row scale costs the kernel nothing (it multiplies S's rows with the
   softmax scale) and a token's scale never depends on which rank holds it;
 - K one per (batch, head, block of KEY_BLOCK keys): one scalar per S tile; keys the mask drops count as 0;
@@ -19,39 +19,11 @@ the CPU path of the tests and the quality tables, not a fast path).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
-from parallel.fp8 import FP8, FP8_MAX, quantize
-
-KEY_BLOCK = 128  # keys per K scale and per online-softmax step; the kernel's BLOCK_N
-P_SCALE = FP8_MAX
-LOG2E = math.log2(math.e)
-
-
-@dataclass(frozen=True)
-class QuantisedQKV:
-    q: torch.Tensor  # e4m3 [B, H, Sq, D]
-    k: torch.Tensor  # e4m3 [B, H, ⌈Sk/KEY_BLOCK⌉·KEY_BLOCK, D], zero past Sk
-    v_t: torch.Tensor  # e4m3 [B, H, D, Sk] (keys contiguous: the FP8 MMA's operand layout)
-    q_scale: torch.Tensor  # fp32 [B, H, Sq]
-    k_scale: torch.Tensor  # fp32 [B, H, ⌈Sk/KEY_BLOCK⌉]
-    v_scale: torch.Tensor  # fp32 [B, H, D]
-
-
-def quantize_qkv(q, k, v, key_mask=None) -> QuantisedQKV:
-    """q [B, Sq, H, D], k/v [B, Sk, H, D] (any float dtype); key_mask [B, Sk] bool (True = real key)."""
-    B, Sk, H, D = k.shape
-    if key_mask is not None:  # dropped keys must not widen a block's or a channel's scale
-        k, v = (t.masked_fill(~key_mask[:, :, None, None], 0) for t in (k, v))
-    qp, qs = quantize(q.transpose(1, 2))
-    pad = -Sk % KEY_BLOCK
-    kt = torch.nn.functional.pad(k.transpose(1, 2).float(), (0, 0, 0, pad))
-    kp, ks = quantize(kt.reshape(B, H, -1, KEY_BLOCK * D))
-    vp, vs = quantize(v.permute(0, 2, 3, 1))
-    qp, vp, qs, vs = (t.contiguous() for t in (qp, vp, qs[..., 0], vs[..., 0]))  # the kernel's layout
-    return QuantisedQKV(qp, kp.view(B, H, -1, D), vp, qs, ks[..., 0], vs)
+from parallel.fp8 import FP8
+from parallel.fp8_attention_format import KEY_BLOCK, LOG2E, P_SCALE, QuantisedQKV, quantize_qkv
 
 
 def _keep(key_mask, causal, Sq, start, stop, device):

@@ -1,8 +1,8 @@
 """The FP8 attention forward as one Triton kernel (flash-attention style): each program holds BLOCK_M queries
 and walks the keys KEY_BLOCK at a time with an online softmax; Q·Kᵀ and P·V are FP8 `tl.dot`s accumulating
 in fp32 (Hopper's FP8 wgmma). Its arithmetic is `fp8_attention.emulate`'s, step for step, on the bytes
-`fp8_attention.quantize_qkv` wrote. Imported only on CUDA (Triton ships with CUDA builds of torch); under
-TRITON_INTERPRET=1 it also runs on CPU tensors, which is how the tests check it against the emulation.
+`fp8_attention_format.quantize_qkv` wrote. Imported only on CUDA (Triton ships with CUDA builds of torch);
+under TRITON_INTERPRET=1 it also runs on CPU tensors, which is how the tests check it against the emulation.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parallel.fp8_attention import KEY_BLOCK, LOG2E, P_SCALE, QuantisedQKV
+from parallel.fp8_attention_format import KEY_BLOCK, LOG2E, P_SCALE, QuantisedQKV
 
 
 @triton.jit

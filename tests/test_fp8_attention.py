@@ -12,7 +12,8 @@ import math
 import pytest
 import torch
 
-from parallel.fp8_attention import KEY_BLOCK, P_SCALE, emulate, quantize_qkv
+from parallel.fp8_attention import emulate
+from parallel.fp8_attention_format import KEY_BLOCK, P_SCALE, quantize_qkv
 from parallel.kernels import local_attention, resolve_backend
 from tests.distributed import run_distributed
 
