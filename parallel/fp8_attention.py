@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from parallel.fp8 import FP8
+from parallel.e4m3 import FP8
 from parallel.fp8_attention_format import KEY_BLOCK, LOG2E, P_SCALE, QuantisedQKV, quantize_qkv
 
 

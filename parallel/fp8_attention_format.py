@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from parallel.fp8 import FP8_MAX, quantize
+from parallel.e4m3 import FP8_MAX
+from parallel.fp8 import quantize
 
 KEY_BLOCK = 128  # keys per K scale and per online-softmax step; the kernel's BLOCK_N
 P_SCALE = FP8_MAX

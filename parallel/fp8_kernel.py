@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parallel.fp8 import FP8_MAX
+from parallel.e4m3 import FP8_MAX
 
 
 @triton.jit
