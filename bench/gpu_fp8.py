@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from bench.gpu_kit import Kit, gib
+from bench.gpu_timing import time_built
 
 # (row, --quant, --attn-backend); quantised rows last: `quantise` makes the layers FP8 in place, for good
 VARIANTS = (
@@ -39,7 +40,6 @@ def fp8_rows(kit: Kit, model, call, mode: str, reference: torch.Tensor, diffuser
     """Time `model` (ours, its bf16 rows done) with each of VARIANTS in `mode` ("compile": regionally, as
     its bf16 row; each variant recompiles the block once). Rows [row, mode, s, vs diffusers, peak GiB,
     max |Δ| / max |bf16|, mean |Δ|] against `reference` (ours bf16, same mode), and {row: seconds}."""
-    from bench.gpu_speed import _time_built
     from dit.fp8_linear import quantise
     from dit.parallelize import parallelize
     from parallel import ParallelMesh
@@ -55,7 +55,7 @@ def fp8_rows(kit: Kit, model, call, mode: str, reference: torch.Tensor, diffuser
                 quantise(model)
                 quantised = True
             parallelize(model, one_rank, backend=attn)  # one rank: sets the self- and cross-attention kernel
-            timings, peak = _time_built(kit, model, model, call, [mode])
+            timings, peak = time_built(kit, model, model, call, [mode])
             sec, out = timings[mode]
             seconds[name] = sec
             gap = errors(out, reference)

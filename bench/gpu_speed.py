@@ -9,8 +9,9 @@ import time
 
 import torch
 
-from bench.common import rel_diff, time_modes
+from bench.common import rel_diff
 from bench.gpu_kit import Kit, Report, fmt, gib
+from bench.gpu_timing import time_built
 from parallel import fp8, local_attention
 from parallel.ulysses import pack_out, pack_qkv, unpack_out, unpack_qkv
 
@@ -88,35 +89,11 @@ def ulysses_shard(kit: Kit, report: Report) -> None:
     report.target("FP8 quantise of that shard (fused)", ms.get("FP8 quantise, fused (Triton)"), 0.12, "ms")
 
 
-def _regional(model):
-    """Compile the repeated blocks only (one graph serves every block): ours with `dit.compile`, diffusers'
-    models with their own `compile_repeated_blocks`, so both pay the same small compile."""
-    from dit.compile import compile_blocks
-
-    if hasattr(model, "compile_repeated_blocks"):
-        model.compile_repeated_blocks()
-    else:
-        compile_blocks(model)
-    return model
-
-
 def _time_model(kit: Kit, build, call, modes: list[str]) -> tuple[dict, float | None]:
     """Build one model (`build()` → (module, fn)), time `call(fn)` in each mode, return {mode: (seconds,
     output on the CPU)} and its peak GiB; the model dies with this frame, before the next one is built."""
     model, fn = build()
-    return _time_built(kit, model, fn, call, modes)
-
-
-def _time_built(kit: Kit, model, fn, call, modes: list[str]) -> tuple[dict, float | None]:
-    """`_time_model` of a built model; "compile" compiles `model`'s blocks in place."""
-    kit.free()
-    if kit.cuda:
-        torch.cuda.reset_peak_memory_stats()
-    warmup, iters = kit.pick((1, 3), (0, 1))
-    compile_fn = lambda f: (_regional(model), f)[1]  # noqa: E731 - compiles the module in place, same fn
-    runs = time_modes(fn, call, modes, warmup, iters, kit.device, compile_fn)
-    peak = torch.cuda.max_memory_allocated() / 2**30 if kit.cuda else None
-    return {mode: (sec, out.float().cpu()) for mode, (sec, out) in runs.items()}, peak
+    return time_built(kit, model, fn, call, modes)
 
 
 def _forwards(kit: Kit, models: dict, call, compile: bool) -> tuple[list[list], dict]:
