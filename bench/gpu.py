@@ -73,7 +73,8 @@ SECTIONS = (
     Section("modelled", "MODELLED 8-GPU step time", gpu_modelled.modelled, 1),
     Section("overlap", "overlapped Ulysses, MODELLED exchanges", gpu_modelled.overlap, 10),
     Section("job", "Wan2.1-1.3B job by phase", gpu_speed.job_phases, 40),
-    Section("vae", "VAE decode per --vae-dtype, 81 frames 480p", gpu_speed.vae_decode, 60),
+    # ~3.3 s per float32 decode (H100), 3 per row: 3 dtypes + 4 rows of settings
+    Section("vae", "VAE decode per --vae-dtype and conv setting, 81 frames 480p", gpu_speed.vae_decode, 90),
     Section("text", "text encode (UMT5-XXL)", gpu_speed.text_encode, 30),
     # the 14B's part: building it and copying its ~26 GB of block weights to the host and back a few times
     Section("lora", "LoRA per request: a switch at Wan2.1-1.3B and 14B", gpu_lora.lora_switch, 70),
