@@ -46,7 +46,14 @@ def decoder_dtype(vae) -> torch.dtype:
 
 def quantize(video: torch.Tensor) -> torch.Tensor:
     """A decoded video (or band of one) in [-1, 1] → uint8 levels, the same layout; rounded in float32
-    whatever the decoder's dtype (bfloat16 holds only 8 bits of mantissa: 127.5·x would round off levels)."""
+    whatever the decoder's dtype (bfloat16 holds only 8 bits of mantissa: 127.5·x would round off levels).
+    FloatingPointError when it holds a non-finite value (a float16 decode's overflow), which the cast would
+    make black or white pixels without a word."""
+    if not bool(torch.isfinite(video).all()):
+        raise FloatingPointError(
+            f"the VAE decode in {str(video.dtype).removeprefix('torch.')} gave non-finite values (an "
+            "overflow): decode in bfloat16 or float32 (--vae-dtype)"
+        )
     return ((video.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
 
 

@@ -75,6 +75,17 @@ def test_banded_decode_in_bfloat16_stays_within_the_bound():
 
 
 @pytest.mark.slow  # loads the tiny model and the published Wan2.1 VAE config
+def test_a_float16_overflow_is_an_error_not_black_pixels():
+    vae = read_vae(TINY_VAE)
+    from dit.vae_frames import cast_decoder, decode_frames
+
+    cast_decoder(vae, torch.float16)
+    with torch.no_grad():
+        vae.decoder.conv_out.weight.mul_(1e6)  # outputs past float16's 65504
+    with pytest.raises(FloatingPointError, match=r"decode in float16 gave non-finite values .*--vae-dtype"):
+        decode_frames(vae, torch.randn(1, vae.config.z_dim, 2, 4, 4))
+
+
 def test_bench_prints_a_row_per_dtype(capsys):
     real = ["--real-frames", "1", "--real-height", "16", "--real-width", "16"]
     vae_dtype.main(["--scenes", "1", "--steps", "2", *real, "--json"])
