@@ -8,11 +8,15 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from server import metrics, videos
 from server.phases import job_timings
 from server.store import JobStore
 from server.writers import VideoCloser
+
+if TYPE_CHECKING:
+    from server.job_run import JobRun
 
 log = logging.getLogger("ithaca.worker")
 
@@ -31,54 +35,53 @@ class JobEnd:
                 videos.remove_input(self.videos_dir, job_id)
             videos.remove_preview(self.videos_dir, job_id)
 
-    def hand_off(self, job_id, video, frames, start, step_times, phases, evaluations, image: bool) -> None:
-        """Hand the MP4 (encoded during the decode: `writing` is the time after its last frame) to the closer,
-        unless the job was cancelled after its last step. `evaluations`: this job's (the next job's
+    def hand_off(self, run: JobRun, frames, evaluations) -> None:
+        """Hand the run's MP4 (encoded during the decode: `writing` is the time after its last frame) to the
+        closer, unless the job was cancelled after its last step. `evaluations`: this job's (the next job's
         generate replaces the pipeline's)."""
-        phases.enter("writing")
-        if self.store.set_phase(job_id, self.name, "writing", phases.timings):
-            video.drop()
-            self.store.finish(
-                job_id, self.name, "cancelled", error="cancelled while decoding; no video was written",
-                timings=job_timings(start, step_times, phases),
-            )  # fmt: skip
+        run.phases.enter("writing")
+        if self.store.set_phase(run.job_id, self.name, "writing", run.phases.timings):
+            run.video.drop()
+            self._finish(run, "cancelled", error="cancelled while decoding; no video was written")
             return
-        close = functools.partial(
-            self._close, job_id, video, frames, start, step_times, phases, evaluations, image
+        self.closer.submit(
+            run.job_id, len(run.step_times), functools.partial(self._close, run, frames, evaluations)
         )
-        self.closer.submit(job_id, len(step_times), close)
 
     def flush(self, timeout: float) -> bool:
         """Wait for the closes handed off; False when `timeout` ran out first."""
         return self.closer.flush(timeout)
 
-    def _close(self, job_id, video, frames, start, step_times, phases, evaluations, image: bool) -> None:
+    def _finish(self, run: JobRun, status: str, **fields):
+        """End the job's run, if it is still this run (not re-queued and claimed again meanwhile)."""
+        timings = job_timings(run.start, run.step_times, run.phases) | fields.pop("timings", {})
+        return self.store.finish(
+            run.job_id, self.name, status, timings=timings, attempt=run.attempt, **fields
+        )
+
+    def _close(self, run: JobRun, frames, evaluations) -> None:
         """On the closer's thread: finish the file, then complete the job. The file is renamed into place
         before the job completes, so readers of a completed job always find it; a cancel that lands in
         between is found by `finish`, and the file goes again. A close that fails fails the job: its frames
         are gone, and a run again would be a whole new generation for what is most likely a disk's fault."""
+        job_id, image = run.job_id, "image" in run.spec
         path = os.path.join(self.videos_dir, f"{job_id}.mp4")
         try:
-            os.replace(video.close(frames), path)  # readers never see a half-written file
+            os.replace(run.video.close(frames), path)  # readers never see a half-written file
         except Exception as e:
-            video.drop()
+            run.video.drop()
             log.error("job %s: its MP4 was not written: %s: %s", job_id, type(e).__name__, e)
-            error = f"the MP4 was not written: {type(e).__name__}: {e}"
-            timings = job_timings(start, step_times, phases)
-            self.store.finish(job_id, self.name, "failed", error=error, timings=timings)
+            self._finish(run, "failed", error=f"the MP4 was not written: {type(e).__name__}: {e}")
             self.drop_files(job_id, image)
             return
-        timings = job_timings(start, step_times, phases) | {
-            "evaluated": evaluations.evaluated,
-            "skipped": evaluations.skipped,
-        }
-        job = self.store.finish(job_id, self.name, "completed", video=os.path.basename(path), timings=timings)
-        if job is None or job.status != "completed":  # cancelled meanwhile, or no longer this worker's
+        counts = {"evaluated": evaluations.evaluated, "skipped": evaluations.skipped}
+        job = self._finish(run, "completed", video=os.path.basename(path), timings=counts)
+        if job is None or job.status != "completed":  # cancelled meanwhile, or no longer this run's
             os.remove(path)
         else:
             self.store.add_counters(
                 metrics.observations(
-                    step_times, job.finished_at - job.started_at, phases.seconds, evaluations
+                    run.step_times, job.finished_at - job.started_at, run.phases.seconds, evaluations
                 )
             )
         self.drop_files(job_id, image)  # a job deleted while its file closed is over only now

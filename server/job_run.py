@@ -16,8 +16,15 @@ from server.writers import StreamedVideo
 
 
 class JobRun:
-    def __init__(self, worker, job_id: str, spec: dict):
-        self.worker, self.job_id, self.spec = worker, job_id, spec
+    def __init__(self, worker, message: dict):
+        """`message`: the worker's claimed job (its id, spec and `attempt`, the claim's attempts)."""
+        self.worker, self.job_id, self.spec, self.attempt = (
+            worker,
+            message["id"],
+            message["spec"],
+            message["attempt"],
+        )
+        job_id, spec = self.job_id, self.spec
         self.step_times: list[float] = []
         self.phases = PhaseClock()
         self.start = self._last = time.perf_counter()
@@ -55,7 +62,7 @@ class JobRun:
         self.worker._flush(self.job_id)
         self.worker.store.finish(
             self.job_id, self.worker.name, "cancelled", error=f"cancelled after step {len(self.step_times)}",
-            timings=job_timings(self.start, self.step_times, self.phases),
+            timings=job_timings(self.start, self.step_times, self.phases), attempt=self.attempt,
         )  # fmt: skip
 
     def finished(self, frames: np.ndarray, evaluations) -> None:
@@ -63,5 +70,4 @@ class JobRun:
         worker, job_id = self.worker, self.job_id
         worker.previews.submit(job_id, self.spec["num_inference_steps"], frame_preview(frames))
         worker._flush(job_id)
-        worker.ending.hand_off(job_id, self.video, frames, self.start, self.step_times, self.phases,
-                               evaluations, "image" in self.spec)  # fmt: skip
+        worker.ending.hand_off(self, frames, evaluations)

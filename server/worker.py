@@ -180,8 +180,7 @@ class Worker:
                 spec = job and self._validated(job)
                 if spec:
                     self.applied = lora_set(spec.get("loras"))  # every rank applies it as the job starts
-                    key = self._checkpoint_key(job, spec)
-                    message = {"id": job.id, "spec": spec, "key": key, "resume": self._resume(job, spec, key)}
+                    message = self._message(job, spec, resume=True)
                     return self._with_companions(message) if self.config.max_batch > 1 else message
             if now - idle_since > KEEPALIVE_S:
                 return None
@@ -196,9 +195,15 @@ class Worker:
         for job in self.store.join_batch(self.name, self.config.instance, first["id"], ids):
             spec = self._validated(job)
             if spec:
-                messages.append({"id": job.id, "spec": spec, "key": self._checkpoint_key(job, spec),
-                                 "resume": None})  # fmt: skip
+                messages.append(self._message(job, spec, resume=False))
         return first if len(messages) == 1 else {"batch": messages}
+
+    def _message(self, job: Job, spec: dict, resume: bool) -> dict:
+        """A claimed job as the replica's ranks run it: its checkpoint to resume from (with `resume`; a
+        batch's companions start afresh) and the claim's attempt, which ends only this run of it."""
+        key = self._checkpoint_key(job, spec)
+        return {"id": job.id, "spec": spec, "key": key, "attempt": job.attempts,
+                "resume": self._resume(job, spec, key) if resume else None}  # fmt: skip
 
     def _should_stop(self) -> bool:
         """SIGTERM, a drain request, or a server that is gone (its supervisor was killed)."""
@@ -274,7 +279,7 @@ class Worker:
                 if "batch" in message:
                     self._run_batch(message["batch"])
                 else:
-                    self._run_job(message["id"], message["spec"], message["key"], message["resume"])
+                    self._run_job(message)
                 if self.store is not None:
                     for job in message.get("batch", [message]):
                         self.ending.drop_files(job["id"], "image" in job["spec"])
@@ -287,8 +292,9 @@ class Worker:
         if self.store is not None:
             self._beat()
 
-    def _run_job(self, job_id: str, spec: dict, key: dict, resume: DenoiseState | None) -> None:
-        run = JobRun(self, job_id, spec) if self.store is not None else None  # the leader records the job
+    def _run_job(self, message: dict) -> None:
+        job_id, spec, key, resume = message["id"], message["spec"], message["key"], message["resume"]
+        run = JobRun(self, message) if self.store is not None else None  # the leader records the job
         self.job_id, self.state = job_id, "busy"
         every, checkpoints = self.config.checkpoint_steps, None
         if run is not None and every is not None:
@@ -321,7 +327,7 @@ class Worker:
     def _run_batch(self, messages: list[dict]) -> None:
         """The jobs of one batch through `Pipeline.generate_batch`, each recorded as a job of its own."""
         leader = self.store is not None
-        runs = [JobRun(self, m["id"], m["spec"]) for m in messages] if leader else []
+        runs = [JobRun(self, m) for m in messages] if leader else []
         self.job_id, self.state = messages[0]["id"], "busy"  # the heartbeat names the batch's first
         requests = [self.module.GenerationRequest(**m["spec"]) for m in messages]
         jobs = [run.batch_job(req) for run, req in zip(runs, requests, strict=True)] if leader else [

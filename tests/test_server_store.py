@@ -155,6 +155,19 @@ def test_requeue_then_fail_and_pagination(store):
     assert len({j.id for j in page + rest}) == 6
 
 
+def test_an_earlier_run_of_a_job_claimed_again_does_not_end_it(store):
+    """A run whose job was re-queued (its worker went silent) and claimed again, by the same worker, ends
+    late (its MP4 closed on the worker's closer thread): that end is not the new run's."""
+    job, _ = store.create({"prompt": "x"})
+    first = store.claim("w", "box-a")
+    store.requeue_or_fail(first, max_attempts=3, reason="no heartbeat")
+    again = store.claim("w", "box-a")
+    assert (first.attempts, again.attempts) == (1, 2)
+    assert store.finish(job.id, "w", "completed", video="x.mp4", attempt=1) is None
+    assert store.get(job.id).status == "in_progress"
+    assert store.finish(job.id, "w", "completed", video="x.mp4", attempt=2).status == "completed"
+
+
 def test_limits_are_published_from_the_pipeline_dataclass():
     from dit.pipeline import TINY_LIMITS
 

@@ -98,7 +98,8 @@ def _finish_again(store, job_id: str, worker: str | None, status: str, **fields)
     """A job's end retried: the job as this worker ended it if it did (None would take a completed job's video
     away), or `finish` again."""
     job = store.get(job_id, include_deleted=True)
-    if worker is not None and job is not None and job.terminal and job.worker == worker:
+    mine = job is not None and job.worker == worker and fields.get("attempt") in (None, job.attempts)
+    if worker is not None and mine and job.terminal:
         return job
     return store.finish(job_id, worker, status, **fields)
 

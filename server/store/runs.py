@@ -129,15 +129,18 @@ class JobRuns(Connections):
         error: str | None = None,
         video: str | None = None,
         timings: dict | None = None,
+        attempt: int | None = None,
     ) -> Job | None:
-        """Write the terminal state of a running job, if it is still `worker`'s (None: any worker's); returns
-        the job, or None when it was no longer in progress there. A completion finds a cancel that arrived
+        """Write the terminal state of a running job, if it is still `worker`'s (None: any worker's) and, with
+        `attempt`, still in that run (its claim's `attempts`: a run re-queued and claimed again since, by
+        this very worker too, is not ended by the earlier run's late end); returns the job, or None when it
+        was no longer in progress there. A completion finds a cancel that arrived
         after the last step in the same statement and ends the job `cancelled` instead (no video): a DELETE
         either lands before it or finds the job completed, never accepted and then ignored. `timings`: the
         phases' seconds (PHASE_TIMINGS keys; one left out keeps what `set_phase` recorded) and any others."""
         assert status in TERMINAL
         late_cancel = "cancelled after the last step; the video was not kept"
-        set_timings, seconds = _phase_timings(9, timings)
+        set_timings, seconds = _phase_timings(10, timings)
         others = json.dumps({k: v for k, v in (timings or {}).items() if k not in PHASE_TIMINGS})
         with self._write() as db:
             row = db.execute(
@@ -148,8 +151,8 @@ class JobRuns(Connections):
                 "progress = CASE WHEN ?1 = 'completed' AND cancel_requested = 0 THEN 100 ELSE progress END, "
                 f"timings = ?5, finished_at = ?6, {set_timings} "
                 "WHERE id = ?7 AND status = 'in_progress' AND (CAST(?8 AS TEXT) IS NULL OR worker = ?8) "
-                "RETURNING *",
-                (status, late_cancel, error, video, others, time.time(), job_id, worker, *seconds),
+                "AND (CAST(?9 AS INTEGER) IS NULL OR attempts = ?9) RETURNING *",
+                (status, late_cancel, error, video, others, time.time(), job_id, worker, attempt, *seconds),
             ).fetchone()
         return log_change(job_from_row(row))
 
