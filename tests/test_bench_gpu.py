@@ -31,6 +31,13 @@ def test_cpu_smoke_runs_every_section(tmp_path, capsys):
     assert printed.rstrip().endswith(md.rstrip())  # the Markdown comes last
 
 
+def test_the_two_device_calls_run_every_section_once_within_the_budget():
+    names = [name for call in gpu.SPLIT for name in call]
+    assert sorted(names) == sorted(s.name for s in gpu.SECTIONS)
+    budgets = {s.name: s.budget_s for s in gpu.SECTIONS}
+    assert all(sum(budgets[name] for name in call) <= 540 for call in gpu.SPLIT)
+
+
 def test_section_that_does_not_fit_is_skipped(tmp_path):
     assert gpu.main(["--cpu-smoke", "--out", str(tmp_path), "--only", "vae", "--budget", "0"]) == 0
     section = json.loads((tmp_path / "gpu.json").read_text())["sections"]["vae"]
