@@ -44,12 +44,35 @@ def attention_speed(kit: Kit, report: Report) -> None:
             elif heads == H:
                 fp8_tflops = tflops
             rows.append([backend, heads, f"{sec * 1e3:.2f}", fmt(tflops), gib(peak)])
+        if kit.cuda and heads == H:
+            rows.append(_cudnn_fp8_row(kit, report, q, k, v))
     report.table(
         f"attention, S={S}, D={D}, {kit.dtype}", ["backend", "heads", "ms", "TFLOP/s", "peak GiB"], rows
     )
     report.target(f"attention at S={S} H={H} D={D}, best backend", best.get(H), 580, "TFLOP/s", higher=True)
     what = f"FP8 attention at S={S} H={H} D={D}, bf16-equivalent"
     report.target(what, fp8_tflops, 900, "TFLOP/s", higher=True)
+
+
+def _cudnn_fp8_row(kit: Kit, report: Report, q, k, v) -> list:
+    """cuDNN's FP8 SDPA (bench/cudnn_fp8.py: per-tensor scales) at the same shape, its error and ours against
+    the bf16 SDPA output in a note; a row saying why where the frontend cannot run it."""
+    from bench.cudnn_fp8 import CudnnFp8Attention
+
+    S, heads, D = q.shape[1], q.shape[2], q.shape[3]
+    try:
+        attend = CudnnFp8Attention(tuple(q.shape), kit.device)
+        sec, out, peak = kit.time(lambda: attend(q, k, v), warmup=3, iters=10)
+    except Exception as e:  # no wheel, an old cuDNN, a graph its engines refuse: the row says which
+        return ["cudnn-fp8 (per-tensor)", heads, f"unavailable: {type(e).__name__}: {str(e)[:120]}", "–", "–"]
+    bf16 = local_attention(q, k, v, backend="sdpa")
+    ours = local_attention(q, k, v, backend="fp8")
+    report.note(
+        f"‖Δ‖/‖bf16 SDPA‖ at S={S} H={heads}: cuDNN FP8 (per-tensor scales) {rel_diff(out, bf16):.2e}, "
+        f"ours (--attn-backend fp8) {rel_diff(ours, bf16):.2e}"
+    )
+    tflops = 4 * S * S * heads * D / sec / 1e12
+    return ["cudnn-fp8 (per-tensor)", heads, f"{sec * 1e3:.2f}", fmt(tflops), gib(peak)]
 
 
 def ulysses_shard(kit: Kit, report: Report) -> None:

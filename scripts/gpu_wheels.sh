@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Download the wheels bench/gpu.py needs on the lent GPU machine, whose image lacks them and which cannot reach
-# a package index: pure-Python wheels (and two manylinux x86_64 binaries: pydantic-core, imageio-ffmpeg) for
-# CPython 3.12 into .whl/. Versions are the ones this repo's .venv runs; the GPU image already holds torch,
+# a package index: pure-Python wheels (and three manylinux x86_64 binaries: pydantic-core, imageio-ffmpeg,
+# nvidia-cudnn-frontend) for CPython 3.12 into .whl/ (49 MB of the 64 MiB a device call carries). Versions
+# are the ones this repo's .venv runs (the frontend is not in it); the GPU image already holds torch,
 # transformers, accelerate, safetensors, huggingface-hub, numpy, pillow, regex, requests, anyio, h11, click,
 # httpx, annotated-doc and zipp. The one-call device command that installs them is at the top of bench/gpu.py.
 set -euo pipefail
@@ -14,6 +15,7 @@ WHEELS=(
     # MP4 writing. 0.6.0, not .venv's 0.8.1: its bundled ffmpeg makes a 68 MB wheel, over the device call's
     # 64 MiB limit on what travels; 0.6.0's is 29 MB and has the same write_frames/read_frames API.
     imageio-ffmpeg==0.6.0
+    nvidia-cudnn-frontend==1.32.0    # cuDNN's FP8 attention, timed beside ours (bench/cudnn_fp8.py; 12 MB)
 )
 rm -rf .whl
 for spec in "${WHEELS[@]}"; do
