@@ -44,8 +44,9 @@ def batch_jobs(kit: Kit, report: Report) -> None:
             worst = max(worst, rel)
             rows.append([frames, n, f"{per_min:.2f}", f"{per_min / base:.2f}×", f"{rel:.1e}"])
         kit.free()
-    # bf16 on a GPU: a batch's products may take other kernels than one job's (fp32 CPU: bit-identical)
-    report.check("largest |batch − solo| / |solo| of a job's latents", worst, kit.pick(5e-2, 1e-6))
+    # the bar, in bf16 too: the layers that round a batch differently on the CPU run per sample
+    # (dit.rowwise); whether the GPU's attention and norms keep a sample's numbers in a batch, this tells
+    report.check("largest |batch − solo| / |solo| of a job's latents", worst, 1e-6)
     report.table(
         f"{config.model} {config.dtype}, {size['height']}×{size['width']}, {steps} guided steps, DiT only",
         ["frames", "jobs per batch", "jobs per minute", "vs 1", "rel vs solo"],
