@@ -16,6 +16,7 @@ import json
 import torch
 
 from dit.preview import LatentPreview, fit_rows, solve, write_preview
+from dit.tiny.clips import MODEL_DIR, TrainConfig, clip
 from dit.tiny.latents import describe
 
 NOISE = 0.3  # in the DiT's normalised latent space (unit variance per channel)
@@ -24,8 +25,7 @@ NOISE = 0.3  # in the DiT's normalised latent space (unit variance per channel)
 @torch.no_grad()
 def fit(vae, cfg) -> LatentPreview:
     """The map for a trained tiny VAE (its config holding the latents' mean and std), fitted on
-    `cfg.preview_clips` clips of the training (a `dit.tiny.train.TrainConfig`)."""
-    from dit.tiny.train import clip
+    `cfg.preview_clips` clips of the training (a `dit.tiny.clips.TrainConfig`)."""
     from dit.wan.vae import decode
 
     generator = torch.Generator().manual_seed(cfg.seed)
@@ -41,7 +41,6 @@ def fit(vae, cfg) -> LatentPreview:
 
 
 def main() -> None:
-    from dit.tiny.train import MODEL_DIR, TrainConfig
     from dit.wan.vae import read_vae
 
     cfg = TrainConfig(**json.loads((MODEL_DIR / "training.json").read_text()))

@@ -17,13 +17,12 @@ VAE is stopped after the DiT ends and resumed with OMP_NUM_THREADS=2.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -31,68 +30,15 @@ from tqdm import tqdm
 
 from dit.model_card import write_card
 from dit.preview import write_preview
-from dit.tiny.language import SIZES, Scene, caption, declared_vocabulary, training_scenes, vocabulary
+from dit.tiny.clips import MODEL_DIR, TrainConfig, clip, seeded, stable_seed
+from dit.tiny.language import Scene, caption, declared_vocabulary, vocabulary
 from dit.tiny.latents import describe
-from dit.tiny.render import render
 from dit.vocabulary import FILE as VOCABULARY_FILE
 from dit.wan.vae import WanVAE, save_vae, tiny_config
 
-MODEL_DIR = Path(__file__).resolve().parent / "model"  # the shipped weights
 # The request defaults the folder's card gives (beside those of what it was trained on: 17 frames of 64×64):
 # the step count and guidance measured best by bench/quality.py.
 DEFAULT_STEPS, DEFAULT_GUIDANCE = 12, 3.0
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    seed: int = 0
-    frames: int = 17
-    height: int = 64
-    width: int = 64
-    max_tokens: int = 16  # the longest caption is 9 tokens with </s>
-    # VAE: Wan's compression (×4 time, ×8 space), 16 latent channels, trained on 17-frame clips (on 9, the
-    # frames past the ninth drifted in colour)
-    vae_base_dim: int = 8
-    vae_steps: int = 2400
-    vae_batch: int = 4  # 2 rendered small squares as circles even from exact latents (bench: 0–1 of 16)
-    vae_frames: int = 17
-    vae_lr: float = 1e-3
-    encoder_steps: int = 300
-    # DiT: 4 heads (Ulysses 2 and 4), dim 128
-    heads: int = 4
-    head_dim: int = 32
-    layers: int = 4
-    ffn_dim: int = 512
-    text_dim: int = 64
-    clips: int = 4000  # rendered once, as latents, for the DiT
-    dit_steps: int = 3000
-    dit_batch: int = 32
-    dit_lr: float = 1e-3
-    ema: float = 0.999
-    caption_dropout: float = 0.1
-    shift: float = 3.0  # training noise levels follow Wan's shifted schedule
-    preview_clips: int = 128  # rendered clips the live-preview map is fitted on (dit.tiny.preview_map)
-
-
-def _seed(*keys) -> int:
-    """A stable seed from keys (Python's hash() of a string changes with every process)."""
-    return int.from_bytes(hashlib.sha256(repr(keys).encode()).digest()[:8], "little") >> 2
-
-
-def _gen(cfg: TrainConfig, *keys) -> torch.Generator:
-    return torch.Generator().manual_seed(_seed(cfg.seed, *keys))
-
-
-def random_scene(rng: random.Random) -> Scene:
-    c, s, d = rng.choice(training_scenes()).combo
-    return Scene(c, s, d, rng.choice((None, None, *SIZES)))
-
-
-def clip(cfg: TrainConfig, index: int, frames: int) -> tuple[Scene, torch.Tensor]:
-    """Clip number `index` (its scene and pixels depend on nothing else)."""
-    rng = random.Random(_seed(cfg.seed, "clip", index))
-    scene = random_scene(rng)
-    return scene, render(scene, frames, cfg.height, cfg.width, _gen(cfg, 1, index))
 
 
 def make_tokenizer(cfg: TrainConfig):
@@ -257,7 +203,7 @@ def train_vae(cfg: TrainConfig, ckpt: Checkpoints):
     def decoder_step(i: int) -> torch.Tensor:
         x = batch(1, i)
         z = describe(x)
-        y = vae.decode(z + 0.05 * torch.randn(z.shape, generator=_gen(cfg, 2, i)))
+        y = vae.decode(z + 0.05 * torch.randn(z.shape, generator=seeded(cfg, 2, i)))
         # the object covers a few % of the frame: weigh its pixels up, or the black background wins
         weight = 1 + 9 * (x > -0.9).any(1, keepdim=True).float()
         return (weight * ((y - x).abs() + (y - x) ** 2)).mean()
@@ -297,8 +243,8 @@ def train_dit(cfg: TrainConfig, latents: torch.Tensor, scenes: list[Scene], toke
         return states * t.attention_mask[..., None]
 
     def step(i: int) -> torch.Tensor:
-        g = _gen(cfg, 3, i)
-        rng = random.Random(_seed(cfg.seed, "dit", i))
+        g = seeded(cfg, 3, i)
+        rng = random.Random(stable_seed(cfg.seed, "dit", i))
         idx = torch.randint(len(scenes), (cfg.dit_batch,), generator=g)
         x0 = latents[idx]
         captions = [

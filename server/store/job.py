@@ -12,6 +12,7 @@ log = logging.getLogger("ithaca.jobs")
 
 ACTIVE = ("queued", "in_progress")
 TERMINAL = ("completed", "failed", "cancelled")
+OUR_COLUMNS = {"id", "status", "spec", "created_at"}  # a `jobs` table without these is not ours
 STATUSES = ACTIVE + TERMINAL
 PHASES = ("queued", "encoding", "denoising", "decoding", "writing")
 TIMED_PHASES = PHASES[1:]

@@ -12,10 +12,9 @@ import logging
 
 from server.store.connections import MIGRATIONS_LOCK, Connections
 from server.store.errors import StoreError
-from server.store.job import PHASE_TIMINGS
+from server.store.job import OUR_COLUMNS, PHASE_TIMINGS
 
 log = logging.getLogger("ithaca.jobs")
-OUR_COLUMNS = {"id", "status", "spec", "created_at"}  # a `jobs` table without these is not ours
 
 
 # {pk}, {float}: the backend's column types (`types`)

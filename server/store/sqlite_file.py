@@ -12,7 +12,7 @@ import os
 import sqlite3
 
 from server.store.errors import StoreBusy, StoreError
-from server.store.schema import OUR_COLUMNS
+from server.store.job import OUR_COLUMNS
 
 
 class Connection(sqlite3.Connection):
