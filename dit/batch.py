@@ -5,19 +5,21 @@ on or off (per expert), LoRA set, the step cache off and no image (the sampler a
 pipeline's). Each job keeps its own seed (its own CPU generator draws its initial and renoise noise, as its
 solo run does), prompt, negative prompt, guidance scale (a per-row scale in the guidance combine), progress
 callback, preview and cancel: a job whose callback says stop leaves the batch at that step and the others go
-on. Each job's latents equal its solo run's up to the rounding of batched matrix products (README,
-"Batches"). A server claims jobs of one key and hands them here; a failure raises for the whole batch.
+on. Each job's latents equal its solo run's (README, "Batches": the layers that would round a batch
+differently run per sample). Checkpoints are each job's own, to resume alone. A server claims jobs of one
+key and hands them here; a failure raises for the whole batch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
 
 from dit.cache import Evaluations
 from dit.callbacks import FramesCallback, PhaseCallback, enter_phase
+from dit.denoise_state import Checkpointing, DenoiseState
 from dit.preview import PreviewCallback
 from dit.request import GenerationRequest
 from dit.sampling import Callback, GenerationCancelled, denoise
@@ -83,11 +85,16 @@ class BatchJob:
 
 
 def denoise_batch(
-    pipe, jobs: list[BatchJob], on_phase: PhaseCallback | None = None
+    pipe,
+    jobs: list[BatchJob],
+    on_phase: PhaseCallback | None = None,
+    checkpoints: Checkpointing | None = None,
 ) -> list[torch.Tensor | GenerationCancelled]:
     """Each job's final latents `[1, ...]` (float32, the same on every rank), or the GenerationCancelled of a
     job that left the batch, in the jobs' order. `pipe`: a `dit.pipeline.Pipeline` (not imported here: its
-    `generate_batch` calls this module). `on_phase` hears "encoding" and "denoising" once."""
+    `generate_batch` calls this module). `on_phase` hears "encoding" and "denoising" once. `checkpoints`
+    (the replica leader's): when due, its `save` hears `[(job index, DenoiseState)]`, each job still in the
+    batch with its own state, from which it resumes alone (`Pipeline.generate(resume=)`)."""
     requests = [pipe.validate(job.request) for job in jobs]
     check_batch(requests)
     first = requests[0]
@@ -120,6 +127,13 @@ def denoise_batch(
             if previews[j] is not None:
                 previews[j](step, x0[row : row + 1])
 
+    if checkpoints is not None:  # the loop's states are its rows': each goes with the job of its row
+        per_job = checkpoints.save
+
+        def save(states: list[DenoiseState]) -> None:
+            per_job([(live[row], state) for row, state in enumerate(states)])
+
+        checkpoints = replace(checkpoints, save=save)
     counted = Evaluations()
     pipe.evaluations = None
     try:
@@ -127,7 +141,7 @@ def denoise_batch(
             pipe.model, latents, cond=cond, uncond=uncond, scheduler=pipe.scheduler, steps=steps,
             guidance=_scales(requests, "guidance_scale", latents.device), mesh=pipe.mesh, callback=callback,
             sigmas=pipe.sigmas(steps), generator=generators, second=second, evaluations=counted,
-            on_x0=on_x0 if any(previews) else None, on_rows=on_rows,
+            on_x0=on_x0 if any(previews) else None, on_rows=on_rows, checkpoints=checkpoints,
         )  # fmt: skip
     except GenerationCancelled as stop:  # the last jobs left together
         for j in live:
@@ -140,12 +154,16 @@ def denoise_batch(
 
 
 def generate_batch(
-    pipe, jobs: list[BatchJob], on_phase: PhaseCallback | None = None
+    pipe,
+    jobs: list[BatchJob],
+    on_phase: PhaseCallback | None = None,
+    checkpoints: Checkpointing | None = None,
 ) -> list[np.ndarray | None | GenerationCancelled]:
     """Each job's frames on the replica leader (None on the other ranks), or its GenerationCancelled, in the
     jobs' order; each finished job's `on_frames` hears its frames as they decode. `on_phase` hears
-    "encoding", "denoising" and "decoding" once. Collective over the replica, as `Pipeline.generate`."""
-    outcomes = denoise_batch(pipe, jobs, on_phase)
+    "encoding", "denoising" and "decoding" once; `checkpoints` as `denoise_batch`'s. Collective over the
+    replica, as `Pipeline.generate`."""
+    outcomes = denoise_batch(pipe, jobs, on_phase, checkpoints)
     if any(isinstance(out, torch.Tensor) for out in outcomes):
         enter_phase(on_phase, "decoding")
     return [

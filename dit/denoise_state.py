@@ -5,7 +5,8 @@ config: the multistep history UniPC keeps, the step index, ...), the CPU generat
 sampler's fresh noise comes from it) and the evaluations counted so far. Resumed with the same model, layout
 and request, the loop's remaining steps see exactly the numbers they would have seen: on the CPU the final
 latents are bit-identical. A cached generation's state also holds every rank's step-cache residuals
-(dit.cache, gathered on the replica leader), so it resumes with the decisions it would have taken.
+(dit.cache, gathered on the replica leader), so it resumes with the decisions it would have taken. A batch's
+loop (dit.batch) gives one state per row (`capture_rows`): each job's own, to resume alone.
 
 Files hold the state with a `key` (a JSON-able description of the model, layout and request) and are read
 with `torch.load(weights_only=True)`: plain tensors, numbers and lists, never code. A file whose format or key
@@ -15,6 +16,7 @@ its steps, the latents' shape, its ranks) is refused with the reason: it is neve
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -93,6 +95,20 @@ def capture(
         skipped=counts.skipped if counts is not None else 0,
         cache=cache,
     )
+
+
+def capture_rows(
+    step: int, latents: torch.Tensor, scheduler, generators: list[torch.Generator], counts, cache=None
+) -> list[DenoiseState]:
+    """A batch's state (dit.batch) as one `capture` per row: what that job's solo loop would hold after
+    `step` steps (its latents, the scheduler with its row's history alone, its generator), so a job of a
+    batch that stopped resumes alone from it. A batch runs without the step cache: `cache` is None."""
+    states = []
+    for row, generator in enumerate(generators):
+        alone = copy.copy(scheduler)  # take_rows replaces the per-row attributes: the batch's stay whole
+        alone.take_rows([row])
+        states.append(capture(step, latents[row : row + 1], alone, generator, counts))
+    return states
 
 
 def restore(

@@ -349,13 +349,19 @@ class Pipeline:
         enter_phase(on_phase, "decoding")
         return self.decode(latents, on_frames)
 
-    def generate_batch(self, jobs: list[BatchJob], on_phase: PhaseCallback | None = None) -> list:
+    def generate_batch(
+        self,
+        jobs: list[BatchJob],
+        on_phase: PhaseCallback | None = None,
+        checkpoints: Checkpointing | None = None,
+    ) -> list:
         """Jobs that may share every forward (`dit.batch.batch_key`; ValueError naming the field when they
         cannot) run as one batch: each job's frames on the replica leader (None on the other ranks), or its
-        GenerationCancelled when its callback stopped it, in the jobs' order (`dit.batch.generate_batch`)."""
+        GenerationCancelled when its callback stopped it, in the jobs' order (`dit.batch.generate_batch`;
+        `checkpoints` hears each job's own state, `[(job index, DenoiseState)]`)."""
         from dit.batch import generate_batch  # dit.batch builds on this module
 
-        return generate_batch(self, jobs, on_phase)
+        return generate_batch(self, jobs, on_phase, checkpoints)
 
 
 def _on(text: dict[str, torch.Tensor] | None, device: torch.device) -> dict[str, torch.Tensor] | None:

@@ -13,7 +13,7 @@ import torch
 
 import parallel
 from dit.cache import Evaluations, StepCache, attached, real_tokens
-from dit.denoise_state import Checkpointing, DenoiseState, capture, restore
+from dit.denoise_state import Checkpointing, DenoiseState, capture, capture_rows, restore
 from dit.flow_schedulers import FlowMatchEulerScheduler, FlowScheduler, UniPCFlowScheduler
 
 # Ithaca's schedulers (dit.flow_schedulers: torch only, diffusers' numbers) by their `--sampler` name; a
@@ -254,9 +254,10 @@ def denoise(
     `checkpoints` (the replica leader's) hears the state when due, each rank of a cached replica adding its
     residuals.
 
-    A batch (dit.batch; no cache, resume or checkpoints) holds one job per row of `latents`, `cond` and
-    `uncond`: `guidance` (and `second.guidance`) may be a tensor of each row's scale, `generator` a list of
-    each row's generator, and `callback` answers a list of each row's go-on. Rows told to stop leave the batch
+    A batch (dit.batch; no cache or resume) holds one job per row of `latents`, `cond` and `uncond`:
+    `guidance` (and `second.guidance`) may be a tensor of each row's scale, `generator` a list of each row's
+    generator, `callback` answers a list of each row's go-on, and `checkpoints` hears a list of each row's
+    state (before that step's rows leave). Rows told to stop leave the batch
     (their latents, text, scales, generators and the scheduler's history) and `on_rows(step, rows)` hears, on
     every rank, the rows that stay; GenerationCancelled when none does."""
     dtype = next(model.parameters()).dtype
@@ -299,8 +300,9 @@ def denoise(
             if on_x0 is not None:
                 on_x0(i + 1, x0)
             keep, due = after_step(callback, checkpoints, i + 1, steps, mesh)
-            if due:
-                snapshot = partial(capture, i + 1, latents, scheduler, generator, counts)
+            if due:  # a batch's generator is a list, one per row: one state per row (capture_rows)
+                take = capture_rows if isinstance(generator, list) else capture
+                snapshot = partial(take, i + 1, latents, scheduler, generator, counts)
                 _checkpoint(checkpoints, snapshot, cache, mesh)
             if isinstance(keep, list):  # a batch's rows
                 rows = [row for row, go_on in enumerate(keep) if go_on]

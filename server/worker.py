@@ -59,9 +59,10 @@ import threading
 import time
 import traceback
 import uuid
+from functools import partial
 
 from dit.batch import BatchJob
-from dit.denoise_state import Checkpointing, DenoiseState, Expected, load_file
+from dit.denoise_state import DenoiseState, Expected, load_file
 from dit.image import fit, read
 from dit.settings import checkpoint_key
 from dit.startup import start
@@ -293,16 +294,11 @@ class Worker:
             self._beat()
 
     def _run_job(self, message: dict) -> None:
-        job_id, spec, key, resume = message["id"], message["spec"], message["key"], message["resume"]
+        job_id, spec, resume = message["id"], message["spec"], message["resume"]
         run = JobRun(self, message) if self.store is not None else None  # the leader records the job
         self.job_id, self.state = job_id, "busy"
-        every, checkpoints = self.config.checkpoint_steps, None
-        if run is not None and every is not None:
-            checkpoints = Checkpointing(
-                every,
-                lambda state: self.checkpoints.submit(job_id, state.step, (state, key)),
-                write_cost=lambda: self.checkpoints.write_s,  # the last one, this job's or an earlier one's
-            )
+        every = self.config.checkpoint_steps
+        checkpoints = run and self.checkpoints.schedule(every, partial(self.checkpoints.save, message))
         try:
             frames = self.pipe.generate(
                 self.module.GenerationRequest(**spec),
@@ -337,8 +333,13 @@ class Worker:
             for run in runs:
                 run.on_batch_phase(phase)
 
+        def save(states) -> None:  # each job's own state, to resume alone (dit.batch)
+            for j, state in states:
+                self.checkpoints.save(messages[j], state)
+
+        checkpoints = self.checkpoints.schedule(self.config.checkpoint_steps, save) if leader else None
         try:
-            outcomes = self.pipe.generate_batch(jobs, on_phase if leader else None)
+            outcomes = self.pipe.generate_batch(jobs, on_phase if leader else None, checkpoints)
         except Exception:
             self._failed(runs)
             raise

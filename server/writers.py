@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from dit.denoise_state import DenoiseState, save_file
+from dit.denoise_state import Checkpointing, DenoiseState, save_file
 from dit.video import Mp4Writer, write_mp4
 from server import videos
 from server.store import JobStore
@@ -35,9 +35,9 @@ log = logging.getLogger("ithaca.worker")
 
 
 class LatestWriter:
-    """`submit(job_id, step, item)` returns at once; the thread runs `write(job_id, step, item)`. `flush`
-    waits until nothing is pending or being written. `write_s`: the seconds the last write took. `keep_all`:
-    every item is written, in order, instead of the latest only."""
+    """`submit(job_id, step, item)` returns at once; the thread runs `write(job_id, step, item)`, the latest
+    item of each job (a batch's jobs submit side by side). `flush` waits until nothing is pending or being
+    written. `write_s`: the seconds the last write took. `keep_all`: every item is written, in order."""
 
     what = "item"
     keep_all = False
@@ -54,8 +54,8 @@ class LatestWriter:
 
     def submit(self, job_id: str, step: int, item) -> None:
         with self._cond:
-            if not self.keep_all:
-                self._pending.clear()
+            if not self.keep_all:  # this job's older item is superseded; another job's is not
+                self._pending = deque(p for p in self._pending if p[0] != job_id)
             self._pending.append((job_id, step, item))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=f"{self.what}s", daemon=True)
@@ -122,6 +122,15 @@ class CheckpointWriter(LatestWriter):
     def write(self, job_id: str, step: int, item: tuple[DenoiseState, dict]) -> None:
         state, key = item
         save_file(videos.checkpoint_path(self.videos_dir, job_id), state, key)
+
+    def schedule(self, every: int | None, save: Callable) -> Checkpointing | None:
+        """--checkpoint-every's schedule (None: off) for a run whose states go to `save`; a save's write cost
+        is this writer's last write (this job's or an earlier one's)."""
+        return None if every is None else Checkpointing(every, save, write_cost=lambda: self.write_s)
+
+    def save(self, message: dict, state: DenoiseState) -> None:
+        """`state` as the checkpoint of the worker's claimed job `message` (its id and checkpoint key)."""
+        self.submit(message["id"], state.step, (state, message["key"]))
 
 
 class StreamedVideo:

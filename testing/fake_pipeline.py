@@ -116,9 +116,10 @@ class FakePipeline:
         on_phase("decoding")  # as the real pipeline: every rank decodes a band, the leader gets the frames
         return self._decode(req, on_frames)
 
-    def generate_batch(self, jobs, on_phase=None):
+    def generate_batch(self, jobs, on_phase=None, checkpoints=None):
         """`Pipeline.generate_batch`'s surface: the batch's steps once (one cancel broadcast a step, each job
-        its answer), each job's frames as its solo run's; `self.batches` counts the batches run."""
+        its answer; `checkpoints` hears each job's state, as `generate`'s), each job's frames as its solo
+        run's; `self.batches` counts the batches run."""
         requests = [self.validate(job.request) for job in jobs]
         check_batch(requests)
         self.batches += 1
@@ -128,6 +129,9 @@ class FakePipeline:
         total, live, outcomes = requests[0].num_inference_steps, list(range(len(jobs))), [None] * len(jobs)
         for step in range(1, total + 1):
             time.sleep(self.step_s)
+            if checkpoints is not None and checkpoints.due(step, total):
+                state = partial(capture, step, torch.zeros(1), SimpleNamespace(), None, None)
+                checkpoints.take(lambda state=state: [(j, state()) for j in live])
             answers = [jobs[j].callback is None or jobs[j].callback(step, total) is not False for j in live]
             keep = should_continue(lambda *_, said=answers: said, step, total, self.mesh)
             for j, go in zip(list(live), keep, strict=True):

@@ -88,6 +88,25 @@ def test_a_cancelled_job_leaves_and_the_others_go_on(pipe, solo):
     assert rel(got[0], solo[0]) <= EXACT_REL and rel(got[2], solo[2]) <= EXACT_REL
 
 
+def test_each_job_checkpoints_its_own_state_and_resumes_from_it_alone(pipe, solo):
+    """A batch that stops after a checkpoint (its group died) leaves each job a state of its own: resumed
+    alone, each ends at its solo latents. Job 1 leaves the batch at step 1: the step-2 states are the
+    others'."""
+    from dit.denoise_state import Checkpointing
+
+    saved = {}
+    stop_after_1 = BatchJob(REQUESTS[1], callback=lambda step, total: step < 1)
+    jobs = [BatchJob(REQUESTS[0]), stop_after_1, BatchJob(REQUESTS[2])]
+    checkpoints = Checkpointing(1, lambda pairs: saved.update({(j, state.step): state for j, state in pairs}))
+    got = denoise_batch(pipe, jobs, checkpoints=checkpoints)
+    assert sorted(saved) == [(0, 1), (0, 2), (1, 1), (2, 1), (2, 2)]  # none after the last step
+    for j in (0, 2):
+        assert saved[j, 2].latents.shape == solo[j].shape
+        resumed = pipe.denoise(REQUESTS[j], resume=saved[j, 2])
+        assert rel(resumed, solo[j]) <= EXACT_REL and rel(got[j], solo[j]) <= EXACT_REL
+    assert rel(pipe.denoise(REQUESTS[1], resume=saved[1, 1]), solo[1]) <= EXACT_REL
+
+
 def test_generate_batch_decodes_each_job(pipe):
     reqs = REQUESTS[:2]
     frames = [[], []]

@@ -6,11 +6,13 @@ Each job's frames equal its solo run's on the real pipeline: tests/test_batch.py
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
 
 from dit.video import read_mp4
+from server import videos
 from server.config import ServeConfig
 from server.store import JobStore
 from server.store.retry import LatestStep
@@ -22,9 +24,9 @@ from tests.test_server_handoff import MESH, SPEC, WAIT_S, _mp4
 OTHER = SPEC | {"num_inference_steps": 3}  # another batch key: runs alone
 
 
-def _queued(tmp_path, max_batch: int, specs: list[dict]):
+def _queued(tmp_path, max_batch: int, specs: list[dict], checkpoint_every: str = "off"):
     """`specs` queued and a worker for them, not started: (config, store, job ids, worker, its errors)."""
-    config = ServeConfig(data_dir=str(tmp_path), checkpoint_every="off", max_batch=max_batch)
+    config = ServeConfig(data_dir=str(tmp_path), checkpoint_every=checkpoint_every, max_batch=max_batch)
     store = JobStore(config.store_url)
     ids = [store.create(spec)[0].id for spec in specs]
     worker = Worker(config, "group", MESH, fake_pipeline.load_pipeline(config.pipeline, MESH), fake_pipeline)
@@ -90,7 +92,7 @@ def test_a_failed_batch_leaves_every_job_to_the_group_death_re_queue(tmp_path):
     setup = _queued(tmp_path, 3, [SPEC | {"seed": s} for s in range(3)])
     config, store, ids, worker, errors = setup
 
-    def broken(jobs, on_phase=None):
+    def broken(jobs, on_phase=None, checkpoints=None):
         raise RuntimeError("CUDA error: an illegal memory access")
 
     worker.pipe.generate_batch = broken
@@ -102,3 +104,27 @@ def test_a_failed_batch_leaves_every_job_to_the_group_death_re_queue(tmp_path):
     assert sorted(j.id for j in running) == sorted(ids)
     again = [store.requeue_or_fail(j, max_attempts=3, reason="the worker group exited") for j in running]
     assert [(j.status, j.batch, j.attempts) for j in again] == [("queued", None, 1)] * 3
+
+
+def test_a_batch_that_dies_leaves_each_job_its_checkpoint_and_each_resumes_alone(tmp_path, monkeypatch):
+    setup = _queued(tmp_path, 3, [SPEC | {"seed": s} for s in range(3)], checkpoint_every="1")
+    config, store, ids, worker, errors = setup
+    real_record = LatestStep.record
+
+    def record(steps, job_id, step, total):  # the batch's step 2 dies, after step 1's checkpoints
+        if step == 2:
+            raise RuntimeError("CUDA error: an illegal memory access")
+        return real_record(steps, job_id, step, total)
+
+    monkeypatch.setattr(LatestStep, "record", record)
+    _run(*setup, lambda job: False)
+    assert [str(e) for e in errors] == ["CUDA error: an illegal memory access"]
+    assert all(os.path.exists(videos.checkpoint_path(config.videos_dir, i)) for i in ids)
+    for job in store.in_progress(worker_prefix=f"{config.instance}/group/"):  # the supervisor's re-queue
+        store.requeue_or_fail(job, max_attempts=3, reason="the worker group exited")
+    monkeypatch.setattr(LatestStep, "record", real_record)
+    again = Worker(config, "group2", MESH, fake_pipeline.load_pipeline(config.pipeline, MESH), fake_pipeline)
+    jobs = _run(config, store, ids, again, [], lambda job: job.terminal)
+    # each resumed from its own step-1 state, alone (a job with a checkpoint joins no batch)
+    assert [(j.status, j.batch, j.attempts) for j in jobs] == [("completed", 1, 2)] * 3
+    assert again.pipe.batches == 0
