@@ -6,13 +6,24 @@ import gc
 import math
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from unittest import mock
 
 import torch
 
 from bench.common import timed
 
 GIB = 1024**3
+
+
+def drawn_on_device():
+    """While it holds, a random preset's weights are drawn by their device's generator: the CPU's takes over
+    a minute to fill 14B weights, a GPU's a second (for sections that time a model or compare it with
+    itself, not with the CPU's numbers)."""
+    from dit.weights import random_init
+
+    return mock.patch("dit.loading.random_init", partial(random_init, on_device=True))
 
 
 class Skip(Exception):  # noqa: N818 - a section's way of saying "skipped: <why>", not an error

@@ -8,7 +8,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from bench.gpu_kit import Kit, Report
+from bench.gpu_kit import Kit, Report, drawn_on_device
 from bench.lora_switch import switch_rows, write_lora
 
 
@@ -23,7 +23,8 @@ def lora_switch(kit: Kit, report: Report) -> None:
             model=kit.pick("wan2.1-1.3b", "tiny-random"), device=kit.device.type,
             dtype=kit.pick("bfloat16", "float32"), lora_dir=folder, preview_every=0,
         )  # fmt: skip
-        pipe = load_pipeline(config)
+        with drawn_on_device():
+            pipe = load_pipeline(config)
         model = pipe.lora_catalogue.experts[0][0]
         for name, seed in (("a", 1), ("b", 2)):
             write_lora(Path(folder) / f"{name}.safetensors", model, rank, seed)
@@ -48,7 +49,8 @@ def lora_switch(kit: Kit, report: Report) -> None:
 def _bare_catalogue(kit: Kit, preset: str, folder: Path, rank: int, catalogue_class):
     from dit.loading import load_transformer, lora_resolver
 
-    model = load_transformer(preset, dtype=kit.dtype, device=kit.device)
+    with drawn_on_device():
+        model = load_transformer(preset, dtype=kit.dtype, device=kit.device)
     for name, seed in (("a", 1), ("b", 2)):
         write_lora(folder / f"{name}.safetensors", model, rank, seed)
     return catalogue_class(folder, [(model, lora_resolver(preset))])

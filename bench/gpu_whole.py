@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import time
 from functools import partial
-from unittest import mock
 
 import torch
 
-from bench.gpu_kit import GIB, Kit, Report, Skip
+from bench.gpu_kit import GIB, Kit, Report, Skip, drawn_on_device
 from dit.text_encoder import ByteTokenizer, TextEncoder
 
 PRESET = "wan2.1-14b"
@@ -49,14 +48,12 @@ def build(kit: Kit):
     from dit.pipeline import PipelineConfig, load_pipeline
     from dit.presets import PRESETS
     from dit.wan.vae import WanVAE, WanVAEConfig, tiny_vae
-    from dit.weights import random_init
 
     preset = kit.pick(PRESET, "tiny-random")
     config = PipelineConfig(
         model=preset, device=kit.device.type, dtype=kit.pick("bfloat16", "float32"), preview_every=0
     )
-    # the CPU generator takes over a minute to fill 14B weights; drawn on the GPU it takes a second
-    with mock.patch("dit.loading.random_init", partial(random_init, on_device=True)):
+    with drawn_on_device():
         pipe = load_pipeline(config)
     text = kit.pick(UMT5_XXL, dict(UMT5_XXL, vocab_size=384, d_model=32, d_ff=64, num_layers=1, num_heads=4))
     pipe.text_encoder = RandomUMT5(dict(text, d_model=PRESETS[preset]["text_dim"]), kit.dtype, kit.device)
