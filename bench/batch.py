@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from bench.common import max_rel  # noqa: E402
 from dit.batch import BatchJob, denoise_batch  # noqa: E402
 from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline  # noqa: E402
 from parallel import init_parallel  # noqa: E402
@@ -49,7 +50,7 @@ def _rank(model: str, config: dict, request: dict, sizes: list[int], jobs: int, 
     for n in sizes:
         got = denoise_batch(pipe, [BatchJob(req) for req in reqs[:n]])
         pipe.generate_batch([BatchJob(req) for req in reqs[:n]])  # the warm-up, decode included
-        rel = max(((g - s).abs().max() / s.abs().max()).item() for g, s in zip(got, solo, strict=False))
+        rel = max(max_rel(g, s) for g, s in zip(got, solo, strict=False))
         turns = []
         for _ in range(iters):
             start = time.perf_counter()

@@ -70,6 +70,12 @@ def rel_diff(out: torch.Tensor, want: torch.Tensor) -> float:
     return ((out - want).norm() / want.norm()).item()
 
 
+def max_rel(out: torch.Tensor, want: torch.Tensor) -> float:
+    """max |out − want| / max |want| in float32: the largest error against the largest value."""
+    out, want = out.float(), want.float()
+    return ((out - want).abs().max() / want.abs().max()).item()
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)

@@ -5,11 +5,10 @@ already big enough. The DiT alone: each job's text encoding and decode cost the 
 
 from __future__ import annotations
 
-import time
-
-import torch
+from functools import partial
 
 from bench.batch import requests_for
+from bench.common import max_rel
 from bench.gpu_kit import Kit, Report, drawn_on_device
 
 SIZES = (1, 2, 4)
@@ -24,7 +23,7 @@ def batch_jobs(kit: Kit, report: Report) -> None:
     config = PipelineConfig(model=model, device=kit.device.type, dtype=dtype, preview_every=0)
     with drawn_on_device():
         pipe = load_pipeline(config)
-    steps = kit.pick(2, 2)
+    steps = 2
     rows, worst = [], 0.0
     for frames in kit.pick((33, 81), (5, 9)):
         size = dict(height=kit.pick(480, 32), width=kit.pick(832, 48), num_frames=frames)
@@ -33,15 +32,10 @@ def batch_jobs(kit: Kit, report: Report) -> None:
         solo, base = None, None
         for n in SIZES:
             denoise_batch(pipe, [BatchJob(req) for req in warm[:n]])  # first calls of this shape
-            _sync(kit)
-            start = time.perf_counter()
-            got = []
-            for first in range(0, JOBS, n):
-                got += denoise_batch(pipe, [BatchJob(req) for req in reqs[first : first + n]])
-            _sync(kit)
-            per_min = 60 * JOBS / (time.perf_counter() - start)
+            sec, got, _ = kit.time(partial(_turn, pipe, reqs, n), warmup=0, iters=1)
+            per_min = 60 * JOBS / sec
             solo, base = solo or got, base or per_min
-            rel = max(_rel(g, s) for g, s in zip(got, solo, strict=True))
+            rel = max(max_rel(g, s) for g, s in zip(got, solo, strict=True))
             worst = max(worst, rel)
             rows.append([frames, n, f"{per_min:.2f}", f"{per_min / base:.2f}×", f"{rel:.1e}"])
         kit.free()
@@ -57,10 +51,12 @@ def batch_jobs(kit: Kit, report: Report) -> None:
     kit.free()
 
 
-def _sync(kit: Kit) -> None:
-    if kit.cuda:
-        torch.cuda.synchronize()
+def _turn(pipe, reqs: list, n: int) -> list:
+    """Every job of `reqs`, `n` at a time: each job's final latents."""
+    from dit.batch import BatchJob, denoise_batch
 
-
-def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+    return [
+        out
+        for at in range(0, len(reqs), n)
+        for out in denoise_batch(pipe, [BatchJob(r) for r in reqs[at : at + n]])
+    ]

@@ -13,7 +13,6 @@ from bench.lora_switch import switch_rows, write_lora
 
 
 def lora_switch(kit: Kit, report: Report) -> None:
-    from dit.lora_catalogue import LoraCatalogue
     from dit.lora_switch import LoraSwitch
     from dit.pipeline import PipelineConfig, load_pipeline
 
@@ -39,21 +38,24 @@ def lora_switch(kit: Kit, report: Report) -> None:
         report.check("largest weight difference after a → b → base (exact restore)", drift, 0.0)
         del pipe, model, base, switch
         kit.free()
+    big = kit.pick("wan2.1-14b", "tiny-random")
     with tempfile.TemporaryDirectory(dir=kit.tmp) as folder:
-        big = _bare_catalogue(kit, kit.pick("wan2.1-14b", "tiny-random"), Path(folder), rank, LoraCatalogue)
-        _table(report, kit.pick("wan2.1-14b", "tiny-random"), config.dtype, rank, switch_rows(big, iters=1))
-        del big
+        catalogue = _bare_catalogue(kit, big, Path(folder), rank)
+        _table(report, big, config.dtype, rank, switch_rows(catalogue, iters=1))
+        del catalogue
         kit.free()
 
 
-def _bare_catalogue(kit: Kit, preset: str, folder: Path, rank: int, catalogue_class):
+def _bare_catalogue(kit: Kit, preset: str, folder: Path, rank: int):
+    """A catalogue of two LoRAs over the preset's transformer alone (random weights, on the kit's device)."""
     from dit.loading import load_transformer, lora_resolver
+    from dit.lora_catalogue import LoraCatalogue
 
     with drawn_on_device():
         model = load_transformer(preset, dtype=kit.dtype, device=kit.device)
     for name, seed in (("a", 1), ("b", 2)):
         write_lora(folder / f"{name}.safetensors", model, rank, seed)
-    return catalogue_class(folder, [(model, lora_resolver(preset))])
+    return LoraCatalogue(folder, [(model, lora_resolver(preset))])
 
 
 def _table(report: Report, model: str, dtype: str, rank: int, rows: list[dict]) -> None:

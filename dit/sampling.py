@@ -257,9 +257,9 @@ def denoise(
     A batch (dit.batch; no cache or resume) holds one job per row of `latents`, `cond` and `uncond`:
     `guidance` (and `second.guidance`) may be a tensor of each row's scale, `generator` a list of each row's
     generator, `callback` answers a list of each row's go-on, and `checkpoints` hears a list of each row's
-    state (before that step's rows leave). Rows told to stop leave the batch
-    (their latents, text, scales, generators and the scheduler's history) and `on_rows(step, rows)` hears, on
-    every rank, the rows that stay; GenerationCancelled when none does."""
+    state (before that step's rows leave). Rows told to stop leave the batch (their latents, text, scales,
+    generators and the scheduler's history) and `on_rows(step, rows)` hears, on every rank, the rows that
+    stay; GenerationCancelled when none does."""
     dtype = next(model.parameters()).dtype
     if sigmas is None:
         scheduler.set_timesteps(steps, device=latents.device)

@@ -5,12 +5,18 @@ kernel over the longer text rounds differently from the unmasked one of a solo r
 each job its solo numbers, so the layouts run each sample over its own real text keys, unmasked: the calls
 its solo run makes (measured: HunyuanVideo-1.5 tiny, masked 2e-6 relative after a denoise, this way
 bit-identical on 1 rank, Ulysses, ring and CFG-parallel; torch 2.13 CPU). The padding's queries stay: they
-attend to the real keys, as under the mask. Causal attention (queries and keys one sequence) keeps the mask.
+attend to the real keys, as under the mask.
 """
 
 from __future__ import annotations
 
 import torch
+
+
+def padded_batch(text, text_mask: torch.Tensor | None, batch: int, causal: bool) -> bool:
+    """Whether a joint attention takes `each_sample_own_text`: text with a mask, more than one sample, not
+    causal (whose queries and keys are one sequence: it keeps the mask)."""
+    return text is not None and text_mask is not None and batch > 1 and not causal
 
 
 def each_sample_own_text(attend, q, k, v, text, text_mask: torch.Tensor):

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from parallel.comm import all_gather, ring_pass
 from parallel.kernels import local_attention
-from parallel.padded_text import each_sample_own_text
+from parallel.padded_text import each_sample_own_text, padded_batch
 from parallel.sharding import SequenceShardInfo
 
 
@@ -47,7 +47,7 @@ def _empty(q, acc):
 
 def ring_attention(q, k, v, info: SequenceShardInfo, group, text, text_mask, text_first, causal, backend):
     """q/k/v [B, S_span, h, D]: this ring rank's span. Returns (out [B, S_span, h, D], text_out or None)."""
-    if text is not None and text_mask is not None and q.shape[0] > 1 and not causal:  # a ring pass per sample
+    if padded_batch(text, text_mask, q.shape[0], causal):  # a ring pass per sample
 
         def alone(q, k, v, text):
             return ring_attention(q, k, v, info, group, text, None, text_first, causal, backend)

@@ -11,7 +11,7 @@ import torch
 
 from parallel.comm import CommConfig, exchange, exchange_split
 from parallel.kernels import local_attention
-from parallel.padded_text import each_sample_own_text
+from parallel.padded_text import each_sample_own_text, padded_batch
 
 
 def pack_qkv(q, k, v, P: int) -> torch.Tensor:
@@ -105,7 +105,7 @@ def joint_attention(q, k, v, n_valid: int, text, text_mask, text_first: bool, ca
     output is zero-padded back to q's length.
     Returns (image_out [B, S, h, D], text_out [B, T, h, D] or None)."""
     B, S = q.shape[:2]
-    if text is not None and text_mask is not None and B > 1 and not causal:
+    if padded_batch(text, text_mask, B, causal):
 
         def alone(q, k, v, text):
             return joint_attention(q, k, v, n_valid, text, None, text_first, causal, backend)

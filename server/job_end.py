@@ -42,7 +42,7 @@ class JobEnd:
         run.phases.enter("writing")
         if self.store.set_phase(run.job_id, self.name, "writing", run.phases.timings):
             run.video.drop()
-            self._finish(run, "cancelled", error="cancelled while decoding; no video was written")
+            self.finish(run, "cancelled", error="cancelled while decoding; no video was written")
             return
         self.closer.submit(
             run.job_id, len(run.step_times), functools.partial(self._close, run, frames, evaluations)
@@ -52,8 +52,9 @@ class JobEnd:
         """Wait for the closes handed off; False when `timeout` ran out first."""
         return self.closer.flush(timeout)
 
-    def _finish(self, run: JobRun, status: str, **fields):
-        """End the job's run, if it is still this run (not re-queued and claimed again meanwhile)."""
+    def finish(self, run: JobRun, status: str, **fields):
+        """End the job's run with its timings (and any others in `fields["timings"]`), if it is still this
+        run (not re-queued and claimed again meanwhile); the job, or None."""
         timings = job_timings(run.start, run.step_times, run.phases) | fields.pop("timings", {})
         return self.store.finish(
             run.job_id, self.name, status, timings=timings, attempt=run.attempt, **fields
@@ -71,11 +72,11 @@ class JobEnd:
         except Exception as e:
             run.video.drop()
             log.error("job %s: its MP4 was not written: %s: %s", job_id, type(e).__name__, e)
-            self._finish(run, "failed", error=f"the MP4 was not written: {type(e).__name__}: {e}")
+            self.finish(run, "failed", error=f"the MP4 was not written: {type(e).__name__}: {e}")
             self.drop_files(job_id, image)
             return
         counts = {"evaluated": evaluations.evaluated, "skipped": evaluations.skipped}
-        job = self._finish(run, "completed", video=os.path.basename(path), timings=counts)
+        job = self.finish(run, "completed", video=os.path.basename(path), timings=counts)
         if job is None or job.status != "completed":  # cancelled meanwhile, or no longer this run's
             os.remove(path)
         else:

@@ -11,24 +11,19 @@ import numpy as np
 
 from dit.batch import BatchJob
 from dit.preview import frame_preview
-from server.phases import PhaseClock, job_timings
+from server.phases import PhaseClock
 from server.writers import StreamedVideo
 
 
 class JobRun:
     def __init__(self, worker, message: dict):
         """`message`: the worker's claimed job (its id, spec and `attempt`, the claim's attempts)."""
-        self.worker, self.job_id, self.spec, self.attempt = (
-            worker,
-            message["id"],
-            message["spec"],
-            message["attempt"],
-        )
-        job_id, spec = self.job_id, self.spec
+        self.worker, self.attempt = worker, message["attempt"]
+        self.job_id, self.spec = message["id"], message["spec"]
         self.step_times: list[float] = []
         self.phases = PhaseClock()
         self.start = self._last = time.perf_counter()
-        self.video = StreamedVideo(worker.config.videos_dir, job_id, spec["fps"])
+        self.video = StreamedVideo(worker.config.videos_dir, self.job_id, self.spec["fps"])
 
     def callback(self, step: int, total: int) -> bool:
         now = time.perf_counter()
@@ -60,10 +55,7 @@ class JobRun:
     def cancelled(self) -> None:
         self.video.drop()
         self.worker._flush(self.job_id)
-        self.worker.store.finish(
-            self.job_id, self.worker.name, "cancelled", error=f"cancelled after step {len(self.step_times)}",
-            timings=job_timings(self.start, self.step_times, self.phases), attempt=self.attempt,
-        )  # fmt: skip
+        self.worker.ending.finish(self, "cancelled", error=f"cancelled after step {len(self.step_times)}")
 
     def finished(self, frames: np.ndarray, evaluations) -> None:
         """The thumbnail (a frame of its video) in place, then the MP4 handed off to be closed."""

@@ -134,10 +134,10 @@ class JobRuns(Connections):
         """Write the terminal state of a running job, if it is still `worker`'s (None: any worker's) and, with
         `attempt`, still in that run (its claim's `attempts`: a run re-queued and claimed again since, by
         this very worker too, is not ended by the earlier run's late end); returns the job, or None when it
-        was no longer in progress there. A completion finds a cancel that arrived
-        after the last step in the same statement and ends the job `cancelled` instead (no video): a DELETE
-        either lands before it or finds the job completed, never accepted and then ignored. `timings`: the
-        phases' seconds (PHASE_TIMINGS keys; one left out keeps what `set_phase` recorded) and any others."""
+        was no longer in progress there. A completion finds a cancel that arrived after the last step in the
+        same statement and ends the job `cancelled` instead (no video): a DELETE either lands before it or
+        finds the job completed, never accepted and then ignored. `timings`: the phases' seconds
+        (PHASE_TIMINGS keys; one left out keeps what `set_phase` recorded) and any others."""
         assert status in TERMINAL
         late_cancel = "cancelled after the last step; the video was not kept"
         set_timings, seconds = _phase_timings(10, timings)
