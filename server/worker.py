@@ -343,7 +343,7 @@ class Worker:
         except Exception:
             self._failed(runs)
             raise
-        for run, outcome in zip(runs, outcomes, strict=True):
+        for run, outcome in zip(runs, outcomes if leader else [], strict=True):  # the leader records
             if isinstance(outcome, self.module.GenerationCancelled):
                 run.cancelled()
             else:

@@ -40,6 +40,8 @@ def test_tiny_joint_serves_a_video(tmp_path):
         jobs = [srv.submit(**spec) for spec in specs]  # the second and third at least wait: a batch of 2
         done = [srv.wait_job(job["id"]) for job in jobs]
         assert all(d["status"] == "completed" and d["step"] == 3 for d in done), done
+        # on the first attempt: a rank that dies after the leader closed its files is re-run unseen
+        assert "ithaca_worker_restarts_total 0" in srv.client.get("/metrics").text, srv.log()[-3000:]
         batched = [j for j, d in enumerate(done) if d["batch"] == 2]
         assert len(batched) >= 2, done
         for j in batched:
