@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -31,9 +32,12 @@ class ServerProcess:
         api_key: str | None = None,
         env: dict | None = None,
         entrypoint_only: bool = False,
+        restarts: bool = False,
     ):
         """`entrypoint_only`: no flags at all, as a container's `ithaca serve` entrypoint runs; every setting
-        comes from `env` (the port and API key too)."""
+        comes from `env` (the port and API key too). `restarts`: the test kills worker groups; otherwise
+        `stop` fails on a group that died, which the server's re-queue would hide from the test."""
+        self.restarts = restarts
         env = dict(env or {})
         self.data_dir, self.port = str(data_dir), free_port()
         self.api_key = env.get("ITHACA_API_KEY") if entrypoint_only else api_key
@@ -105,6 +109,9 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
         self.client.close()
+        died = re.search(r".*worker group.* exited with code.*", self.log())
+        if died and not self.restarts:
+            raise AssertionError(f"a worker group died: {died.group(0)}\n{self.log()[-4000:]}")
         return self.proc.returncode
 
 

@@ -313,6 +313,7 @@ def _wait_step(api, job_id: str, step: int) -> None:
 @pytest.mark.slow
 def test_host_lost_mid_job_resumes_when_it_returns(hosts, group):
     api = group["api"]
+    api.restarts = True  # its groups die here, by design
     request = {"prompt": "interrupted", "num_inference_steps": 12, "num_frames": 17, "height": 64,
                "width": 64}  # fmt: skip
     with hosts.entered(0):

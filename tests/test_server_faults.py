@@ -42,7 +42,7 @@ def _wait_step(srv: ServerProcess, job_id: str, step: int = 1) -> None:
 
 @pytest.mark.slow
 def test_rank_killed_mid_job_resumes_and_job_time_limit(data_dir):
-    srv = ServerProcess(data_dir, *INSTANCE, "--job-timeout", "8", "--checkpoint-every", "2")
+    srv = ServerProcess(data_dir, *INSTANCE, "--job-timeout", "8", "--checkpoint-every", "2", restarts=True)
     try:
         srv.wait()
         first = srv.submit(prompt="warm-up", num_inference_steps=2)
@@ -139,7 +139,9 @@ def test_api_restart_runs_queued_jobs_and_requeues_the_interrupted_one(data_dir)
 
 
 def test_group_that_never_becomes_ready_ends_the_server(tmp_path):
-    srv = ServerProcess(tmp_path, "--pipeline-module", "tests.no_such_pipeline", "--restart-budget", "2")
+    srv = ServerProcess(
+        tmp_path, "--pipeline-module", "tests.no_such_pipeline", "--restart-budget", "2", restarts=True
+    )
     try:
         assert srv.proc.wait(timeout=120) == 1  # non-zero: the container's restart policy takes over
         last = srv.log().strip().splitlines()[-1]  # the last line says why: the failing rank's first error

@@ -32,7 +32,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_killed_torchrun_or_api_takes_its_ranks_along(tmp_path):
-    srv = ServerProcess(tmp_path, "--pipeline-module", FAKE)
+    srv = ServerProcess(tmp_path, "--pipeline-module", FAKE, restarts=True)
     try:
         srv.wait()
         (launcher,), ranks = group_pids(tmp_path)
