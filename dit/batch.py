@@ -22,7 +22,7 @@ from dit.callbacks import FramesCallback, PhaseCallback, enter_phase
 from dit.denoise_state import Checkpointing, DenoiseState
 from dit.preview import PreviewCallback
 from dit.request import GenerationRequest
-from dit.sampling import Callback, GenerationCancelled, denoise
+from dit.sampling import Callback, GenerationCancelled, GenerationFailed, denoise
 
 
 @dataclass(frozen=True)
@@ -158,9 +158,10 @@ def generate_batch(
     jobs: list[BatchJob],
     on_phase: PhaseCallback | None = None,
     checkpoints: Checkpointing | None = None,
-) -> list[np.ndarray | None | GenerationCancelled]:
-    """Each job's frames on the replica leader (None on the other ranks), or its GenerationCancelled, in the
-    jobs' order; each finished job's `on_frames` hears its frames as they decode. `on_phase` hears
+) -> list[np.ndarray | None | GenerationCancelled | GenerationFailed]:
+    """Each job's frames on the replica leader (None on the other ranks), or its GenerationCancelled, or the
+    GenerationFailed of its decode (every rank alike; the other jobs go on), in the jobs' order; each finished
+    job's `on_frames` hears its frames as they decode. `on_phase` hears
     "encoding", "denoising" and "decoding" once; `checkpoints` as `denoise_batch`'s. Collective over the
     replica, as `Pipeline.generate`."""
     outcomes = denoise_batch(pipe, jobs, on_phase, checkpoints)
@@ -172,9 +173,12 @@ def generate_batch(
     ]
 
 
-def _decode(pipe, latents: torch.Tensor, job: BatchJob) -> np.ndarray | None:
+def _decode(pipe, latents: torch.Tensor, job: BatchJob) -> np.ndarray | None | GenerationFailed:
     enter_phase(job.on_phase, "decoding")
-    return pipe.decode(latents, job.on_frames)
+    try:
+        return pipe.decode(latents, job.on_frames)
+    except GenerationFailed as failed:
+        return failed
 
 
 def _scales(requests: list[GenerationRequest], name: str, device: torch.device) -> float | torch.Tensor:

@@ -39,6 +39,7 @@ from dit.sampling import (
     NUM_TRAIN_TIMESTEPS,
     Callback,
     GenerationCancelled,
+    GenerationFailed,
     HostOffload,
     SecondExpert,
     denoise,
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GenerationCancelled",
+    "GenerationFailed",
     "GenerationRequest",
     "Limits",
     "Pipeline",
@@ -344,7 +346,8 @@ class Pipeline:
     ) -> np.ndarray | None:
         """Frames on the replica leader, None on the other ranks. `on_phase(name)` hears "encoding",
         "denoising" and "decoding" as each begins, so a server can show where a job is; `on_preview`,
-        `resume` and `checkpoints` as in `denoise`, `on_frames` as in `decode`."""
+        `resume` and `checkpoints` as in `denoise`, `on_frames` as in `decode`. GenerationFailed (every
+        rank alike) when the job cannot be made: a decode that overflowed."""
         latents = self.denoise(req, callback, on_phase, on_preview, resume, checkpoints)
         enter_phase(on_phase, "decoding")
         return self.decode(latents, on_frames)
@@ -357,7 +360,8 @@ class Pipeline:
     ) -> list:
         """Jobs that may share every forward (`dit.batch.batch_key`; ValueError naming the field when they
         cannot) run as one batch: each job's frames on the replica leader (None on the other ranks), or its
-        GenerationCancelled when its callback stopped it, in the jobs' order (`dit.batch.generate_batch`;
+        GenerationCancelled when its callback stopped it, or its decode's GenerationFailed, in the jobs'
+        order (`dit.batch.generate_batch`;
         `checkpoints` hears each job's own state, `[(job index, DenoiseState)]`)."""
         from dit.batch import generate_batch  # dit.batch builds on this module
 

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from dit import vae_parallel
+from dit.sampling import GenerationFailed
 
 
 def check_vae(vae, channels: int, expected_channels: int, compression, expected_compression):
@@ -47,10 +48,10 @@ def decoder_dtype(vae) -> torch.dtype:
 def quantize(video: torch.Tensor) -> torch.Tensor:
     """A decoded video (or band of one) in [-1, 1] → uint8 levels, the same layout; rounded in float32
     whatever the decoder's dtype (bfloat16 holds only 8 bits of mantissa: 127.5·x would round off levels).
-    FloatingPointError when it holds a non-finite value (a float16 decode's overflow), which the cast would
+    GenerationFailed when it holds a non-finite value (a float16 decode's overflow), which the cast would
     make black or white pixels without a word."""
     if not bool(torch.isfinite(video).all()):
-        raise FloatingPointError(
+        raise GenerationFailed(
             f"the VAE decode in {str(video.dtype).removeprefix('torch.')} gave non-finite values (an "
             "overflow): decode in bfloat16 or float32 (--vae-dtype)"
         )

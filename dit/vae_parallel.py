@@ -24,6 +24,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+import parallel
+from dit.sampling import GenerationFailed
 from parallel import RowBands
 
 ROWS = -2  # every decoder tensor is [..., H, W]
@@ -153,7 +155,8 @@ def banded(vae: nn.Module, bands: RowBands):
 def decode(vae: nn.Module, z: torch.Tensor, group=None, finish=None, on_chunk=None) -> torch.Tensor | None:
     """`finish(vae.decode(z))` (`[1, C, f, h, w]` → `[1, 3, F, H, W]`), collective over `group` when one is
     given (every rank passes the same z): the video on group rank 0, None on the others. `finish`, elementwise
-    (e.g. the uint8 conversion; default none), runs on each band, so the leader gathers its smaller result.
+    (e.g. the uint8 conversion; default none), runs on each band, so the leader gathers its smaller result;
+    a GenerationFailed it raises on one rank is raised on every rank.
     With fewer latent rows than ranks (a video a few latent rows tall), group rank 0 decodes alone.
     `on_chunk` (group rank 0) gets the video's frames as they are decoded: a VAE with `decode_chunks` gives
     them a chunk at a time (each gathered as it comes), another all at once."""
@@ -165,7 +168,19 @@ def decode(vae: nn.Module, z: torch.Tensor, group=None, finish=None, on_chunk=No
         return _joined(vae, z, finish, on_chunk) if bands.rank == 0 else None
     with banded(vae, bands):
         own = bands.own(z, ROWS, list(bands.sizes))
-        return _joined(vae, own, lambda band: bands.gather(finish(band), ROWS), on_chunk)
+        return _joined(vae, own, lambda band: bands.gather(_agreed(finish, band, group), ROWS), on_chunk)
+
+
+def _agreed(finish, band: torch.Tensor, group) -> torch.Tensor:
+    """`finish(band)`; a GenerationFailed that any rank's `finish` raised is raised on every rank alike (the
+    lowest rank's), before the gather the failed rank would not join."""
+    try:
+        done, error = finish(band), None
+    except GenerationFailed as e:
+        done, error = None, e
+    if (first := parallel.first_failure(error, group, band.device)) is not None:
+        raise first
+    return done
 
 
 def _joined(vae: nn.Module, z: torch.Tensor, finish, on_chunk) -> torch.Tensor | None:

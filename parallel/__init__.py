@@ -1,6 +1,7 @@
 """Sequence-parallel attention: process mesh, Ulysses (plain / FP8 / P2P), ring, hybrid, kernels; row bands
 with halo exchange (band-parallel convolution)."""
 
+from parallel.agree import first_failure
 from parallel.attention import attention, cfg_all_gather
 from parallel.comm import (
     COMM_MODES,
@@ -35,6 +36,7 @@ __all__ = [
     "comm_modes",
     "count_comm",
     "exchange_halo",
+    "first_failure",
     "gather_bands",
     "gather_sequence",
     "init_parallel",

@@ -1,7 +1,7 @@
 """One job's run as the worker's replica leader records it, alone or in a batch: its steps (each recorded,
 its cancel flag read back), phases and their seconds, previews and MP4 (`StreamedVideo`), and its end:
-cancelled (file dropped), handed off to `JobEnd` once decoded, or left in progress when the run failed (the
-supervisor re-queues it once the group is gone)."""
+cancelled or failed for a reason of its own (file dropped), handed off to `JobEnd` once decoded, or left in
+progress when the group failed (the supervisor re-queues it once the group is gone)."""
 
 from __future__ import annotations
 
@@ -52,14 +52,19 @@ class JobRun:
     def on_preview(self, step: int, image: np.ndarray) -> None:
         self.worker.previews.submit(self.job_id, step, image)
 
-    def cancelled(self) -> None:
-        self.video.drop()
-        self.worker._flush(self.job_id)
-        self.worker.ending.finish(self, "cancelled", error=f"cancelled after step {len(self.step_times)}")
-
-    def finished(self, frames: np.ndarray, evaluations) -> None:
-        """The thumbnail (a frame of its video) in place, then the MP4 handed off to be closed."""
+    def ended(self, outcome, evaluations) -> None:
+        """The run's end: its frames (the thumbnail, a frame of them, in place, then the MP4 handed off to be
+        closed), or the GenerationCancelled or GenerationFailed that stopped it (no file; a failure is the
+        job's own: no other attempt)."""
         worker, job_id = self.worker, self.job_id
-        worker.previews.submit(job_id, self.spec["num_inference_steps"], frame_preview(frames))
+        if isinstance(outcome, Exception):
+            self.video.drop()
+            worker._flush(job_id)
+            if isinstance(outcome, worker.module.GenerationCancelled):
+                worker.ending.finish(self, "cancelled", error=f"cancelled after step {len(self.step_times)}")
+            else:
+                worker.ending.finish(self, "failed", error=str(outcome))
+            return
+        worker.previews.submit(job_id, self.spec["num_inference_steps"], frame_preview(outcome))
         worker._flush(job_id)
-        worker.ending.hand_off(self, frames, evaluations)
+        worker.ending.hand_off(self, outcome, evaluations)

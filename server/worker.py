@@ -94,7 +94,7 @@ class Worker:
         self.stopping = threading.Event()
         self._beat_lock = threading.Lock()
         self.supervisor_pid = int(os.environ.get("ITHACA_SUPERVISOR_PID", "0"))
-        self.state, self.job_id = "ready", None
+        self.state, self.jobs = "ready", []
         self.applied, self.switches = "", pipe.lora_switches  # the LoRA set last run (store.lora_set)
         # the leader's store calls ride out an outage: those at a job's edges wait for it (up to the grace),
         # heartbeats and steps are single attempts whose newest value is written once the store answers
@@ -136,7 +136,7 @@ class Worker:
                     instance=self.config.instance,
                     group_id=self.group_id,
                     state=self.state,
-                    info=self.info | {"job": self.job_id},
+                    info=self.info | {"job": next(iter(self.jobs), None), "jobs": self.jobs},
                 )
             except Exception as e:  # StoreBusy: the outage logged it
                 if not isinstance(e, StoreBusy):
@@ -296,11 +296,11 @@ class Worker:
     def _run_job(self, message: dict) -> None:
         job_id, spec, resume = message["id"], message["spec"], message["resume"]
         run = JobRun(self, message) if self.store is not None else None  # the leader records the job
-        self.job_id, self.state = job_id, "busy"
+        self.jobs, self.state = [job_id], "busy"
         every = self.config.checkpoint_steps
         checkpoints = run and self.checkpoints.schedule(every, partial(self.checkpoints.save, message))
         try:
-            frames = self.pipe.generate(
+            outcome = self.pipe.generate(
                 self.module.GenerationRequest(**spec),
                 run and run.callback,
                 run and run.on_phase,
@@ -309,22 +309,20 @@ class Worker:
                 checkpoints=checkpoints,
                 on_frames=run and run.video.frames,
             )
-        except self.module.GenerationCancelled:
-            if run is not None:
-                run.cancelled()
+        except (self.module.GenerationCancelled, self.module.GenerationFailed) as stop:  # every rank alike
+            outcome = stop
         except Exception:
             self._failed([run] if run is not None else [])
             raise
-        else:
-            if run is not None:
-                run.finished(frames, self.pipe.evaluations)  # this job's (the next generate replaces them)
-        self.job_id, self.state = None, "ready"
+        if run is not None:
+            run.ended(outcome, self.pipe.evaluations)  # this job's (the next generate replaces them)
+        self.jobs, self.state = [], "ready"
 
     def _run_batch(self, messages: list[dict]) -> None:
         """The jobs of one batch through `Pipeline.generate_batch`, each recorded as a job of its own."""
         leader = self.store is not None
         runs = [JobRun(self, m) for m in messages] if leader else []
-        self.job_id, self.state = messages[0]["id"], "busy"  # the heartbeat names the batch's first
+        self.jobs, self.state = [m["id"] for m in messages], "busy"  # the heartbeat names them
         requests = [self.module.GenerationRequest(**m["spec"]) for m in messages]
         jobs = [run.batch_job(req) for run, req in zip(runs, requests, strict=True)] if leader else [
             BatchJob(req) for req in requests]  # fmt: skip
@@ -344,11 +342,8 @@ class Worker:
             self._failed(runs)
             raise
         for run, outcome in zip(runs, outcomes if leader else [], strict=True):  # the leader records
-            if isinstance(outcome, self.module.GenerationCancelled):
-                run.cancelled()
-            else:
-                run.finished(outcome, self.pipe.evaluations)
-        self.job_id, self.state = None, "ready"
+            run.ended(outcome, self.pipe.evaluations)
+        self.jobs, self.state = [], "ready"
 
     def _failed(self, runs: list[JobRun]) -> None:
         """A run failed: its jobs stay in progress, for the supervisor to re-queue once the group is gone."""

@@ -30,10 +30,17 @@ from dit.batch import check_batch
 from dit.cache import Evaluations
 from dit.denoise_state import capture
 from dit.image import fit
-from dit.pipeline import TINY_LIMITS, GenerationCancelled, GenerationRequest, Pipeline, PipelineConfig
+from dit.pipeline import (
+    TINY_LIMITS,
+    GenerationCancelled,
+    GenerationFailed,
+    GenerationRequest,
+    Pipeline,
+    PipelineConfig,
+)
 from dit.sampling import passes_per_step, should_continue
 
-__all__ = ["GenerationCancelled", "GenerationRequest", "PipelineConfig", "load_pipeline"]
+__all__ = ["GenerationCancelled", "GenerationFailed", "GenerationRequest", "PipelineConfig", "load_pipeline"]
 
 
 class _WordCounter:
@@ -146,7 +153,10 @@ class FakePipeline:
         )
         on_phase("decoding")
         for j in live:
-            outcomes[j] = self._decode(requests[j], jobs[j].on_frames)
+            try:
+                outcomes[j] = self._decode(requests[j], jobs[j].on_frames)
+            except GenerationFailed as failed:  # as the real batch: this job's failure, the others go on
+                outcomes[j] = failed
         return outcomes
 
     def _decode(self, req: GenerationRequest, on_frames):

@@ -76,16 +76,44 @@ def test_a_cancel_ends_one_job_of_the_batch_and_the_others_complete(tmp_path, mo
     store, ids = setup[1], setup[2]
     real_record = LatestStep.record
 
+    beats = []
+
     def record(steps, job_id, step, total):  # the user cancels the middle job after its first step
         if job_id == ids[1] and step == 1:
+            setup[3]._beat()  # the worker's heartbeat names the batch's jobs
+            beats.append(store.workers()[0]["info"])
             store.cancel(job_id)
         return real_record(steps, job_id, step, total)
 
     monkeypatch.setattr(LatestStep, "record", record)
     jobs = _run(*setup, lambda job: job.terminal)
+    assert [(beat["job"], beat["jobs"]) for beat in beats] == [(ids[0], ids)]
     assert [(j.status, j.batch, j.step, j.video is None) for j in jobs] == [
         ("completed", 3, 2, False), ("cancelled", 3, 1, True), ("completed", 3, 2, False)]  # fmt: skip
     assert jobs[1].error == "cancelled after step 1" and not (tmp_path / "videos" / f"{ids[1]}.mp4").exists()
+
+
+def test_a_job_that_fails_of_its_own_fails_alone_and_the_worker_goes_on(tmp_path, monkeypatch):
+    """A GenerationFailed (raised on every rank alike: a decode that overflowed) fails its job at once, with
+    no file and no other attempt, in a batch or alone; the batch's other job and the next job complete."""
+    specs = [SPEC | {"seed": 0}, SPEC | {"seed": 1}, OTHER | {"seed": 2}, SPEC | {"seed": 3}]
+    setup = _queued(tmp_path, 2, specs)  # 0 and 1 a batch, then 2 and 3 alone (other keys)
+    real = fake_pipeline.FakePipeline._decode
+
+    def decode(pipe, req, on_frames):
+        if req.seed in (1, 2):
+            on_frames(np.zeros((1, req.height, req.width, 3), np.uint8))  # a first chunk went to the MP4
+            raise fake_pipeline.GenerationFailed("the VAE decode in float16 gave non-finite values")
+        return real(pipe, req, on_frames)
+
+    monkeypatch.setattr(fake_pipeline.FakePipeline, "_decode", decode)
+    jobs = _run(*setup, lambda job: job.terminal)
+    assert setup[4] == []  # the worker's loop went on
+    assert [(j.status, j.batch, j.attempts, j.video) for j in jobs] == [
+        ("completed", 2, 1, f"{jobs[0].id}.mp4"), ("failed", 2, 1, None), ("failed", 1, 1, None),
+        ("completed", 1, 1, f"{jobs[3].id}.mp4")]  # fmt: skip
+    assert jobs[1].error == jobs[2].error == "the VAE decode in float16 gave non-finite values"
+    assert sorted(os.listdir(setup[0].videos_dir)) == sorted(j.video for j in jobs if j.video) + ["previews"]
 
 
 def test_a_failed_batch_leaves_every_job_to_the_group_death_re_queue(tmp_path):

@@ -84,6 +84,30 @@ def test_banded_decode_matches_diffusers(references, world):
     assert all(result["video"] is None for rank in ranks[1:] for result in rank)
 
 
+def _one_band_overflows():
+    """Rank 1's band of the first decode overflows: (what each rank raised, the next decode's video)."""
+    import torch.distributed as dist
+
+    from dit import vae_parallel
+    from dit.sampling import GenerationFailed
+    from dit.vae_frames import quantize
+
+    vae, z, group = _vae("wan", 4), _latents(4, (2, 7, 5)), dist.group.WORLD
+    scale = float("inf") if dist.get_rank() == 1 else 1.0
+    try:
+        vae_parallel.decode(vae, z, group, finish=lambda band: quantize(band * scale))
+        failed = None
+    except GenerationFailed as e:
+        failed = str(e)
+    return failed, vae_parallel.decode(vae, z, group, finish=quantize)
+
+
+def test_a_band_that_overflows_fails_every_rank_alike_and_the_group_goes_on():
+    (failed, video), (failed_too, nothing) = run_distributed(2, _one_band_overflows, timeout=60)
+    assert failed == failed_too and "gave non-finite values" in failed  # rank 1's error, on rank 0 too
+    assert video.dtype == torch.uint8 and video.shape == (1, 3, 5, 56, 40) and nothing is None
+
+
 def _primitives():
     """Halo exchange and band gathers of a [2, 9, 3] tensor split 3+2+2+2 along dim 1, against slicing."""
     import torch.distributed as dist
