@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from bench import gpu_batch, gpu_correct, gpu_lora, gpu_modelled, gpu_speed, gpu_whole  # noqa: E402
+from bench import gpu_batch, gpu_correct, gpu_hunyuan_vae, gpu_lora, gpu_modelled, gpu_speed, gpu_whole  # noqa: E402
 from bench.gpu_kit import Kit, Report, Skip, fmt  # noqa: E402
 
 # a module of ours missing is a bug, not a skip
@@ -85,6 +85,12 @@ SECTIONS = (
     # ~80 s on an H200: the 40-step CFG row times 2 steps and multiplies (bench/gpu_whole.py)
     Section("whole-job", "Wan2.1-14B 480p whole job by phase, 1 GPU + MODELLED 8", gpu_whole.whole_job, 100),
     Section("hunyuan", "HunyuanVideo-1.5 480p forward, ours vs diffusers", gpu_speed.hunyuan, 90),
+    Section(
+        "hunyuan-vae",
+        "HunyuanVideo-1.5 VAE decode, whole video vs a latent frame at a time",
+        gpu_hunyuan_vae.hunyuan_vae,
+        45,
+    ),  # fmt: skip
 )
 
 
@@ -92,7 +98,7 @@ SECTIONS = (
 SPLIT = (
     ("attention", "fp8", "fp8-attention", "models", "pipeline", "serve", "attention-speed", "shard",
      "wan-1.3b", "wan-14b", "modelled", "overlap"),
-    ("job", "vae", "text", "lora", "batch", "whole-job", "hunyuan"),
+    ("job", "vae", "text", "lora", "batch", "whole-job", "hunyuan", "hunyuan-vae"),
 )  # fmt: skip
 
 

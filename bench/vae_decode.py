@@ -1,7 +1,8 @@
 """Band-parallel VAE decode (`dit.vae_parallel`) on P CPU processes (gloo) against the VAE's own decode in
-one process (Wan's: ours; HunyuanVideo-1.5's: diffusers'), on the same weights: seconds per decode, the peak
-memory a decode adds per process, and the largest difference from the one-process frames. Both run the
-pipeline's decode (`dit.wan.vae.decode`, `dit.hunyuan.vae.decode`: latents → uint8 frames on the leader).
+one process (Wan's: ours; HunyuanVideo-1.5's: diffusers' whole-video decode, then ours a latent frame at a
+time), on the same weights: seconds per decode, the peak memory a decode adds per process, and the largest
+difference from the first row's frames. All run the pipeline's decode (`dit.wan.vae.decode`,
+`dit.hunyuan.vae.decode`: latents → uint8 frames on the leader).
 
     python bench/vae_decode.py                                  # tiny Wan VAE, 33 frames of 256×256
     python bench/vae_decode.py --family hunyuan --ranks 1 2 4 --json
@@ -37,8 +38,9 @@ from parallel.launch import spawn_local  # noqa: E402
 SEED = 0
 
 
-def _build(args):
-    """(VAE, latents, the family's decode)."""
+def _build(args, whole: bool):
+    """(VAE, latents, the family's decode); HunyuanVideo-1.5's VAE a latent frame at a time as the pipeline
+    loads it, or diffusers' own (`whole`: every frame in one call)."""
     if args.family == "wan":
         from dit.wan.vae import decode, tiny_vae
 
@@ -48,6 +50,10 @@ def _build(args):
 
         spatial = 16
     vae = tiny_vae(args.channels, seed=SEED)
+    if args.family == "hunyuan" and not whole:
+        from dit.hunyuan.vae_chunks import streamed
+
+        vae = streamed(vae)
     shape = (1, args.channels, (args.frames - 1) // 4 + 1, args.height // spatial, args.width // spatial)
     return vae, torch.randn(shape, generator=torch.Generator().manual_seed(SEED)), decode
 
@@ -56,7 +62,7 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def _rank(args, out: str) -> None:
+def _rank(args, out: str, whole: bool) -> None:
     import torch.distributed as dist
 
     import parallel
@@ -64,7 +70,7 @@ def _rank(args, out: str) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     mesh = parallel.init_parallel()
-    vae, z, decode = _build(args)
+    vae, z, decode = _build(args, whole)
     decode(vae, z[..., : mesh.world_size, :2], mesh.replica_group)  # one latent row per rank
     before, times, grown = _peak_rss_mib(), [], []
     for _ in range(args.iters):
@@ -85,16 +91,17 @@ def _rank(args, out: str) -> None:
 def measure(args) -> list[dict]:
     rows, reference = [], None
     with tempfile.TemporaryDirectory() as tmp:
-        for ranks in args.ranks:
-            out = str(Path(tmp) / f"{ranks}.pt")
-            spawn_local(_rank, ranks, args, out)
+        runs = [(ranks, False) for ranks in args.ranks]
+        for ranks, whole in [(1, True)] * (args.family == "hunyuan") + runs:  # diffusers' decode first
+            out = str(Path(tmp) / f"{ranks}{whole}.pt")
+            spawn_local(_rank, ranks, args, out, whole)
             got = torch.load(out)
             reference = got["frames"] if reference is None else reference
             others = [r["rss_mib"] for r in got["ranks"][1:]]
             rows.append(
                 dict(
                     ranks=ranks,
-                    decode="whole" if ranks == 1 else "banded",
+                    decode="diffusers' (whole video)" if whole else "one process" if ranks == 1 else "banded",
                     threads=got["ranks"][0]["threads"],
                     seconds=min(map(max, zip(*(r["times"] for r in got["ranks"]), strict=True))),
                     leader_rss_mib=got["ranks"][0]["rss_mib"],

@@ -1,7 +1,7 @@
 """Band-parallel VAE decode (gloo, CPU): the halo and gather primitives, diffusers' `decode` on the same
 weights against the banded decode at 1-4 ranks for Wan2.1's and Wan2.2's VAEs (ours) and HunyuanVideo-1.5's
-(diffusers'), tiny configs, latent heights that split unevenly; and a whole pipeline at Ulysses 2 giving one
-rank's frames."""
+(diffusers', a latent frame at a time: `dit.hunyuan.vae_chunks`), tiny configs, latent heights that split
+unevenly; and a whole pipeline at Ulysses 2 giving one rank's frames."""
 
 from __future__ import annotations
 
@@ -51,10 +51,12 @@ def _banded_decodes(cases):
     import torch.distributed as dist
 
     from dit import vae_parallel
+    from dit.hunyuan.vae_chunks import streamed
 
     out = []
     for family, channels, shape in cases:
         vae, z = _vae(family, channels), _latents(channels, shape)
+        vae = streamed(vae) if family == "hunyuan" else vae  # as loaded: a latent frame at a time
         banded = vae_parallel.decode(vae, z, dist.group.WORLD)
         left = [m for m in vae.modules() if m._forward_pre_hooks or m._forward_hooks]
         out.append(dict(video=banded, after=vae_parallel.decode(vae, z), hooks_left=len(left)))
@@ -172,8 +174,8 @@ def _generate(model, degrees, **config):
                 chunks=chunks)  # fmt: skip
 
 
-# the frames the leader gets as they decode: Wan's VAE a latent frame at a time, diffusers' all at once
-CHUNKS = {"tiny": [1, 4, 4], "tiny-joint": [9]}
+# the frames the leader gets as they decode: a latent frame at a time (Wan's VAE; HunyuanVideo-1.5's streamed)
+CHUNKS = {"tiny": [1, 4, 4], "tiny-joint": [1, 4, 4]}
 
 
 @pytest.mark.parametrize("model", ["tiny", "tiny-joint"])

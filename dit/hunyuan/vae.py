@@ -1,7 +1,7 @@
 """HunyuanVideo-1.5's VAE (diffusers `AutoencoderKLHunyuanVideo15`: ×4 time, ×16 space, 32 channels) from a
 pipeline folder's `vae/`, or a tiny random one of the same compression for `tiny-joint`. Encodes (an
 image-to-video model's first frame) in float32, decodes in its decoder's dtype (`--vae-dtype`, float32 by
-default; as `dit.wan.vae` does for Wan)."""
+default; as `dit.wan.vae` does for Wan), a latent frame at a time (`dit.hunyuan.vae_chunks`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from dit import vae_parallel
+from dit.hunyuan.vae_chunks import streamed
 from dit.vae_frames import check_vae, decode_frames
 
 if TYPE_CHECKING:  # diffusers loads when a VAE is made
@@ -43,7 +44,7 @@ def load_vae(folder: Path | None, channels: int, device) -> AutoencoderKLHunyuan
         vae = tiny_vae(channels)
     cfg = vae.config
     found = (cfg.temporal_compression_ratio, cfg.spatial_compression_ratio)
-    return check_vae(vae, cfg.latent_channels, channels, found, COMPRESSION).to(device)
+    return streamed(check_vae(vae, cfg.latent_channels, channels, found, COMPRESSION)).to(device)
 
 
 def _register_layers() -> None:
@@ -78,7 +79,7 @@ def decode(
     vae: AutoencoderKLHunyuanVideo15, latents: torch.Tensor, group=None, on_frames=None
 ) -> np.ndarray | None:
     """Latents `[1, C, f, h, w]` (the DiT's space: the VAE's latents × scaling_factor) → uint8 frames; with a
-    group, decoded in bands across it (`dit.vae_frames.decode_frames`); `on_frames` gets them all at once
-    (diffusers' VAE decodes the whole video in one call)."""
+    group, decoded in bands across it (`dit.vae_frames.decode_frames`); `on_frames` gets them a latent
+    frame's at a time, as they decode (the VAE `load_vae` gives: `dit.hunyuan.vae_chunks`)."""
     z = latents.to(next(vae.parameters()).device, torch.float32) / vae.config.scaling_factor
     return decode_frames(vae, z, group, on_frames)
