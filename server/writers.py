@@ -136,30 +136,44 @@ class CheckpointWriter(LatestWriter):
 class StreamedVideo:
     """`frames(chunk)` as the decode's `on_frames`: the first chunk opens `<job id>.partial.mp4` (what
     `videos.sweep` removes if the process dies), each is encoded as it comes. `close()` finishes the file and
-    returns its path; `drop()` removes it (a cancel or a failure mid-decode)."""
+    returns its path; `drop()` removes it (a cancel or a failure mid-decode). A write that fails (ffmpeg gone,
+    the disk full) is kept for `close` to raise: the decode goes on meanwhile, since the group's other ranks
+    are in it too and would wait for this one, and the close's failure fails the job (`JobEnd`)."""
 
     def __init__(self, videos_dir: str, job_id: str, fps: int):
         os.makedirs(videos_dir, exist_ok=True)
         self.path = os.path.join(videos_dir, job_id + videos.PARTIAL_SUFFIX)
-        self.fps, self._writer = fps, None
+        self.fps, self._writer, self._error = fps, None, None
 
     def frames(self, chunk: np.ndarray) -> None:
-        if self._writer is None:
-            self._writer = Mp4Writer(self.path, chunk.shape[1], chunk.shape[2], self.fps)
-        self._writer.write(chunk)
+        if self._error is not None:
+            return
+        try:
+            if self._writer is None:
+                self._writer = Mp4Writer(self.path, chunk.shape[1], chunk.shape[2], self.fps)
+            self._writer.write(chunk)
+        except Exception as e:
+            self._error = e
 
     def close(self, frames: np.ndarray) -> str:
         """The finished file; written from `frames` whole when the pipeline streamed none (a pipeline
         without `on_frames`)."""
+        if self._error is not None:
+            raise self._error
         if self._writer is None:
             return str(write_mp4(frames, self.path, self.fps))
         return str(self._writer.close())
 
     def drop(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        Path(self.path).unlink(missing_ok=True)
+        writer, self._writer = self._writer, None
+        try:
+            if writer is not None:
+                writer.close()
+        except Exception:
+            if self._error is None:  # a writer that failed may fail its close too: that is known already
+                raise
+        finally:
+            Path(self.path).unlink(missing_ok=True)
 
 
 class VideoCloser(LatestWriter):

@@ -2,8 +2,8 @@
 claims its next job at once. The worker's job loop in this process (one rank, the fake pipeline, the real
 writers and SQLite store), every close held by an event: the next job runs while the last file closes; a
 job completes only once its file is in place; a cancel meanwhile leaves no file; a close that fails fails
-its job; a job whose file never closed (its group died) is re-queued by the group-death path, never
-completed."""
+its job, and so does a write that fails mid-decode; a job whose file never closed (its group died) is
+re-queued by the group-death path, never completed."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dit.video import read_mp4
+from dit.video import Mp4Writer, read_mp4
 from server import videos
 from server.config import ServeConfig
 from server.store import JobStore
@@ -121,6 +121,26 @@ def test_a_close_that_fails_fails_its_job_and_the_worker_goes_on(served):
     failed = _at(s, broken.id, "failed")
     assert failed.error == "the MP4 was not written: OSError: No space left on device"
     assert failed.timings["writing_s"] is not None and _files(s.config, broken.id) == []
+    _at(s, after.id, "completed")
+    assert _files(s.config, after.id) == [f"{after.id}.mp4"]
+
+
+def test_a_write_that_fails_mid_decode_fails_its_job_at_the_close_and_the_worker_goes_on(served, monkeypatch):
+    s = served
+    broken, _ = s.store.create(SPEC)
+    real_write = Mp4Writer.write
+
+    def write(writer, frames):  # ffmpeg's pipe breaks after the first chunk (the disk filled up)
+        if broken.id in str(writer.path) and writer.frames:
+            raise OSError(28, "No space left on device")
+        return real_write(writer, frames)
+
+    monkeypatch.setattr(Mp4Writer, "write", write)
+    after, _ = s.store.create(SPEC)
+    s.gate.set()
+    failed = _at(s, broken.id, "failed")  # the decode went on: no group to restart, no other attempt
+    assert failed.error == "the MP4 was not written: OSError: [Errno 28] No space left on device"
+    assert failed.attempts == 1 and _files(s.config, broken.id) == []
     _at(s, after.id, "completed")
     assert _files(s.config, after.id) == [f"{after.id}.mp4"]
 
