@@ -26,9 +26,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+import parallel
 from dit import lora
 from dit.loading import lora_resolver
 from dit.lora_catalogue import FileId, LoraCatalogue
+from dit.sampling import GenerationFailed
 from dit.settings import PipelineConfig
 
 LoraSet = tuple[tuple[str, float], ...]
@@ -47,9 +49,24 @@ class LoraSwitch:
         self.switches = 0  # how many times the applied set changed
         self.last_switch_s: float | None = None
 
-    def apply(self, loras: LoraSet) -> None:
+    def apply(self, loras: LoraSet, group=None) -> None:
         """Make `loras` (validated: `dit.request.check_loras`) the applied set; nothing when it already is.
-        After a failure the base is restored (the next job sees no LoRA) and the error raised."""
+        A set that cannot be applied (a file changed or gone since the catalogue read it) leaves the base
+        weights and raises GenerationFailed, on every rank of `group` (the replica) alike when any failed:
+        the job fails, the group goes on."""
+        try:
+            self._apply(loras)
+            failed = None
+        except Exception as e:
+            failed = GenerationFailed(f"loras: the set could not be applied: {type(e).__name__}: {e}")
+        if group is not None:
+            failed = parallel.first_failure(failed, group, next(self.models[0].parameters()).device)
+        if failed is not None:
+            self._restore()  # a rank that applied the set goes back to the base too
+            _sync(self.models)
+            raise failed
+
+    def _apply(self, loras: LoraSet) -> None:
         plans, files = self.catalogue.plans(loras)
         if (loras, files) == self.applied:
             return

@@ -160,9 +160,9 @@ class Pipeline:
 
     def apply_loras(self, loras: tuple[tuple[str, float], ...]) -> None:
         """Make a validated request's LoRA set (or none: the base) the applied one; every rank, before any
-        forward of the job. Nothing without a catalogue."""
+        forward of the job (GenerationFailed on every rank when one cannot). Nothing without a catalogue."""
         if self._loras is not None:
-            self._loras.apply(loras)
+            self._loras.apply(loras, self.mesh.replica_group)
 
     @property
     def lora_switches(self) -> int:

@@ -149,6 +149,47 @@ def test_two_ranks_switch_as_one(folder):
                 assert ((g - w).abs().max() / w.abs().max()).item() <= EXACT_REL, layout
 
 
+def _one_rank_cannot_read(folder: str):
+    """Rank 1 cannot read the set's file (gone since the catalogue was read): each job's latents, or what it
+    raised."""
+    import torch.distributed as dist
+
+    import parallel
+    from dit.pipeline import GenerationFailed
+
+    mesh = parallel.init_parallel(ulysses=2)
+    pipe = load_pipeline(
+        PipelineConfig(model="tiny-random", device="cpu", lora_dir=folder, preview_every=0), mesh
+    )
+    real, out = dit.lora.read, []
+
+    def gone(merge):
+        raise FileNotFoundError(f"{merge.path} is gone")
+
+    dit.lora.read = gone if dist.get_rank() == 1 else real  # the pool's process lives on: put it back
+    try:
+        for loras in ((("x", 0.7),), ()):
+            try:
+                out.append(pipe.denoise(GenerationRequest(**SMALL, loras=loras)))
+            except GenerationFailed as failed:
+                out.append(str(failed))
+    finally:
+        dit.lora.read = real
+    return out
+
+
+def test_a_set_one_rank_cannot_apply_fails_the_job_on_every_rank_and_the_next_job_runs(folder):
+    want = _switching(str(folder), 1, 1)[0]  # the base
+    (failed, after), (failed_too, after_too) = run_distributed(
+        2, _one_rank_cannot_read, str(folder), timeout=120
+    )
+    assert failed == failed_too and failed.startswith(
+        "loras: the set could not be applied: FileNotFoundError"
+    )
+    for got in (after, after_too):  # in step, and the weights the base's on both ranks
+        assert ((got - want).abs().max() / want.abs().max()).item() <= EXACT_REL
+
+
 def test_the_catalogue_and_the_request_checks(folder, tmp_path):
     pipe = load(lora_dir=str(folder))
     listed = pipe.lora_catalogue.entries()
