@@ -338,6 +338,8 @@ class Worker:
         checkpoints = self.checkpoints.schedule(self.config.checkpoint_steps, save) if leader else None
         try:
             outcomes = self.pipe.generate_batch(jobs, on_phase if leader else None, checkpoints)
+        except self.module.GenerationFailed as failed:  # the batch's own (its LoRA set): each job's
+            outcomes = [failed] * len(messages)
         except Exception:
             self._failed(runs)
             raise

@@ -116,6 +116,20 @@ def test_a_job_that_fails_of_its_own_fails_alone_and_the_worker_goes_on(tmp_path
     assert sorted(os.listdir(setup[0].videos_dir)) == sorted(j.video for j in jobs if j.video) + ["previews"]
 
 
+def test_a_batch_that_fails_of_its_own_fails_each_job_and_the_worker_goes_on(tmp_path):
+    setup = _queued(tmp_path, 2, [SPEC | {"seed": 0}, SPEC | {"seed": 1}, OTHER])
+
+    def unappliable(jobs, on_phase=None, checkpoints=None):  # every rank alike, before any step
+        raise fake_pipeline.GenerationFailed("loras: the set could not be applied: FileNotFoundError: x")
+
+    setup[3].pipe.generate_batch = unappliable
+    jobs = _run(*setup, lambda job: job.terminal)
+    assert setup[4] == []  # the worker's loop went on: the job of another key after the batch completed
+    assert [(j.status, j.batch, j.attempts) for j in jobs] == [
+        ("failed", 2, 1), ("failed", 2, 1), ("completed", 1, 1)]  # fmt: skip
+    assert jobs[0].error == jobs[1].error == "loras: the set could not be applied: FileNotFoundError: x"
+
+
 def test_a_failed_batch_leaves_every_job_to_the_group_death_re_queue(tmp_path):
     setup = _queued(tmp_path, 3, [SPEC | {"seed": s} for s in range(3)])
     config, store, ids, worker, errors = setup
