@@ -109,6 +109,7 @@ def run_generate(args) -> int:
     import torch.distributed as dist
     from tqdm import tqdm
 
+    from dit.sampling import GenerationFailed
     from dit.startup import start
     from dit.video import Mp4Writer
     from dit.vocabulary import prompt_warnings, read_vocabulary
@@ -143,11 +144,17 @@ def run_generate(args) -> int:
             return 2
         bar = tqdm(total=req.num_inference_steps, desc="denoising", unit="step", disable=not leader)
         start_s = time.perf_counter()
-        latents = pipe.denoise(req, callback=lambda step, total: bar.update(1))
-        bar.close()
-        # every rank decodes a band; rank 0 gets the frames and encodes each chunk as it comes
-        with Mp4Writer(args.out, req.height, req.width, req.fps) if leader else nullcontext() as writer:
-            frames = pipe.decode(latents, writer.write if leader else None)
+        try:  # a failure of the video's own (a float16 decode that overflows) is every rank's, and one line
+            latents = pipe.denoise(req, callback=lambda step, total: bar.update(1))
+            bar.close()
+            # every rank decodes a band; rank 0 gets the frames and encodes each chunk as it comes (a
+            # failure removes the file)
+            with Mp4Writer(args.out, req.height, req.width, req.fps) if leader else nullcontext() as writer:
+                frames = pipe.decode(latents, writer.write if leader else None)
+        except GenerationFailed as e:
+            if leader:
+                print(f"ithaca generate: error: {e}", file=sys.stderr)
+            return 1
         if leader:
             if args.save_latents:
                 torch.save({"latents": latents.cpu(), "frames": torch.from_numpy(frames)}, args.save_latents)

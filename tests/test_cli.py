@@ -50,6 +50,23 @@ def test_generate_writes_the_mp4_as_asked(tmp_path):
     assert warning in proc.stderr  # the tiny model declares its vocabulary (dit/tiny/model/vocabulary.json)
 
 
+def test_a_video_that_cannot_be_made_is_one_line_exit_1_and_no_file(tmp_path, monkeypatch, capsys):
+    from dit import vae_frames
+    from dit.sampling import GenerationFailed
+    from server.cli import main
+
+    def overflowed(video):
+        raise GenerationFailed("the VAE decode in float16 gave non-finite values (an overflow): ...")
+
+    monkeypatch.setattr(vae_frames, "quantize", overflowed)
+    out = tmp_path / "video.mp4"
+    assert main(["generate", "a red circle", "--out", str(out), "--steps", "2", "--frames", "5"]) == 1
+    assert (
+        "ithaca generate: error: the VAE decode in float16 gave non-finite values" in capsys.readouterr().err
+    )
+    assert not out.exists()
+
+
 def test_generate_rejects_bad_input(tmp_path):
     proc = _run("generate", "a fox", "--frames", "8", cwd=tmp_path)
     assert proc.returncode == 2
