@@ -20,9 +20,10 @@ import torch
 from dit.cache import Evaluations
 from dit.callbacks import FramesCallback, PhaseCallback, enter_phase
 from dit.denoise_state import Checkpointing, DenoiseState
+from dit.failures import GenerationFailed
 from dit.preview import PreviewCallback
 from dit.request import GenerationRequest
-from dit.sampling import Callback, GenerationCancelled, GenerationFailed, denoise
+from dit.sampling import Callback, GenerationCancelled, denoise
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,7 @@ def run_generate(args) -> int:
     import torch.distributed as dist
     from tqdm import tqdm
 
-    from dit.sampling import GenerationFailed
+    from dit.failures import GenerationFailed
     from dit.startup import start
     from dit.video import Mp4Writer
     from dit.vocabulary import prompt_warnings, read_vocabulary

@@ -21,16 +21,16 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import torch
 from torch import nn
 
-import parallel
 from dit import lora
+from dit.failures import GenerationFailed, alike
 from dit.loading import lora_resolver
 from dit.lora_catalogue import FileId, LoraCatalogue
-from dit.sampling import GenerationFailed
 from dit.settings import PipelineConfig
 
 LoraSet = tuple[tuple[str, float], ...]
@@ -55,16 +55,11 @@ class LoraSwitch:
         weights and raises GenerationFailed, on every rank of `group` (the replica) alike when any failed:
         the job fails, the group goes on."""
         try:
-            self._apply(loras)
-            failed = None
-        except Exception as e:
-            failed = GenerationFailed(f"loras: the set could not be applied: {type(e).__name__}: {e}")
-        if group is not None:
-            failed = parallel.first_failure(failed, group, next(self.models[0].parameters()).device)
-        if failed is not None:
+            alike(partial(self._apply, loras), group, next(self.models[0].parameters()).device, (Exception,))
+        except GenerationFailed as failed:
             self._restore()  # a rank that applied the set goes back to the base too
             _sync(self.models)
-            raise failed
+            raise GenerationFailed(f"loras: the set could not be applied: {failed}") from failed
 
     def _apply(self, loras: LoraSet) -> None:
         plans, files = self.catalogue.plans(loras)

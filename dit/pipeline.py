@@ -25,6 +25,7 @@ from dit.callbacks import FramesCallback, PhaseCallback, enter_phase
 from dit.comm_choice import choose_comm
 from dit.compile import compile_blocks
 from dit.denoise_state import Checkpointing, DenoiseState
+from dit.failures import GenerationFailed
 from dit.families import TINY_LIMITS, Limits, ModelFamily, model_family, model_limits, pick_scheduler
 from dit.first_frame import FirstFrame, with_first_frame
 from dit.fp8_linear import quantise
@@ -39,7 +40,6 @@ from dit.sampling import (
     NUM_TRAIN_TIMESTEPS,
     Callback,
     GenerationCancelled,
-    GenerationFailed,
     HostOffload,
     SecondExpert,
     denoise,

@@ -105,11 +105,6 @@ class GenerationCancelled(RuntimeError):
         return type(self), (self.step, self.total)
 
 
-class GenerationFailed(RuntimeError):
-    """The job's own failure, which a run again would meet again (a decode that overflowed), raised on every
-    rank of the replica at the same point: the job fails, the group goes on to the next."""
-
-
 def make_scheduler(
     sampler: str = "unipc", flow_shift: float = 3.0, config: dict | None = None
 ) -> FlowScheduler:

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from dit import vae_parallel
-from dit.sampling import GenerationFailed
+from dit.failures import GenerationFailed
 
 
 def check_vae(vae, channels: int, expected_channels: int, compression, expected_compression):

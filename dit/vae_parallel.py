@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import contextmanager
+from functools import partial
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
-import parallel
-from dit.sampling import GenerationFailed
+from dit.failures import alike
 from parallel import RowBands
 
 ROWS = -2  # every decoder tensor is [..., H, W]
@@ -168,19 +168,9 @@ def decode(vae: nn.Module, z: torch.Tensor, group=None, finish=None, on_chunk=No
         return _joined(vae, z, finish, on_chunk) if bands.rank == 0 else None
     with banded(vae, bands):
         own = bands.own(z, ROWS, list(bands.sizes))
-        return _joined(vae, own, lambda band: bands.gather(_agreed(finish, band, group), ROWS), on_chunk)
-
-
-def _agreed(finish, band: torch.Tensor, group) -> torch.Tensor:
-    """`finish(band)`; a GenerationFailed that any rank's `finish` raised is raised on every rank alike (the
-    lowest rank's), before the gather the failed rank would not join."""
-    try:
-        done, error = finish(band), None
-    except GenerationFailed as e:
-        done, error = None, e
-    if (first := parallel.first_failure(error, group, band.device)) is not None:
-        raise first
-    return done
+        # a GenerationFailed of one band's `finish` is every rank's before the gather it would not join
+        agreed = lambda band: alike(partial(finish, band), group, band.device)  # noqa: E731
+        return _joined(vae, own, lambda band: bands.gather(agreed(band), ROWS), on_chunk)
 
 
 def _joined(vae: nn.Module, z: torch.Tensor, finish, on_chunk) -> torch.Tensor | None:

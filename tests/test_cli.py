@@ -52,7 +52,7 @@ def test_generate_writes_the_mp4_as_asked(tmp_path):
 
 def test_a_video_that_cannot_be_made_is_one_line_exit_1_and_no_file(tmp_path, monkeypatch, capsys):
     from dit import vae_frames
-    from dit.sampling import GenerationFailed
+    from dit.failures import GenerationFailed
     from server.cli import main
 
     def overflowed(video):

@@ -91,7 +91,7 @@ def _one_band_overflows():
     import torch.distributed as dist
 
     from dit import vae_parallel
-    from dit.sampling import GenerationFailed
+    from dit.failures import GenerationFailed
     from dit.vae_frames import quantize
 
     vae, z, group = _vae("wan", 4), _latents(4, (2, 7, 5)), dist.group.WORLD
