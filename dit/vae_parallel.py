@@ -7,7 +7,9 @@ doubles the rows) a band is a whole number of rows. Inside `banded(vae, bands)`:
   and pads only at the image's true top and bottom, as the layer itself does (zeros, or replicate). Its time
   padding and a causal VAE's cache of earlier frames stay as they are: the cached frames carry their halo;
 - the attention blocks, which mix the whole frame, all-gather the band, run unchanged and keep this rank's
-  rows. They run at the lowest resolution, so the whole frame is small there;
+  rows. They run at the lowest resolution, so the whole frame is small there. A block with a `band_rows`
+  attribute is told this rank's rows of the whole frame, `(start, stop)`, and gives back only those (its
+  queries for the other rows are the other ranks' work);
 - every other decoder layer is row-local (norms over channels, SiLU, nearest upsampling, pixel shuffles, 1×1
   convolutions); a layer class not known to be is refused rather than decoded wrong.
 
@@ -86,10 +88,17 @@ def _gather_hooks(bands: RowBands):
     def before(module, args):
         whole, at = bands.all_gather(args[0], ROWS)
         sizes.append(at)
+        if hasattr(module, "band_rows"):
+            start = sum(at[: bands.rank])
+            module.band_rows = (start, start + at[bands.rank])
         return (whole, *args[1:])
 
     def after(module, args, out):
-        return bands.own(out, ROWS, sizes.pop())
+        at = sizes.pop()
+        if hasattr(module, "band_rows"):  # it gave back this rank's rows alone
+            module.band_rows = None
+            return out
+        return bands.own(out, ROWS, at)
 
     return before, after
 

@@ -13,7 +13,8 @@ frame (→ 1 frame), then one at a time (→ 4), each layer carrying from chunk 
 The attention also drops diffusers' `[S, S]` float mask over all S = frames × rows × columns positions,
 filled by a Python loop of S steps (at 480p and 121 frames S = 49290: 9.7 GB and 49290 fills a decode, on
 every rank of the band-parallel decode): each frame's queries attend to the keys up to their frame, one call
-per frame, so memory grows linearly in S. Without a chunk loop (`vae.decode`) the decoder runs as diffusers'.
+per frame, so memory grows linearly in S; in the banded decode each rank runs its own rows' queries only.
+Without a chunk loop (`vae.decode`) the decoder runs as diffusers'.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def streamed(vae: nn.Module) -> nn.Module:
     for module in vae.decoder.modules():
         if type(module) in forwards:
             module.forward, module.stream = MethodType(forwards[type(module)], module), None
+        if isinstance(module, hy.HunyuanVideo15AttnBlock):
+            module.band_rows = None  # the banded decode's rows of this rank (dit.vae_parallel)
     vae.decode_chunks = MethodType(_decode_chunks, vae)
     return vae
 
@@ -86,19 +89,22 @@ def _upsample(up: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def _attention(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """`HunyuanVideo15AttnBlock.forward` of `x` `[B, C, F, H, W]`: one head of C channels, each frame's
-    positions attending to those of its frame and the frames before it (in a stream, earlier chunks' too)."""
+    positions attending to those of its frame and the frames before it (in a stream, earlier chunks' too).
+    In the banded decode (`band_rows`: this rank's rows of the whole frame `x`) only those rows' queries run
+    and only those rows come back."""
     normed = block.norm(x)
     b, c, f, h, w = x.shape
-    q, k, v = (
-        proj(normed).flatten(2).transpose(1, 2).unsqueeze(1) for proj in (block.to_q, block.to_k, block.to_v)
-    )
+    top, bottom = block.band_rows or (0, h)
+    k, v = (proj(normed).flatten(2).transpose(1, 2).unsqueeze(1) for proj in (block.to_k, block.to_v))
+    q = block.to_q(normed[..., top:bottom, :]).flatten(2).transpose(1, 2).unsqueeze(1)
     if block.stream is not None:
         before = block.stream.carried.get(block)
         if before is not None:
             k, v = torch.cat([before[0], k], 2), torch.cat([before[1], v], 2)
         block.stream.carried[block] = (k, v)
-    n, past = h * w, k.shape[2] - f * h * w  # positions a frame; of earlier chunks
-    frames = [F.scaled_dot_product_attention(q[:, :, i * n : (i + 1) * n], k[:, :, : past + (i + 1) * n],
+    n, m = h * w, (bottom - top) * w  # key and query positions a frame
+    past = k.shape[2] - f * n  # positions of earlier chunks
+    frames = [F.scaled_dot_product_attention(q[:, :, i * m : (i + 1) * m], k[:, :, : past + (i + 1) * n],
                                              v[:, :, : past + (i + 1) * n]) for i in range(f)]  # fmt: skip
-    out = torch.cat(frames, dim=2)
-    return block.proj_out(out.squeeze(1).reshape(b, f, h, w, c).permute(0, 4, 1, 2, 3)) + x
+    out = torch.cat(frames, dim=2).squeeze(1).reshape(b, f, bottom - top, w, c).permute(0, 4, 1, 2, 3)
+    return block.proj_out(out) + x[..., top:bottom, :]
