@@ -162,9 +162,8 @@ def generate_batch(
 ) -> list[np.ndarray | None | GenerationCancelled | GenerationFailed]:
     """Each job's frames on the replica leader (None on the other ranks), or its GenerationCancelled, or the
     GenerationFailed of its decode (every rank alike; the other jobs go on), in the jobs' order; each finished
-    job's `on_frames` hears its frames as they decode. `on_phase` hears
-    "encoding", "denoising" and "decoding" once; `checkpoints` as `denoise_batch`'s. Collective over the
-    replica, as `Pipeline.generate`."""
+    job's `on_frames` hears its frames as they decode. `on_phase` hears "encoding", "denoising" and
+    "decoding" once; `checkpoints` as `denoise_batch`'s. Collective over the replica, as `generate`."""
     outcomes = denoise_batch(pipe, jobs, on_phase, checkpoints)
     if any(isinstance(out, torch.Tensor) for out in outcomes):
         enter_phase(on_phase, "decoding")

@@ -361,8 +361,8 @@ class Pipeline:
         """Jobs that may share every forward (`dit.batch.batch_key`; ValueError naming the field when they
         cannot) run as one batch: each job's frames on the replica leader (None on the other ranks), or its
         GenerationCancelled when its callback stopped it, or its decode's GenerationFailed, in the jobs'
-        order (`dit.batch.generate_batch`;
-        `checkpoints` hears each job's own state, `[(job index, DenoiseState)]`)."""
+        order (`dit.batch.generate_batch`; `checkpoints` hears each job's own state: `[(job index, state)]`).
+        """
         from dit.batch import generate_batch  # dit.batch builds on this module
 
         return generate_batch(self, jobs, on_phase, checkpoints)
