@@ -79,7 +79,9 @@ SECTIONS = (
     Section("vae", "VAE decode per --vae-dtype and conv setting, 81 frames 480p", gpu_speed.vae_decode, 90),
     Section("text", "text encode (UMT5-XXL)", gpu_speed.text_encode, 30),
     # the 14B's part: building it and copying its ~26 GB of block weights to the host and back a few times
-    Section("lora", "LoRA per request: a switch at Wan2.1-1.3B and 14B", gpu_lora.lora_switch, 70),
+    Section(
+        "lora", "LoRA per request: a switch at Wan2.1-1.3B (bf16, FP8) and 14B", gpu_lora.lora_switch, 80
+    ),
     # ~45 s on an H100 at the job section's 1.3 s per guided step of 81 frames
     Section("batch", "Wan2.1-1.3B jobs per minute, 1, 2 and 4 jobs per batch", gpu_batch.batch_jobs, 60),
     # ~80 s on an H200: the 40-step CFG row times 2 steps and multiplies (bench/gpu_whole.py)

@@ -16,6 +16,7 @@ and the latents of a small job; and this switch's own restore after as many (0 w
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -29,6 +30,7 @@ from safetensors.torch import save_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from dit import lora
+from dit.fp8_linear import QUANTS
 from dit.lora_switch import LoraSwitch
 from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline
 
@@ -42,10 +44,14 @@ TINY_JOB = dict(num_frames=5, height=32, width=32, num_inference_steps=4)
 REAL_JOB = dict(num_frames=9, height=256, width=256, num_inference_steps=4)
 
 
-def write_lora(path: Path, model, rank: int, seed: int) -> None:
-    """Factors sized so that Δ is about 1 % of a weight (a LoRA's usual scale), in bfloat16 as trainers
-    save them."""
-    params = dict(model.named_parameters())
+def weights(switcher: LoraSwitch) -> dict[str, torch.Tensor]:
+    """The first expert's weights by name, its FP8 layers' as they were before quantising."""
+    return {**dict(switcher.models[0].named_parameters()), **switcher.unquantised[0]}
+
+
+def write_lora(path: Path, params: dict[str, torch.Tensor], rank: int, seed: int) -> None:
+    """Factors sized so that Δ is about 1 % of a weight in `params` (a LoRA's usual scale), in bfloat16 as
+    trainers save them."""
     g, state = torch.Generator().manual_seed(seed), {}
     blocks = sorted({int(name.split(".")[1]) for name in params if name.startswith("blocks.")})
     for i in blocks:
@@ -61,9 +67,10 @@ def write_lora(path: Path, model, rank: int, seed: int) -> None:
     save_file({k: v.to(torch.bfloat16) for k, v in state.items()}, path)
 
 
-def switch_rows(catalogue, iters: int) -> list[dict]:
-    models = [model for model, _ in catalogue.experts]
-    reads, cached = LoraSwitch(catalogue, models, keep=1), LoraSwitch(catalogue, models, keep=2)
+def switch_rows(switcher: LoraSwitch, iters: int) -> list[dict]:
+    """Timed switches of two fresh switches over `switcher`'s catalogue, models and unquantised weights."""
+    catalogue, models, unquantised = switcher.catalogue, switcher.models, switcher.unquantised
+    reads, cached = (LoraSwitch(catalogue, models, keep, unquantised) for keep in (1, 2))
     a, b = (("a", 1.0),), (("b", 1.0),)
 
     def seconds(switch, loras) -> float:
@@ -80,7 +87,7 @@ def switch_rows(catalogue, iters: int) -> list[dict]:
         cached.apply(a)
         restores.append(seconds(cached, ()))
     base = statistics.median(restores)
-    kept = sum(t.numel() * t.element_size() for t in cached.base[0].values())
+    kept = sum(t.numel() * t.element_size() for t in (*cached.base[0].values(), *unquantised[0].values()))
     factors = sum(t.numel() * t.element_size() for t in lora.read(catalogue.plans(a)[0][0][0]).values())
     return [
         {"row": "first switch in (file read, base values copied, merge)", "seconds": first},
@@ -145,6 +152,10 @@ def main(argv=None) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
     p.add_argument("--rank", type=int, default=4)
+    p.add_argument(
+        "--quant", nargs="+", default=["none"], choices=QUANTS,
+        help="fp8: switch rows only (a float8 weight has no subtract-to-unmerge to compare with)",
+    )  # fmt: skip
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--round-trips", type=int, nargs="+", default=[1, 4])
     p.add_argument("--no-latents", action="store_true", help="drift of the weights alone (no job: a CPU run)")
@@ -153,19 +164,15 @@ def main(argv=None) -> None:
     job = None if args.no_latents else TINY_JOB if args.model.startswith("tiny") else REAL_JOB
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for dtype in args.dtype:
-            config = PipelineConfig(
-                model=args.model, device=args.device, dtype=dtype, lora_dir=folder, preview_every=0
-            )
+        for dtype, quant in itertools.product(args.dtype, args.quant):
+            config = PipelineConfig(model=args.model, device=args.device, dtype=dtype, quant=quant,
+                                    lora_dir=folder, preview_every=0)  # fmt: skip
             pipe = load_pipeline(config)
-            model = pipe.lora_catalogue.experts[0][0]
             for name, seed in (("a", 1), ("b", 2)):
-                write_lora(Path(folder) / f"{name}.safetensors", model, args.rank, seed)
-            rows += [
-                r | {"dtype": dtype}
-                for r in switch_rows(pipe.lora_catalogue, args.iters)
-                + drift_rows(pipe, args.round_trips, job)
-            ]
+                write_lora(Path(folder) / f"{name}.safetensors", weights(pipe.lora_switcher), args.rank, seed)
+            drift = drift_rows(pipe, args.round_trips, job) if quant == "none" else []
+            switches = switch_rows(pipe.lora_switcher, args.iters)
+            rows += [r | {"dtype": dtype, "quant": quant} for r in switches + drift]
             for f in Path(folder).iterdir():
                 f.unlink()
     if args.json:
@@ -174,8 +181,8 @@ def main(argv=None) -> None:
     print(
         f"LoRA switch: {args.model} on {args.device}, rank {args.rank} on every block linear layer, job {job}"
     )
-    print("| dtype | row | seconds / MB | weights rel | elements changed | latents rel |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| dtype | quant | row | seconds / MB | weights rel | elements changed | latents rel |")
+    print("|---|---|---|---:|---:|---:|---:|")
     for r in rows:
         value = f"{r['seconds']:.4f}" if "seconds" in r else f"{r['value']:.2f}" if "value" in r else ""
         drift = (
@@ -183,7 +190,7 @@ def main(argv=None) -> None:
             if "changed" in r
             else "| |"
         )
-        print(f"| {r['dtype']} | {r['row']} | {value} | {drift} |")
+        print(f"| {r['dtype']} | {r['quant']} | {r['row']} | {value} | {drift} |")
 
 
 if __name__ == "__main__":

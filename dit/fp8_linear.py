@@ -54,6 +54,14 @@ class Fp8Linear(nn.Module):
         self.weight_scale = nn.Parameter(scale, requires_grad=False)
         self.bias = linear.bias
 
+    @torch.no_grad()
+    def requantise(self, weight: torch.Tensor) -> None:
+        """Quantise `weight` (in the model dtype) into this layer, in place: the bytes and scales a layer
+        built from it would hold (dit.lora_switch: a LoRA per request merged into the unquantised base)."""
+        q, scale = quantise_rows(weight)
+        self.weight.copy_(q)
+        self.weight_scale.copy_(scale)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, scale = quantise_rows(x.reshape(-1, self.in_features))
         # row-wise scaled GEMMs give bf16 on CUDA; the CPU gives the input's dtype directly
@@ -76,11 +84,15 @@ def quantised(name: str, module: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def quantise(model: nn.Module) -> int:
+def quantise(model: nn.Module, keep: dict[str, torch.Tensor] | None = None) -> int:
     """Replace the model's large linear layers by `Fp8Linear`s, one at a time (each bf16 weight is freed as
-    its FP8 copy is made); the number replaced."""
+    its FP8 copy is made); the number replaced. `keep`: filled with a host copy of each weight quantised, in
+    the model dtype, by its parameter name (pinned when on a GPU), the base a LoRA per request merges into."""
     targets = [(name, module) for name, module in model.named_modules() if quantised(name, module)]
     for name, module in targets:
+        if keep is not None:
+            w = module.weight
+            keep[f"{name}.weight"] = torch.empty(w.shape, dtype=w.dtype, pin_memory=w.is_cuda).copy_(w)
         replace_module(model, name, Fp8Linear(module))
     return len(targets)
 

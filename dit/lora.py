@@ -229,11 +229,16 @@ def touched(merges: Sequence[Merge]) -> set[str]:
 
 @torch.no_grad()
 def merge(
-    model: nn.Module, merges: Sequence[Merge], tensors: Mapping[str, Mapping[str, torch.Tensor]] | None = None
+    model: nn.Module,
+    merges: Sequence[Merge],
+    tensors: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
+    instead: Mapping[str, torch.Tensor] | None = None,
 ) -> nn.Module:
     """Add each planned LoRA to the loaded weights, one target tensor at a time. `tensors`: each plan's
-    tensors by its path, already `read` (else they are read from the files as they are added)."""
-    params = dict(model.named_parameters())
+    tensors by its path, already `read` (else they are read from the files as they are added). `instead`:
+    tensors the adds go to in place of the parameters of those names (dit.lora_switch: an FP8 layer's
+    unquantised weight)."""
+    params = {**dict(model.named_parameters()), **(instead or {})}
     for m in merges:
         with contextlib.nullcontext(tensors[m.path]) if tensors else safe_open(m.path, framework="pt") as f:
             get = f.__getitem__ if tensors else f.get_tensor

@@ -14,6 +14,11 @@ changes 2 % of the bf16 weights (up to 2.3e-3 of a tensor's range, 4.8e-3 after 
 1.8e-2 relative (2.2e-2 after 16); fp32 drifts 1e-6. Restoring from the kept copies drifts 0, and a switch
 costs 0.1 ms (restore) to 1.6 ms (read + merge) there. Unmerged low-rank branches were not tried: they cost
 every step of every job and are not bit-equal to a load with the LoRA merged.
+
+Under `--quant fp8` a LoRA cannot be added to a float8 weight without rounding it twice, so the load keeps a
+host copy of each FP8 layer's weight in the model dtype as it quantises it (`unquantised`): a switch merges
+the set into those copies on the device and quantises the sums into the layers, as a load with `--lora X
+--quant fp8` merges then quantises (the same bytes), and the base comes back by quantising the copies again.
 """
 
 from __future__ import annotations
@@ -40,8 +45,17 @@ class LoraSwitch:
     """Applies `catalogue`'s LoRAs to `models` (the raw transformers, the high-noise expert first; the same
     Parameter objects the wrapped, parallelised and compiled pipeline runs)."""
 
-    def __init__(self, catalogue: LoraCatalogue, models: Sequence[nn.Module], keep: int):
+    def __init__(
+        self,
+        catalogue: LoraCatalogue,
+        models: Sequence[nn.Module],
+        keep: int,
+        unquantised: Sequence[dict[str, torch.Tensor]] | None = None,
+    ):
+        """`unquantised`: per model, its FP8 layers' weights in the model dtype by parameter name
+        (dit.fp8_linear.quantise's `keep`)."""
         self.catalogue, self.models, self.keep = catalogue, list(models), keep
+        self.unquantised = list(unquantised) if unquantised else [{} for _ in self.models]
         self.base: list[dict[str, torch.Tensor]] = [{} for _ in self.models]  # name → host copy
         self.applied: tuple[LoraSet, tuple[FileId, ...]] = ((), ())
         self._changed: list[set[str]] = [set() for _ in self.models]  # what the applied set changed
@@ -72,8 +86,11 @@ class LoraSwitch:
                 tensors = self._read(files, plans)
                 for i, merges in enumerate(plans):
                     self._changed[i].update(lora.touched(merges))
-                    _keep_base(self.models[i], self.base[i], self._changed[i])
-                    lora.merge(self.models[i], merges, tensors)
+                    fp8 = self._changed[i] & self.unquantised[i].keys()
+                    _keep_base(self.models[i], self.base[i], self._changed[i] - fp8)
+                    sums = _on_device(self.models[i], self.unquantised[i], fp8)
+                    lora.merge(self.models[i], merges, tensors, instead=sums)
+                    _requantise(self.models[i], sums)
             self.applied = (loras, files)
         except BaseException:
             self._restore()
@@ -85,10 +102,13 @@ class LoraSwitch:
 
     @torch.no_grad()
     def _restore(self) -> None:
-        for model, base, changed in zip(self.models, self.base, self._changed, strict=True):
+        for model, base, unquantised, changed in zip(
+            self.models, self.base, self.unquantised, self._changed, strict=True
+        ):
             params = dict(model.named_parameters())
-            for name in changed:
+            for name in changed - unquantised.keys():
                 params[name].copy_(base[name], non_blocking=True)
+            _requantise(model, _on_device(model, unquantised, changed & unquantised.keys()))
             changed.clear()
         self.applied = ((), ())
 
@@ -109,24 +129,22 @@ def check_lora_dir(config: PipelineConfig) -> None:
     """The LoRA-per-request settings `load_pipeline` (and `dit.preflight`) refuse, before any weight loads."""
     if config.lora_dir is None:
         return
-    if config.quant != "none":
-        raise ValueError(
-            f"--lora-dir and --quant {config.quant} do not combine: a LoRA per request is added to weights "
-            f"that --quant {config.quant} keeps quantised (merge LoRAs at load with --lora instead)"
-        )
     if config.lora_cache < 0:
         raise ValueError(f"--lora-cache must be 0 or more, got {config.lora_cache}")
     if not Path(config.lora_dir).is_dir():
         raise ValueError(f"--lora-dir {config.lora_dir}: no such folder")
 
 
-def lora_switch(config: PipelineConfig, raw: Sequence[tuple[nn.Module, str]]) -> LoraSwitch | None:
-    """The pipeline's switch over `config.lora_dir` (None without one); `raw`: each raw transformer and
-    what it loaded from (its LoRA keys resolve as that checkpoint's)."""
+def lora_switch(
+    config: PipelineConfig, raw: Sequence[tuple[nn.Module, str, dict[str, torch.Tensor]]]
+) -> LoraSwitch | None:
+    """The pipeline's switch over `config.lora_dir` (None without one); `raw`: each raw transformer, what
+    it loaded from (its LoRA keys resolve as that checkpoint's) and its FP8 layers' unquantised weights."""
     if config.lora_dir is None:
         return None
-    catalogue = LoraCatalogue(config.lora_dir, [(model, lora_resolver(source)) for model, source in raw])
-    return LoraSwitch(catalogue, [model for model, _ in raw], config.lora_cache)
+    catalogue = LoraCatalogue(config.lora_dir, [(model, lora_resolver(source)) for model, source, _ in raw])
+    models, unquantised = [model for model, _, _ in raw], [weights for _, _, weights in raw]
+    return LoraSwitch(catalogue, models, config.lora_cache, unquantised)
 
 
 @torch.no_grad()
@@ -136,6 +154,17 @@ def _keep_base(model: nn.Module, base: dict[str, torch.Tensor], names: set[str])
         if name in names and name not in base:
             copy = torch.empty(param.shape, dtype=param.dtype, pin_memory=param.is_cuda)
             base[name] = copy.copy_(param)
+
+
+def _on_device(model: nn.Module, unquantised: dict[str, torch.Tensor], names: set[str]) -> dict:
+    """The named FP8 weights' unquantised copies, on the model's device (a LoRA set is added to these)."""
+    device = next(model.parameters()).device
+    return {name: unquantised[name].to(device, copy=True) for name in names}
+
+
+def _requantise(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    for name, weight in weights.items():
+        model.get_submodule(name.removesuffix(".weight")).requantise(weight)
 
 
 def _sync(models: Sequence[nn.Module]) -> None:

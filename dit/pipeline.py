@@ -95,8 +95,9 @@ class Pipeline:
         # a two-expert model's low-noise expert and its boundary ratio (dit.wan.experts), else None, None
         self.model_2, self.boundary = second if second is not None else (None, None)
         self.tokenizer, self.limits = tokenizer, limits
-        # LoRAs per request (`config.lora_dir`): the catalogue requests name them from, or None
-        self._loras = loras
+        # LoRAs per request (`config.lora_dir`): the switch that applies them and the catalogue requests name
+        # them from, or None
+        self.lora_switcher = loras
         self.lora_catalogue: LoraCatalogue | None = loras.catalogue if loras is not None else None
         self.text_encoder = text_encoder  # None except on the replica leader
         self.texts = TextCache()  # recent prompts' text conditioning (the leader's)
@@ -161,18 +162,18 @@ class Pipeline:
     def apply_loras(self, loras: tuple[tuple[str, float], ...]) -> None:
         """Make a validated request's LoRA set (or none: the base) the applied one; every rank, before any
         forward of the job (GenerationFailed on every rank when one cannot). Nothing without a catalogue."""
-        if self._loras is not None:
-            self._loras.apply(loras, self.mesh.replica_group)
+        if self.lora_switcher is not None:
+            self.lora_switcher.apply(loras, self.mesh.replica_group)
 
     @property
     def lora_switches(self) -> int:
         """How many times a job's LoRA set changed the weights (to another set or back to the base)."""
-        return 0 if self._loras is None else self._loras.switches
+        return 0 if self.lora_switcher is None else self.lora_switcher.switches
 
     @property
     def lora_switch_seconds(self) -> float | None:
         """The last switch's seconds (restore + file reads + merge), None before the first."""
-        return None if self._loras is None else self._loras.last_switch_s
+        return None if self.lora_switcher is None else self.lora_switcher.last_switch_s
 
     @property
     def device(self) -> torch.device:
@@ -404,15 +405,17 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
             "LoRAs on a two-expert model (Wan2.2 A14B) are not supported: each expert takes its own file"
         )
     check_lora_dir(config)
-    raw = []  # (raw transformer, its source): the LoRAs per request change its parameters
+    raw = []  # (raw transformer, its source, FP8 layers' unquantised weights): LoRAs per request change it
+    # a LoRA per request is added to unquantised weights: a pre-quantised checkpoint is then dequantised
+    quant_stored = config.quant if config.lora_dir is None else "none"
 
     def transformer(source, seed=0):
         model = dit.load_transformer(
-            source, dtype=dtype, device=device, loras=config.loras, seed=seed, quant=config.quant
+            source, dtype=dtype, device=device, loras=config.loras, seed=seed, quant=quant_stored
         )
-        raw.append((model, source))
+        raw.append((model, source, {}))
         if config.quant == "fp8":  # after the LoRAs are merged; a pre-quantised checkpoint's layers stay
-            quantise(model)
+            quantise(model, keep=raw[-1][2] if config.lora_dir else None)
         model = dit.parallelize(
             family.wrap(model.eval(), folder, model_name), mesh, comm=config.comm, backend=config.attn_backend
         )

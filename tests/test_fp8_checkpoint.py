@@ -5,6 +5,7 @@ stored bytes and scales without a copy in the model dtype, dequantised without i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -161,3 +162,33 @@ def test_unknown_scale_layouts_are_clear_errors(tmp_path):
     save_file(state, path)
     with pytest.raises(ValueError, match=r"blocks\.0\.ffn\.2\.weight: float8_e5m2 weights are not supported"):
         load_transformer(tmp_path / "fp8")
+
+
+def test_a_lora_per_request_on_a_prequantised_checkpoint(tmp_path):
+    """`--lora-dir` dequantises the stored layers as `--lora` does; a job's set is merged, then quantised."""
+    folder = _pipeline_folder(tmp_path, "prequantised")
+    write_fp8(folder / "transformer", "original")
+    loras = tmp_path / "loras"
+    loras.mkdir()
+    g = torch.Generator().manual_seed(0)
+    save_file(
+        {
+            "diffusion_model.blocks.0.self_attn.q.diff": torch.randn(128, 128, generator=g) * 1e-2,
+            "diffusion_model.blocks.1.ffn.0.lora_down.weight": torch.randn(4, 128, generator=g) * 0.1,
+            "diffusion_model.blocks.1.ffn.0.lora_up.weight": torch.randn(512, 4, generator=g) * 0.1,
+        },
+        loras / "q.safetensors",
+    )
+    request = GenerationRequest(
+        prompt="a red ball moves left", num_frames=5, height=32, width=32, num_inference_steps=2, seed=3
+    )
+
+    def load(**config):
+        return load_pipeline(PipelineConfig(model=str(folder), quant="fp8", preview_every=0, **config))
+
+    pipe = load(lora_dir=str(loras))
+    base = pipe.denoise(request)
+    assert torch.equal(base, load().denoise(request))  # the stored bytes, quantised again
+    got = pipe.denoise(dataclasses.replace(request, loras=[["q", 0.5]]))
+    assert torch.equal(got, load(loras=((str(loras / "q.safetensors"), 0.5),)).denoise(request))
+    assert not torch.equal(got, base) and torch.equal(pipe.denoise(request), base)

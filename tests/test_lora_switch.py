@@ -87,6 +87,22 @@ def test_a_job_gives_the_latents_of_a_pipeline_loaded_with_its_loras(folder, dty
     assert pipe.lora_switches == 5 and pipe.lora_switch_seconds > 0
 
 
+def test_under_fp8_a_job_gives_the_latents_of_a_pipeline_loaded_with_its_loras_then_quantised(folder):
+    """`--quant fp8 --lora-dir`: the set merged into the unquantised weights, then quantised (the bytes of a
+    load with `--lora X --quant fp8`); the base quantised again, the bytes it loaded with."""
+    pipe = load(dtype="bfloat16", quant="fp8", lora_dir=str(folder))
+    base = pipe.denoise(GenerationRequest(**SMALL))
+    assert torch.equal(base, load(dtype="bfloat16", quant="fp8").denoise(GenerationRequest(**SMALL)))
+    x = pipe.denoise(GenerationRequest(**SMALL, loras=[["x", 0.7]]))
+    loaded = load(dtype="bfloat16", quant="fp8", loras=((str(folder / "x.safetensors"), 0.7),))
+    assert torch.equal(x, loaded.denoise(GenerationRequest(**SMALL)))
+    assert not torch.allclose(x, base, rtol=1e-2, atol=0)
+    y = pipe.denoise(GenerationRequest(**SMALL, loras=[["style/y", -1.0]]))  # X's layers back, then Y's
+    loaded = load(dtype="bfloat16", quant="fp8", loras=((str(folder / "style/y.safetensors"), -1.0),))
+    assert torch.equal(y, loaded.denoise(GenerationRequest(**SMALL)))
+    assert torch.equal(pipe.denoise(GenerationRequest(**SMALL)), base)
+
+
 def test_hunyuan_takes_a_lora_per_request(tmp_path):
     """tiny-joint, a LoRA in diffusers' layout on the image stream's fused q/k/v and the FFN."""
     params = dict(dit.load_transformer("tiny-joint", device="meta").named_parameters())
@@ -222,8 +238,6 @@ def test_the_catalogue_and_the_request_checks(folder, tmp_path):
 
     wan_lora(folder / "later.safetensors", 5, blocks=(0,))  # seen without a restart
     assert "later" in [e["name"] for e in pipe.lora_catalogue.entries()]
-    with pytest.raises(ValueError, match="--lora-dir and --quant fp8 do not combine"):
-        load(lora_dir=str(folder), quant="fp8")
     with pytest.raises(ValueError, match="no such folder"):
         load(lora_dir=str(tmp_path / "missing"))
 
