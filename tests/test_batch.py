@@ -66,6 +66,14 @@ def test_the_trained_tiny_model_batches_exactly():
     assert all(rel(b, pipe.denoise(req)) <= EXACT_REL for b, req in zip(got, REQUESTS, strict=False))
 
 
+def test_fp8_linear_and_attention_batch_exactly():
+    """Their scales are a token's (linear) and a sample's head's (attention): a row quantises as alone."""
+    config = PipelineConfig(model="tiny-random", device="cpu", quant="fp8", attn_backend="fp8")
+    pipe = load_pipeline(config)
+    got = denoise_batch(pipe, [BatchJob(req) for req in REQUESTS[:2]])
+    assert all(rel(b, pipe.denoise(req)) <= EXACT_REL for b, req in zip(got, REQUESTS, strict=False))
+
+
 def test_renoise_rows_draw_from_their_own_generators():
     pipe = _load(sampler="renoise")
     solo = [pipe.denoise(req) for req in REQUESTS[:2]]
