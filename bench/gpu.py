@@ -62,7 +62,8 @@ SECTIONS = (
     ),
     Section("pipeline", "tiny pipeline end to end vs the CPU", gpu_correct.pipeline, 25),
     Section("serve", "`ithaca serve --nproc 1` answers one job", gpu_correct.serve, 60),
-    Section("attention-speed", "attention TFLOP/s per backend, fp8 too", gpu_speed.attention_speed, 25),
+    # + the FP8 parts: two quantisers and five launch settings of the kernel alone (~15 s)
+    Section("attention-speed", "attention TFLOP/s per backend, fp8 too", gpu_speed.attention_speed, 40),
     Section(
         "shard",
         "Ulysses pack / FP8 quantise / unpack of one rank's share at P=8",

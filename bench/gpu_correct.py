@@ -98,15 +98,25 @@ def fp8_attention(kit: Kit, report: Report) -> None:
         report.check(f"fp8 bf16 {case} vs float64" + (" (out and LSE)" if lse else ""), err, 0.08)
         if not kit.cuda:
             continue
-        from parallel import fp8_attention_kernel
+        from parallel import fp8_attention_kernel, fp8_qkv_kernel
 
         z = quantize_qkv(q, k, v, mask)
+        fused = fp8_qkv_kernel.quantize_qkv(q, k, v, mask)
+        differ = sum(_bytes(getattr(fused, f)).ne(_bytes(getattr(z, f))).sum().item() for f in QKV_FIELDS)
+        report.check(f"fused (Triton) vs torch Q/K/V quantiser, {case}: bytes that differ", differ, 0)
         kernel = fp8_attention_kernel.attend(z, S, mask, causal, torch.float32)
         emulated = emulate(z, S, mask, causal, torch.float32)
         err = max(rel_diff(a, b) for a, b in zip(kernel, emulated, strict=True))
         report.check(f"fp8 Triton kernel vs its emulation, {case} (out and LSE)", err, 1e-3)
     if not kit.cuda:
-        report.skip_check("fp8 Triton kernel vs its emulation", "the kernel needs CUDA")
+        report.skip_check("fp8 Triton kernel (and fused quantiser) vs the emulation", "the kernels need CUDA")
+
+
+QKV_FIELDS = ("q", "k", "v_t", "q_scale", "k_scale", "v_scale")
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
 
 
 def fp8_wire(kit: Kit, report: Report) -> None:

@@ -46,12 +46,45 @@ def attention_speed(kit: Kit, report: Report) -> None:
             rows.append([backend, heads, f"{sec * 1e3:.2f}", fmt(tflops), gib(peak)])
         if kit.cuda and heads == H:
             rows.append(_cudnn_fp8_row(kit, report, q, k, v))
+            rows += _fp8_parts(kit, report, q, k, v)
     report.table(
         f"attention, S={S}, D={D}, {kit.dtype}", ["backend", "heads", "ms", "TFLOP/s", "peak GiB"], rows
     )
     report.target(f"attention at S={S} H={H} D={D}, best backend", best.get(H), 580, "TFLOP/s", higher=True)
     what = f"FP8 attention at S={S} H={H} D={D}, bf16-equivalent"
     report.target(what, fp8_tflops, 900, "TFLOP/s", higher=True)
+
+
+# the attention kernel's (block_m, warps, stages) timed alone: the default first
+FP8_LAUNCHES = ((128, 8, 3), (128, 8, 2), (128, 8, 4), (128, 4, 3), (64, 4, 3))
+
+
+def _fp8_parts(kit: Kit, report: Report, q, k, v) -> list[list]:
+    """backend fp8's two parts at the same shape: the Q/K/V quantiser (torch's and the fused Triton one that
+    the backend runs) and the attention kernel alone per launch setting; the fastest setting in a note."""
+    from parallel import fp8_attention_kernel, fp8_qkv_kernel
+    from parallel.fp8_attention_format import quantize_qkv
+
+    S, heads, D = q.shape[1], q.shape[2], q.shape[3]
+    rows = []
+    for name, quantise in (("torch", quantize_qkv), ("fused Triton", fp8_qkv_kernel.quantize_qkv)):
+        sec, z, peak = kit.time(lambda f=quantise: f(q, k, v), warmup=3, iters=10)
+        rows.append([f"fp8 quantise Q/K/V only ({name})", heads, f"{sec * 1e3:.2f}", "–", gib(peak)])
+    speeds = {}
+    for block_m, warps, stages in FP8_LAUNCHES:
+        launch = dict(block_m=block_m, warps=warps, stages=stages)
+        sec, _, peak = kit.time(
+            lambda at=launch: fp8_attention_kernel.attend(z, S, dtype=q.dtype, **at), warmup=2, iters=5
+        )
+        speeds[block_m, warps, stages] = tflops = 4 * S * S * heads * D / sec / 1e12
+        what = f"fp8 kernel only, block_m {block_m}, {warps} warps, {stages} stages"
+        rows.append([what, heads, f"{sec * 1e3:.2f}", fmt(tflops), gib(peak)])
+    best = max(speeds, key=speeds.get)
+    report.note(
+        f"FP8 attention kernel at S={S} H={heads}: fastest launch (block_m, warps, stages) = {best}, "
+        f"{speeds[best]:.0f} TFLOP/s against {speeds[FP8_LAUNCHES[0]]:.0f} at the default {FP8_LAUNCHES[0]}"
+    )
+    return rows
 
 
 def _cudnn_fp8_row(kit: Kit, report: Report, q, k, v) -> list:

@@ -1,8 +1,8 @@
 """FP8 attention (`backend="fp8"`): Q, K, V in float8_e4m3 with fp32 scales, both products on FP8 inputs with
 fp32 accumulation, the softmax in fp32. Lossy, so `auto` never picks it.
 
-Scales (all from `fp8.quantize`, absmax / 448, computed in torch by `fp8_attention_format.quantize_qkv`
-so the kernel and the emulation read the same bytes):
+Scales (all from `fp8.quantize`, absmax / 448, computed by `fp8_attention_format.quantize_qkv`; on CUDA by
+its fused twin `parallel.fp8_qkv_kernel`, the same bytes, so the kernel and the emulation read alike):
 - Q one per (batch, head, token): a row scale costs the kernel nothing (it multiplies S's rows with the
   softmax scale) and a token's scale never depends on which rank holds it;
 - K one per (batch, head, block of KEY_BLOCK keys): one scalar per S tile; keys the mask drops count as 0;
@@ -67,9 +67,9 @@ def emulate(z: QuantisedQKV, Sk: int, key_mask=None, causal=False, dtype=torch.f
 
 def fp8_attention(q, k, v, *, key_mask=None, causal=False):
     """`local_attention` for backend="fp8": (out [B, Sq, H, D] in q's dtype, lse [B, Sq, H] fp32)."""
-    z = quantize_qkv(q, k, v, key_mask)
     if q.is_cuda:
-        from parallel import fp8_attention_kernel  # Triton: CUDA builds of torch only
+        from parallel import fp8_attention_kernel, fp8_qkv_kernel  # Triton: CUDA builds of torch only
 
+        z = fp8_qkv_kernel.quantize_qkv(q, k, v, key_mask)
         return fp8_attention_kernel.attend(z, k.shape[1], key_mask, causal, q.dtype)
-    return emulate(z, k.shape[1], key_mask, causal, q.dtype)
+    return emulate(quantize_qkv(q, k, v, key_mask), k.shape[1], key_mask, causal, q.dtype)

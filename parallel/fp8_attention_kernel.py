@@ -17,7 +17,7 @@ from parallel.fp8_attention_format import KEY_BLOCK, LOG2E, P_SCALE, QuantisedQK
 
 
 @triton.jit
-def _round_e4m3(x):
+def round_e4m3(x):
     """x >= 0 rounded to e4m3's grid to nearest even, in fp32: the interpreter's fp32→e4m3 cast (Triton 3.9)
     drops a round-up's carry into the exponent (31.5 → 16); on an exact value it is right."""
     bits = x.to(tl.int32, bitcast=True)
@@ -61,7 +61,7 @@ def _attend(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, vs_ptr, mask_ptr, o_ptr, lse_pt
                     mask=(n < Sk)[:, None] & live_d[None, :], other=0.0)  # fmt: skip
         p8 = p * p_scale
         if ROUND_P:
-            p8 = _round_e4m3(p8)
+            p8 = round_e4m3(p8)
         acc = tl.dot(p8.to(v.dtype), v, acc * alpha[:, None])
         m = m_new
     l_safe = tl.where(row_sum == 0.0, 1.0, row_sum)  # a query with no key left: out 0, lse -inf
@@ -72,12 +72,12 @@ def _attend(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, vs_ptr, mask_ptr, o_ptr, lse_pt
     tl.store(lse_ptr + bh * Sq + rows, (m + tl.math.log2(row_sum)) * 0.6931471805599453, mask=rows < Sq)
 
 
-def _interpreted() -> bool:
+def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _check_device(t: torch.Tensor) -> None:
-    if _interpreted():
+def check_device(t: torch.Tensor) -> None:
+    if interpreted():
         return
     if not t.is_cuda:
         raise RuntimeError("the FP8 attention kernel needs CUDA (on the CPU, backend fp8 runs the emulation)")
@@ -86,9 +86,11 @@ def _check_device(t: torch.Tensor) -> None:
 
 
 def attend(z: QuantisedQKV, Sk: int, key_mask=None, causal=False, dtype=torch.bfloat16, block_m: int = 128,
-           warps: int = 8):  # fmt: skip
-    """(out [B, Sq, H, D] in `dtype`, lse [B, Sq, H] fp32) of `z` over its first Sk keys."""
-    _check_device(z.q)
+           warps: int = 8, stages: int = 3):  # fmt: skip
+    """(out [B, Sq, H, D] in `dtype`, lse [B, Sq, H] fp32) of `z` over its first Sk keys; `block_m` queries
+    a program, `warps` and `stages` (software pipelining depth) Triton's launch settings (bench/gpu.py's
+    attention-speed section times a few)."""
+    check_device(z.q)
     B, H, Sq, D = z.q.shape
     out = torch.empty(B, Sq, H, D, dtype=dtype, device=z.q.device)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=z.q.device)
@@ -97,6 +99,6 @@ def attend(z: QuantisedQKV, Sk: int, key_mask=None, causal=False, dtype=torch.bf
     _attend[grid](z.q, z.k, z.v_t, z.q_scale, z.k_scale, z.v_scale, out if mask is None else mask, out,
                   lse, H, Sq, Sk, D, z.k.shape[2], z.k_scale.shape[-1], *out.stride()[:3],
                   0 if mask is None else mask.stride(0), D**-0.5 * LOG2E, P_SCALE, HAS_MASK=mask is not None,
-                  CAUSAL=causal, ROUND_P=_interpreted(), BLOCK_M=block_m, BLOCK_N=KEY_BLOCK,
-                  BLOCK_D=max(32, triton.next_power_of_2(D)), num_warps=warps)  # fmt: skip
+                  CAUSAL=causal, ROUND_P=interpreted(), BLOCK_M=block_m, BLOCK_N=KEY_BLOCK,
+                  BLOCK_D=max(32, triton.next_power_of_2(D)), num_warps=warps, num_stages=stages)  # fmt: skip
     return out, lse.transpose(1, 2)

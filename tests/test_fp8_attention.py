@@ -134,6 +134,23 @@ def test_kernel_matches_the_emulation_in_the_interpreter(interpreted_kernel, D, 
     assert (out - want).abs().max() < 1e-5 and (lse - want_lse).abs().max() < 1e-5
 
 
+@needs_triton
+@pytest.mark.parametrize(("Sq", "D", "masked"), [(150, 40, True), (300, 64, False)])
+def test_the_fused_quantiser_gives_the_torch_quantisers_bytes(monkeypatch, Sq, D, masked):
+    """parallel.fp8_qkv_kernel (CUDA's quantiser) in the interpreter: every byte and scale of the torch one,
+    on bf16 inputs, Q a strided view, keys not a multiple of the block, a key mask."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    fused = importlib.import_module("parallel.fp8_qkv_kernel")
+    _, k, v, mask = (t if t.dtype == torch.bool else t.bfloat16() for t in _inputs(S=300, D=D))
+    q = _inputs(S=Sq, D=D, seed=1)[0].bfloat16().transpose(1, 2).contiguous().transpose(1, 2) * 30
+    mask = mask if masked else None
+    got, want = fused.quantize_qkv(q, k, v, mask), quantize_qkv(q, k, v, mask)
+    for name in ("q", "k", "v_t", "q_scale", "k_scale", "v_scale"):
+        a, b = getattr(got, name), getattr(want, name)
+        a, b = (t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for t in (a, b))
+        assert a.shape == b.shape and torch.equal(a, b), name
+
+
 def _layouts_vs_one_rank(S: int, H: int, D: int, T: int) -> dict:
     import parallel
     from parallel.ulysses import joint_attention
