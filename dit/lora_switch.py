@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -69,7 +70,7 @@ class LoraSwitch:
         weights and raises GenerationFailed, on every rank of `group` (the replica) alike when any failed:
         the job fails, the group goes on."""
         try:
-            alike(partial(self._apply, loras), group, next(self.models[0].parameters()).device, (Exception,))
+            alike(partial(self._apply, loras), group, _device(self.models[0]), (Exception,))
         except GenerationFailed as failed:
             self._restore()  # a rank that applied the set goes back to the base too
             _sync(self.models)
@@ -88,9 +89,8 @@ class LoraSwitch:
                     self._changed[i].update(lora.touched(merges))
                     fp8 = self._changed[i] & self.unquantised[i].keys()
                     _keep_base(self.models[i], self.base[i], self._changed[i] - fp8)
-                    sums = _on_device(self.models[i], self.unquantised[i], fp8)
-                    lora.merge(self.models[i], merges, tensors, instead=sums)
-                    _requantise(self.models[i], sums)
+                    for layer, part in _by_fp8_layer(merges, fp8):
+                        _set_fp8(self.models[i], self.unquantised[i], layer, part, tensors)
             self.applied = (loras, files)
         except BaseException:
             self._restore()
@@ -108,7 +108,8 @@ class LoraSwitch:
             params = dict(model.named_parameters())
             for name in changed - unquantised.keys():
                 params[name].copy_(base[name], non_blocking=True)
-            _requantise(model, _on_device(model, unquantised, changed & unquantised.keys()))
+            for name in changed & unquantised.keys():
+                _set_fp8(model, unquantised, name)
             changed.clear()
         self.applied = ((), ())
 
@@ -156,19 +157,37 @@ def _keep_base(model: nn.Module, base: dict[str, torch.Tensor], names: set[str])
             base[name] = copy.copy_(param)
 
 
-def _on_device(model: nn.Module, unquantised: dict[str, torch.Tensor], names: set[str]) -> dict:
-    """The named FP8 weights' unquantised copies, on the model's device (a LoRA set is added to these)."""
-    device = next(model.parameters()).device
-    return {name: unquantised[name].to(device, copy=True) for name in names}
+def _by_fp8_layer(merges: Sequence[lora.Merge], fp8: set[str]) -> list[tuple[str | None, list[lora.Merge]]]:
+    """The plans split by the FP8 layer weight each module changes (None: the modules that change none), each
+    part's files in the plans' order, so every weight gets its adds in the order a load merges them."""
+    parts: dict[str | None, dict[int, list]] = {}
+    for index, m in enumerate(merges):
+        for module in m.modules:
+            weight = module.targets.get("weight", (None,))[0]
+            parts.setdefault(weight if weight in fp8 else None, {}).setdefault(index, []).append(module)
+    return [
+        (layer, [replace(merges[index], modules=modules) for index, modules in files.items()])
+        for layer, files in parts.items()
+    ]
 
 
-def _requantise(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    for name, weight in weights.items():
+@torch.no_grad()
+def _set_fp8(model, unquantised: dict[str, torch.Tensor], layer: str | None, merges=(), tensors=None) -> None:
+    """FP8 layer weight `layer` quantised from a device copy of its unquantised weight, with `merges` added to
+    the copy first (`layer` None: `merges` change no FP8 layer). One layer's copy at a time: the device
+    never holds the model's weights twice."""
+    sums = {} if layer is None else {layer: unquantised[layer].to(_device(model), copy=True)}
+    lora.merge(model, merges, tensors, instead=sums)
+    for name, weight in sums.items():
         model.get_submodule(name.removesuffix(".weight")).requantise(weight)
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
 def _sync(models: Sequence[nn.Module]) -> None:
     for model in models:
-        device = next(model.parameters()).device
+        device = _device(model)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
