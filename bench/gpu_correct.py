@@ -131,10 +131,30 @@ def fp8_wire(kit: Kit, report: Report) -> None:
     report.check(f"round trip here vs on the CPU ({cpu:.4f}): |difference|", abs(err - cpu), 1e-3)
     if not kit.cuda:
         report.skip_check("fused vs eager pack", "fp8.pack fuses CUDA tensors only")
+        report.skip_check("FP8 layer input quantiser, Triton vs torch", "the kernel needs CUDA")
         return
     fused = fp8.pack(x, compiled=True)
     differ = (fused != eager).sum().item()  # counted exactly: the Triton kernel gives the eager bytes
     report.check(f"fused (Triton) vs eager pack: bytes that differ, of {eager.numel()}", differ, 0)
+    _fp8_layer_input(kit, report)
+
+
+def _fp8_layer_input(kit: Kit, report: Report) -> None:
+    """An FP8 layer's per-token input quantiser (dit.fp8_linear) at the 14B FFN's input, 32760 × 5120 bf16:
+    the Triton kernel eager layers run against the torch ops, byte for byte, and both timed."""
+    from dit import fp8_rows_kernel
+    from dit.fp8_linear import quantise_rows
+
+    x = torch.randn(32760, 5120, generator=torch.Generator().manual_seed(1)).to(kit.device, torch.bfloat16)
+    (q, scale), (want_q, want_scale) = fp8_rows_kernel.quantise_rows(x), quantise_rows(x)
+    differ = (q.view(torch.uint8) != want_q.view(torch.uint8)).sum() + (scale != want_scale).sum()
+    report.check("FP8 layer input quantiser, Triton vs torch: bytes and scales that differ", differ.item(), 0)
+    quantisers = (("torch", quantise_rows), ("Triton", fp8_rows_kernel.quantise_rows))
+    timed = {name: kit.time(lambda f=f: f(x), warmup=3, iters=10)[0] * 1e3 for name, f in quantisers}
+    report.note(
+        f"FP8 layer input quantiser at 32760 × 5120 bf16: torch {timed['torch']:.3f} ms, Triton "
+        f"{timed['Triton']:.3f} ms (an eager layer runs the Triton one; a compiled one Inductor's fusion)"
+    )
 
 
 def _vs_diffusers(report: Report, name: str, build, kit: Kit) -> None:

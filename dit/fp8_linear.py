@@ -63,7 +63,7 @@ class Fp8Linear(nn.Module):
         self.weight_scale.copy_(scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, scale = quantise_rows(x.reshape(-1, self.in_features))
+        q, scale = _quantise_input(x.reshape(-1, self.in_features))
         # row-wise scaled GEMMs give bf16 on CUDA; the CPU gives the input's dtype directly
         out_dtype = torch.bfloat16 if x.is_cuda else x.dtype
         w, w_scale = self.weight.t(), self.weight_scale.t()  # `_scaled_mm`'s scale_b: [1, N]
@@ -73,6 +73,16 @@ class Fp8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3"
+
+
+def _quantise_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`quantise_rows(x)`: on CUDA outside torch.compile by one Triton kernel (dit.fp8_rows_kernel, the same
+    bytes); inside, Inductor fuses this function's ops itself."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        from dit import fp8_rows_kernel  # Triton: CUDA builds of torch only
+
+        return fp8_rows_kernel.quantise_rows(x)
+    return quantise_rows(x)
 
 
 def quantised(name: str, module: nn.Module) -> bool:

@@ -7,22 +7,12 @@ under TRITON_INTERPRET=1 it also runs on CPU tensors, which is how the tests che
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
+from parallel.e4m3_kernel import interpreted, round_e4m3
 from parallel.fp8_attention_format import KEY_BLOCK, LOG2E, P_SCALE, QuantisedQKV
-
-
-@triton.jit
-def round_e4m3(x):
-    """x >= 0 rounded to e4m3's grid to nearest even, in fp32: the interpreter's fp32→e4m3 cast (Triton 3.9)
-    drops a round-up's carry into the exponent (31.5 → 16); on an exact value it is right."""
-    bits = x.to(tl.int32, bitcast=True)
-    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)  # 3 of 23 bits
-    return tl.where(x < 0.015625, (x + 24576.0) - 24576.0, normal)  # below 2^-6: multiples of 2^-9
 
 
 @triton.jit
@@ -70,10 +60,6 @@ def _attend(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, vs_ptr, mask_ptr, o_ptr, lse_pt
     o = o_ptr + b * o_sb + h * o_sh + rows.to(tl.int64)[:, None] * o_ss + cols[None, :]
     tl.store(o, out.to(o_ptr.dtype.element_ty), mask=(rows < Sq)[:, None] & live_d[None, :])
     tl.store(lse_ptr + bh * Sq + rows, (m + tl.math.log2(row_sum)) * 0.6931471805599453, mask=rows < Sq)
-
-
-def interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def check_device(t: torch.Tensor) -> None:

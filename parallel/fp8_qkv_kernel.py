@@ -16,19 +16,11 @@ import triton
 import triton.language as tl
 
 from parallel.e4m3 import FP8_MAX
+from parallel.e4m3_kernel import interpreted, to_e4m3
 from parallel.fp8_attention_format import KEY_BLOCK, QuantisedQKV
-from parallel.fp8_attention_kernel import check_device, interpreted, round_e4m3
+from parallel.fp8_attention_kernel import check_device
 
 ROWS = 32  # Q rows (tokens) and V keys per program
-
-
-@triton.jit
-def _e4m3(y, ROUND: tl.constexpr):
-    """y (|y| ≤ 448, fp32) cast to e4m3; under the interpreter rounded on e4m3's grid first (its cast drops a
-    round-up's carry into the exponent)."""
-    if ROUND:
-        y = tl.where(y < 0, -round_e4m3(-y), round_e4m3(y))
-    return y.to(tl.float8e4nv)
 
 
 @triton.jit
@@ -50,7 +42,7 @@ def _quantise_q(x_ptr, out_ptr, scale_ptr, H, S, D, x_sb, x_ss, x_sh, inverse_ma
     cols = tl.arange(0, BLOCK_D)
     x = _load_rows(x_ptr, x_ptr, bh // H, bh % H, s, cols, S, D, x_sb, x_ss, x_sh, 0, False)
     scale = tl.maximum(tl.max(tl.abs(x), axis=1) * inverse_max, 1e-12)
-    q = _e4m3(tl.math.div_rn(x, scale[:, None]), ROUND)
+    q = to_e4m3(tl.math.div_rn(x, scale[:, None]), ROUND)
     tl.store(
         out_ptr + (bh * S + s)[:, None] * D + cols[None, :], q, mask=(s < S)[:, None] & (cols < D)[None, :]
     )
@@ -69,7 +61,7 @@ def _quantise_k(x_ptr, mask_ptr, out_ptr, scale_ptr, H, S, D, x_sb, x_ss, x_sh, 
     cols = tl.arange(0, BLOCK_D)
     x = _load_rows(x_ptr, mask_ptr, bh // H, bh % H, s, cols, S, D, x_sb, x_ss, x_sh, mask_sb, HAS_MASK)
     scale = tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0) * inverse_max, 1e-12)
-    q = _e4m3(tl.math.div_rn(x, scale), ROUND)
+    q = to_e4m3(tl.math.div_rn(x, scale), ROUND)
     rows = bh * tl.num_programs(0) * BLOCK_N + s
     tl.store(out_ptr + rows[:, None] * D + cols[None, :], q, mask=(cols < D)[None, :])
     tl.store(scale_ptr + bh * tl.num_programs(0) + j, scale)
@@ -98,7 +90,7 @@ def _quantise_v(x_ptr, mask_ptr, scale_ptr, out_ptr, H, S, D, x_sb, x_ss, x_sh, 
     cols = tl.arange(0, BLOCK_D)
     x = _load_rows(x_ptr, mask_ptr, bh // H, bh % H, s, cols, S, D, x_sb, x_ss, x_sh, mask_sb, HAS_MASK)
     scale = tl.load(scale_ptr + bh * D + cols, mask=cols < D, other=1.0)
-    q = _e4m3(tl.math.div_rn(x, scale[None, :]), ROUND)
+    q = to_e4m3(tl.math.div_rn(x, scale[None, :]), ROUND)
     tl.store(
         out_ptr + (bh * D + cols)[None, :] * S + s[:, None], q, mask=(s < S)[:, None] & (cols < D)[None, :]
     )
