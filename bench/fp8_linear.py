@@ -28,21 +28,13 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from bench.common import rel_diff, timed  # noqa: E402
+from dit.fp8_linear import quantise_rows  # noqa: E402
 
-E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max
 # (name, in features, out features) of the Wan2.1 DiT's large linear layers, per model size
 SHAPES = {
     "14b": [("q/k/v/o", 5120, 5120), ("ffn up", 5120, 13824), ("ffn down", 13824, 5120)],
     "1.3b": [("q/k/v/o", 1536, 1536), ("ffn up", 1536, 8960), ("ffn down", 8960, 1536)],
 }
-
-
-def quantise_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float8_e4m3 rows of x and their float32 scales (one per row: per token for activations, per output
-    channel for weights), so that x ≈ q · scale."""
-    amax = x.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12)
-    scale = amax / E4M3_MAX
-    return (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
 
 
 def scaled_mm_linear(x: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
@@ -68,7 +60,10 @@ def torchao_linear(weight: torch.Tensor, compile_it: bool):
     return (torch.compile(lin) if compile_it else lin), ""
 
 
-def rows_for(name: str, k: int, n: int, m: int, device: torch.device, iters: int) -> list[dict]:
+def rows_for(
+    name: str, k: int, n: int, m: int, device: torch.device, iters: int, others: bool = True
+) -> list[dict]:
+    """The variants' rows at one shape; `others` False: `_scaled_mm`'s alone (no compile, no torchao)."""
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
     w = (torch.randn(n, k, device=device, generator=gen) / k**0.5).to(torch.bfloat16)
@@ -81,12 +76,23 @@ def rows_for(name: str, k: int, n: int, m: int, device: torch.device, iters: int
         "scaled_mm GEMM alone": lambda: torch._scaled_mm(
             x8, w8.t(), scale_a=x_scale, scale_b=w_scale.t(), out_dtype=torch.bfloat16
         ),
+        # Hopper's FP8 MMA without the periodic fp32 promotion: faster, less exact (torchao's default)
+        "scaled_mm GEMM alone, fast accumulation": lambda: torch._scaled_mm(
+            x8, w8.t(), scale_a=x_scale, scale_b=w_scale.t(), out_dtype=torch.bfloat16, use_fast_accum=True
+        ),
         "scaled_mm + quantise, eager": lambda: scaled_mm_linear(x, w8, w_scale),
     }
-    compiled = torch.compile(scaled_mm_linear)
-    variants["scaled_mm + quantise, compiled"] = lambda: compiled(x, w8, w_scale)
+    if device.type == "cuda":  # what an FP8 layer runs outside torch.compile (dit.fp8_linear)
+        from dit.fp8_linear import Fp8Linear
+
+        layer = Fp8Linear(torch.nn.Linear(k, n, bias=False, device=device, dtype=torch.bfloat16))
+        layer.weight.data, layer.weight_scale.data = w8, w_scale
+        variants["Fp8Linear, eager (Triton quantise)"] = lambda: layer(x)
     notes = {}
-    for mode, compile_it in (("eager", False), ("compiled", True)):
+    if others:
+        compiled = torch.compile(scaled_mm_linear)
+        variants["scaled_mm + quantise, compiled"] = lambda: compiled(x, w8, w_scale)
+    for mode, compile_it in (("eager", False), ("compiled", True)) if others else ():
         lin, why = torchao_linear(w, compile_it)
         key = f"torchao {mode}"
         if lin is None:
@@ -132,17 +138,17 @@ def main() -> None:
     else:
         sys.exit("bench/fp8_linear.py needs CUDA (or --cpu-smoke)")
     print(f"FP8 linear, Wan2.1-{args.model} shapes, M={m} tokens, {device}, torch {torch.__version__}")
-    print(f"{'shape':10s} {'variant':32s} {'ms':>8s} {'TFLOP/s':>8s} {'vs bf16':>8s} {'rel. error':>10s}")
+    print(f"{'shape':10s} {'variant':40s} {'ms':>8s} {'TFLOP/s':>8s} {'vs bf16':>8s} {'rel. error':>10s}")
     for name, k, n in shapes:
         rows = rows_for(name, k, n, m, device, 1 if args.cpu_smoke else args.iters)
         base = next((r["ms"] for r in rows if r["variant"] == "bf16" and "ms" in r), None)
         for r in rows:
             if "ms" not in r:
-                print(f"{r['shape']:10s} {r['variant']:32s} {r['note']}")
+                print(f"{r['shape']:10s} {r['variant']:40s} {r['note']}")
                 continue
             ratio = f"{r['ms'] / base:7.3f}x" if base else "–"
             print(
-                f"{r['shape']:10s} {r['variant']:32s} {r['ms']:8.3f} {r['tflops']:8.1f} {ratio:>8s} "
+                f"{r['shape']:10s} {r['variant']:40s} {r['ms']:8.3f} {r['tflops']:8.1f} {ratio:>8s} "
                 f"{r['error']:10.2e}"
             )
 

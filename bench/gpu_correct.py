@@ -11,7 +11,7 @@ import time
 import torch
 
 from bench.common import rel_diff
-from bench.gpu_kit import Kit, Report, Skip
+from bench.gpu_kit import Kit, Report, Skip, fmt
 from parallel import fp8, local_attention
 from parallel.kernels import _flash_attn
 
@@ -120,7 +120,8 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def fp8_wire(kit: Kit, report: Report) -> None:
-    """The FP8 wire format on one rank's Wan-14B QKV send buffer at P=8: fused vs eager, round trip."""
+    """The FP8 wire format on one rank's Wan-14B QKV send buffer at P=8: fused vs eager, round trip; then the
+    FP8 layer's input quantiser (Triton vs torch) and its GEMM (bench/fp8_linear.py's rows)."""
     shape = kit.pick((8, 3, 1, 4095, 5, 128), (8, 3, 1, 16, 1, 32))  # pack_qkv's [P, 3, B, L, H/P, D]
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(kit.device, kit.dtype)
     eager = fp8.pack(x, compiled=False)
@@ -132,11 +133,26 @@ def fp8_wire(kit: Kit, report: Report) -> None:
     if not kit.cuda:
         report.skip_check("fused vs eager pack", "fp8.pack fuses CUDA tensors only")
         report.skip_check("FP8 layer input quantiser, Triton vs torch", "the kernel needs CUDA")
-        return
-    fused = fp8.pack(x, compiled=True)
-    differ = (fused != eager).sum().item()  # counted exactly: the Triton kernel gives the eager bytes
-    report.check(f"fused (Triton) vs eager pack: bytes that differ, of {eager.numel()}", differ, 0)
-    _fp8_layer_input(kit, report)
+    else:
+        fused = fp8.pack(x, compiled=True)
+        differ = (fused != eager).sum().item()  # counted exactly: the Triton kernel gives the eager bytes
+        report.check(f"fused (Triton) vs eager pack: bytes that differ, of {eager.numel()}", differ, 0)
+        _fp8_layer_input(kit, report)
+    _fp8_gemm(kit, report)
+
+
+def _fp8_gemm(kit: Kit, report: Report) -> None:
+    """bench/fp8_linear.py's `_scaled_mm` rows at the 14B FFN's first layer (32760 tokens): the GEMM with and
+    without fast accumulation, and with the input's quantisation, beside bf16."""
+    from bench.fp8_linear import rows_for
+
+    k, n, m = kit.pick((5120, 13824, 32760), (80, 216, 64))
+    rows = rows_for("ffn up", k, n, m, kit.device, kit.pick(10, 1), others=False)
+    cells = [[r["variant"], f"{r['ms']:.3f}", fmt(r["tflops"]), f"{r['error']:.2e}"] if "ms" in r
+             else [r["variant"], r["note"], "–", "–"] for r in rows]  # fmt: skip
+    report.table(
+        f"FP8 GEMM, {m} × {k} → {n}: ‖y − fp32 product‖/‖·‖", ["variant", "ms", "TFLOP/s", "error"], cells
+    )
 
 
 def _fp8_layer_input(kit: Kit, report: Report) -> None:
