@@ -1,12 +1,12 @@
 """`dit.fp8_linear.quantise_rows` as one Triton kernel on CUDA: an FP8 layer's input quantised per token.
 
 Eager torch runs the quantiser as six passes over an fp32 copy of the input (cast, abs, max, divide, clamp,
-cast): at Wan2.1-14B's 32760 tokens of 5120 channels about 4 GB of memory traffic a layer, some 0.3 s of
-an eager forward. This kernel reads each row in its own dtype twice (its absmax, then its bytes; the second
-read mostly from L2) and writes its e4m3 bytes and fp32 scale: the same bytes (the same fp32 absmax, scale =
-absmax clamped at 1e-12 divided by 448, a correctly rounded division, clamped to ±448, cast to nearest
-even). `Fp8Linear` runs it outside torch.compile (inside, Inductor fuses the torch quantiser itself).
-Imported only on CUDA; under TRITON_INTERPRET=1 the tests run it on CPU tensors.
+cast): at Wan2.1-14B's 32760 tokens of 5120 channels about 4 GB of memory traffic a layer by count
+(bench/gpu.py times both). This kernel reads each row in its own dtype twice (its absmax, then its bytes)
+and writes its e4m3 bytes and fp32 scale: the same bytes (the same fp32 absmax, scale = absmax clamped at
+1e-12 divided by 448, a correctly rounded division, clamped to ±448, cast to nearest even). `Fp8Linear`
+runs it outside torch.compile (inside, Inductor fuses the torch quantiser itself). Imported only on CUDA;
+under TRITON_INTERPRET=1 the tests run it on CPU tensors.
 """
 
 from __future__ import annotations

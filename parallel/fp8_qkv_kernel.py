@@ -1,9 +1,10 @@
 """`fp8_attention_format.quantize_qkv` as Triton kernels on CUDA, for FP8 attention's every call.
 
 The torch quantiser is a dozen elementwise passes over fp32 copies of Q, K and V (cast, abs, max, divide,
-cast, transpose): about 5 GB of memory traffic at Wan2.1-14B's S=32760 and 40 heads, a few milliseconds
-beside an attention of ~25. Here each tensor is read once in its model dtype (V twice: its per-channel
-scales span every key) and written once as e4m3 in the attention kernel's layout. Bitwise equal to the
+cast, transpose): about 5 GB of memory traffic at Wan2.1-14B's S=32760 and 40 heads by count (bench/gpu.py
+times both), beside an attention of ~25 ms at the 900 TFLOP/s target. Here each tensor is read once in its
+model dtype (V twice: its per-channel scales span every key) and written once as e4m3 in the attention
+kernel's layout. Bitwise equal to the
 torch quantiser: the same fp32 absmax, scale (absmax times the fp32 1/448, at least 1e-12), correctly rounded
 division and round-to-nearest-even cast. Imported only on CUDA; under TRITON_INTERPRET=1 the tests run it
 on CPU tensors.
