@@ -67,14 +67,9 @@ def emulate(z: QuantisedQKV, Sk: int, key_mask=None, causal=False, dtype=torch.f
 
 def fp8_attention(q, k, v, *, key_mask=None, causal=False):
     """`local_attention` for backend="fp8": (out [B, Sq, H, D] in q's dtype, lse [B, Sq, H] fp32)."""
-    if q.is_cuda:
-        return _on_cuda(q, k, v, key_mask, causal)
+    if q.is_cuda:  # inside torch.compile, dynamo captures the Triton kernels as they are
+        from parallel import fp8_attention_kernel, fp8_qkv_kernel  # Triton: CUDA builds of torch only
+
+        z = fp8_qkv_kernel.quantize_qkv(q, k, v, key_mask)
+        return fp8_attention_kernel.attend(z, k.shape[1], key_mask, causal, q.dtype)
     return emulate(quantize_qkv(q, k, v, key_mask), k.shape[1], key_mask, causal, q.dtype)
-
-
-@torch.compiler.disable  # its own Triton kernels, run as they are: nothing for Inductor to fuse or trace
-def _on_cuda(q, k, v, key_mask, causal):
-    from parallel import fp8_attention_kernel, fp8_qkv_kernel  # Triton: CUDA builds of torch only
-
-    z = fp8_qkv_kernel.quantize_qkv(q, k, v, key_mask)
-    return fp8_attention_kernel.attend(z, k.shape[1], key_mask, causal, q.dtype)
