@@ -103,7 +103,8 @@ def test_under_fp8_a_job_gives_the_latents_of_a_pipeline_loaded_with_its_loras_t
     assert torch.equal(pipe.denoise(GenerationRequest(**SMALL)), base)
 
 
-def test_hunyuan_takes_a_lora_per_request(tmp_path):
+@pytest.mark.parametrize("quant", ["none", "fp8"])
+def test_hunyuan_takes_a_lora_per_request(tmp_path, quant):
     """tiny-joint, a LoRA in diffusers' layout on the image stream's fused q/k/v and the FFN."""
     params = dict(dit.load_transformer("tiny-joint", device="meta").named_parameters())
     g, state = torch.Generator().manual_seed(6), {}
@@ -117,10 +118,10 @@ def test_hunyuan_takes_a_lora_per_request(tmp_path):
         )
     save_file(state, tmp_path / "k.safetensors")
     request = SMALL
-    pipe = load("tiny-joint", lora_dir=str(tmp_path))
+    pipe = load("tiny-joint", lora_dir=str(tmp_path), quant=quant)
     base = pipe.denoise(GenerationRequest(**request))
     got = pipe.denoise(GenerationRequest(**request, loras=[["k", 0.5]]))
-    loaded = load("tiny-joint", loras=((str(tmp_path / "k.safetensors"), 0.5),))
+    loaded = load("tiny-joint", loras=((str(tmp_path / "k.safetensors"), 0.5),), quant=quant)
     assert torch.equal(got, loaded.denoise(GenerationRequest(**request)))
     assert not torch.allclose(got, base, rtol=1e-2, atol=0)
     assert torch.equal(pipe.denoise(GenerationRequest(**request)), base)
