@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dit.fp8_linear import E4M3, E4M3_MAX
+from parallel.e4m3 import FP8, FP8_MAX
 from parallel.e4m3_kernel import interpreted, to_e4m3
 
 BLOCK_K = 1024  # a row's channels per load
@@ -43,8 +43,8 @@ def quantise_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scales [M, 1]), the same bytes."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     M, K = x.shape
-    out = torch.empty(M, K, dtype=E4M3, device=x.device)
+    out = torch.empty(M, K, dtype=FP8, device=x.device)
     scale = torch.empty(M, 1, dtype=torch.float32, device=x.device)
     block = min(BLOCK_K, triton.next_power_of_2(K))
-    _quantise_rows[(M,)](x, out, scale, K, x.stride(0), E4M3_MAX, ROUND=interpreted(), BLOCK_K=block)
+    _quantise_rows[(M,)](x, out, scale, K, x.stride(0), FP8_MAX, ROUND=interpreted(), BLOCK_K=block)
     return out, scale
