@@ -15,8 +15,10 @@ would not fit in what is left of --budget (540 s). The budgets add up to about 1
 two device calls (`--only` splits it: SPLIT below, in order; `modelled` reads the forward sections' figures,
 so it stays in their call). gpu.md (a section ready to paste into bench/RESULTS.md)
 and gpu.json are rewritten in --out after every section, so a run cut short still leaves its numbers; the
-Markdown is printed last. Without CUDA every section says so, unless --cpu-smoke runs them all at toy sizes on
-the CPU (seconds: the numbers prove the code runs, not how fast; tests/test_bench_gpu.py runs it).
+Markdown is printed last. A section that leaves the CUDA context unusable (an illegal memory access in a
+kernel) fails alone: the kit goes on with the rest in a fresh process (`--resume`). Without CUDA every
+section says so, unless --cpu-smoke runs them all at toy sizes on the CPU (seconds: the numbers prove the
+code runs, not how fast; tests/test_bench_gpu.py runs it).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -256,12 +259,32 @@ def markdown(env: dict, results: dict) -> str:
     return "\n".join(out)
 
 
+def context_lost(kit: Kit) -> bool:
+    """Whether this process can no longer run a CUDA kernel: a sticky error (an illegal memory access, a
+    device-side assert) fails every later call in the process, so the kit goes on in a fresh one."""
+    if not kit.cuda:
+        return False
+    try:
+        torch.cuda.synchronize()
+        return torch.ones(1, device=kit.device).add(1).item() != 2
+    except RuntimeError:  # torch.AcceleratorError is one
+        return True
+
+
+def restart(out: Path, rest: list[str], left: float) -> None:
+    """Replace this process by the kit for the sections `rest`, keeping the results so far (--resume)."""
+    print(f"[gpu.py] the CUDA context is lost: going on in a new process with {' '.join(rest)}", flush=True)
+    argv = [sys.executable, str(Path(__file__).resolve()), "--out", str(out), "--budget", f"{left:.0f}"]
+    os.execv(sys.executable, [*argv, "--resume", "--only", *rest])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="/tmp/ithaca-gpu", help="folder for gpu.md and gpu.json")
     p.add_argument("--only", nargs="+", choices=[s.name for s in SECTIONS], help="run these sections only")
     p.add_argument("--budget", type=float, default=540.0, help="seconds the whole kit may take")
     p.add_argument("--cpu-smoke", action="store_true", help="every section at toy sizes on the CPU")
+    p.add_argument("--resume", action="store_true", help="add to the sections already in --out's gpu.json")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -271,8 +294,12 @@ def main(argv=None) -> int:
             torch.device("cuda" if cuda else "cpu"), args.cpu_smoke, Path(tmp), time.monotonic() + args.budget
         )
         env, results = environment(kit), {}
+        if args.resume:
+            earlier = json.loads((out / "gpu.json").read_text())
+            env, results = earlier["env"], earlier["sections"]
+        names = [s.name for s in SECTIONS if not args.only or s.name in args.only]
         for section in SECTIONS:
-            if args.only and section.name not in args.only:
+            if section.name not in names:
                 continue
             budget = section.budget_s * (SMOKE_SCALE if kit.smoke else 1)
             print(f"[gpu.py] {section.name} (budget {budget:.0f} s, {kit.left():.0f} s left)", flush=True)
@@ -281,6 +308,9 @@ def main(argv=None) -> int:
             print(f"[gpu.py] {section.name}: {r['status']} {r['why']} ({r['seconds']:.1f} s)", flush=True)
             (out / "gpu.json").write_text(json.dumps(dict(env=env, sections=results), indent=1, default=str))
             (out / "gpu.md").write_text(markdown(env, results) + "\n")
+            rest = names[names.index(section.name) + 1 :]
+            if r["status"] == "fail" and rest and context_lost(kit):
+                restart(out, rest, kit.left())
     print(markdown(env, results))
     return 1 if any(r["status"] == "fail" for r in results.values()) else 0
 

@@ -38,6 +38,32 @@ def test_the_two_device_calls_run_every_section_once_within_the_budget():
     assert all(sum(budgets[name] for name in call) <= 540 for call in gpu.SPLIT)
 
 
+def test_a_lost_cuda_context_goes_on_in_a_fresh_process_that_keeps_the_results(tmp_path, monkeypatch):
+    """A section whose kernel left the context unusable fails alone: the kit re-executes itself for the
+    sections after it, with --resume, and the new process adds to the same gpu.json."""
+    restarted = []
+
+    def execv(path, argv):
+        restarted.append(argv[2:])
+        raise SystemExit("re-executed")
+
+    monkeypatch.setattr(gpu.os, "execv", execv)
+    monkeypatch.setattr(gpu, "context_lost", lambda kit: True)
+    failing = dict(gpu.SECTIONS[0].__dict__, run=lambda kit, report: report.check("broken", 1.0, 0.0))
+    monkeypatch.setattr(gpu, "SECTIONS", (gpu.Section(**failing), *gpu.SECTIONS[1:]))
+    first, rest = gpu.SECTIONS[0].name, ["fp8", "pipeline"]
+    with pytest.raises(SystemExit, match="re-executed"):
+        gpu.main(["--cpu-smoke", "--out", str(tmp_path), "--only", first, *rest])
+    assert restarted == [["--out", str(tmp_path), "--budget", restarted[0][3], "--resume", "--only", *rest]]
+    assert gpu.main(["--cpu-smoke", *restarted[0][:2], "--resume", "--only", *rest]) == 1  # the first failed
+    sections = json.loads((tmp_path / "gpu.json").read_text())["sections"]
+    assert list(sections) == [first, *rest] and [s["status"] for s in sections.values()] == [
+        "fail",
+        "pass",
+        "pass",
+    ]
+
+
 def test_section_that_does_not_fit_is_skipped(tmp_path):
     assert gpu.main(["--cpu-smoke", "--out", str(tmp_path), "--only", "vae", "--budget", "0"]) == 0
     section = json.loads((tmp_path / "gpu.json").read_text())["sections"]["vae"]
