@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dit.weights import host_copy
+
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max
 QUANTS = ("none", "fp8")
@@ -101,8 +103,7 @@ def quantise(model: nn.Module, keep: dict[str, torch.Tensor] | None = None) -> i
     targets = [(name, module) for name, module in model.named_modules() if quantised(name, module)]
     for name, module in targets:
         if keep is not None:
-            w = module.weight
-            keep[f"{name}.weight"] = torch.empty(w.shape, dtype=w.dtype, pin_memory=w.is_cuda).copy_(w)
+            keep[f"{name}.weight"] = host_copy(module.weight)
         replace_module(model, name, Fp8Linear(module))
     return len(targets)
 

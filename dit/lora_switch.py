@@ -38,6 +38,7 @@ from dit.failures import GenerationFailed, alike
 from dit.loading import lora_resolver
 from dit.lora_catalogue import FileId, LoraCatalogue
 from dit.settings import PipelineConfig
+from dit.weights import host_copy
 
 LoraSet = tuple[tuple[str, float], ...]
 
@@ -153,8 +154,7 @@ def _keep_base(model: nn.Module, base: dict[str, torch.Tensor], names: set[str])
     """Host copies of the parameters not yet kept (pinned when they live on a GPU: faster restores)."""
     for name, param in model.named_parameters():
         if name in names and name not in base:
-            copy = torch.empty(param.shape, dtype=param.dtype, pin_memory=param.is_cuda)
-            base[name] = copy.copy_(param)
+            base[name] = host_copy(param)
 
 
 def _by_fp8_layer(merges: Sequence[lora.Merge], fp8: set[str]) -> list[tuple[str | None, list[lora.Merge]]]:

@@ -413,9 +413,10 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
         model = dit.load_transformer(
             source, dtype=dtype, device=device, loras=config.loras, seed=seed, quant=quant_stored
         )
-        raw.append((model, source, {}))
+        unquantised: dict[str, torch.Tensor] = {}
+        raw.append((model, source, unquantised))
         if config.quant == "fp8":  # after the LoRAs are merged; a pre-quantised checkpoint's layers stay
-            quantise(model, keep=raw[-1][2] if config.lora_dir else None)
+            quantise(model, keep=unquantised if config.lora_dir else None)
         model = dit.parallelize(
             family.wrap(model.eval(), folder, model_name), mesh, comm=config.comm, backend=config.attn_backend
         )

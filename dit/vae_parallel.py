@@ -177,9 +177,12 @@ def decode(vae: nn.Module, z: torch.Tensor, group=None, finish=None, on_chunk=No
         return _joined(vae, z, finish, on_chunk) if bands.rank == 0 else None
     with banded(vae, bands):
         own = bands.own(z, ROWS, list(bands.sizes))
+
         # a GenerationFailed of one band's `finish` is every rank's before the gather it would not join
-        agreed = lambda band: alike(partial(finish, band), group, band.device)  # noqa: E731
-        return _joined(vae, own, lambda band: bands.gather(agreed(band), ROWS), on_chunk)
+        def finished(band: torch.Tensor) -> torch.Tensor | None:
+            return bands.gather(alike(partial(finish, band), group, band.device), ROWS)
+
+        return _joined(vae, own, finished, on_chunk)
 
 
 def _joined(vae: nn.Module, z: torch.Tensor, finish, on_chunk) -> torch.Tensor | None:

@@ -63,6 +63,11 @@ def materialize(model: nn.Module, *, dtype: torch.dtype, device, keep_fp32: Iter
     return model
 
 
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """`t` copied to host memory, pinned when `t` lives on a GPU (so copying it back is fast)."""
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda).copy_(t)
+
+
 def complete_slots(slots: set[tuple[int, int]]) -> bool:
     parts = next(iter(slots), (0, 1))[1]
     return slots == {(i, parts) for i in range(parts)}
