@@ -92,13 +92,13 @@ def rows_for(
     if others:
         compiled = torch.compile(scaled_mm_linear)
         variants["scaled_mm + quantise, compiled"] = lambda: compiled(x, w8, w_scale)
-    for mode, compile_it in (("eager", False), ("compiled", True)) if others else ():
-        lin, why = torchao_linear(w, compile_it)
-        key = f"torchao {mode}"
-        if lin is None:
-            notes[key] = why
-        else:
-            variants[key] = lambda lin=lin: lin(x)
+        for mode, compile_it in (("eager", False), ("compiled", True)):
+            lin, why = torchao_linear(w, compile_it)
+            key = f"torchao {mode}"
+            if lin is None:
+                notes[key] = why
+            else:
+                variants[key] = lambda lin=lin: lin(x)
     rows = []
     with torch.inference_mode():
         for variant, fn in variants.items():

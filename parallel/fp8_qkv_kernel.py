@@ -4,10 +4,9 @@ The torch quantiser is a dozen elementwise passes over fp32 copies of Q, K and V
 cast, transpose): about 5 GB of memory traffic at Wan2.1-14B's S=32760 and 40 heads by count (bench/gpu.py
 times both), beside an attention of ~25 ms at the 900 TFLOP/s target. Here each tensor is read once in its
 model dtype (V twice: its per-channel scales span every key) and written once as e4m3 in the attention
-kernel's layout. Bitwise equal to the
-torch quantiser: the same fp32 absmax, scale (absmax times the fp32 1/448, at least 1e-12), correctly rounded
-division and round-to-nearest-even cast. Imported only on CUDA; under TRITON_INTERPRET=1 the tests run it
-on CPU tensors.
+kernel's layout. Bitwise equal to the torch quantiser: the same fp32 absmax, scale (absmax times the fp32
+1/448, at least 1e-12), correctly rounded division and round-to-nearest-even cast. Imported only on CUDA;
+under TRITON_INTERPRET=1 the tests run it on CPU tensors.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from parallel.e4m3 import FP8_MAX
+from parallel.e4m3 import FP8, FP8_MAX
 from parallel.e4m3_kernel import interpreted, to_e4m3
 from parallel.fp8_attention_format import KEY_BLOCK, QuantisedQKV
 from parallel.fp8_attention_kernel import check_device
@@ -103,7 +102,7 @@ def quantize_qkv(q, k, v, key_mask=None) -> QuantisedQKV:
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     (B, Sq, H, D), Sk = q.shape, k.shape[1]
     blocks, spans = triton.cdiv(Sk, KEY_BLOCK), triton.cdiv(Sk, ROWS)
-    e4m3, fp32 = dict(dtype=torch.float8_e4m3fn, device=q.device), dict(dtype=torch.float32, device=q.device)
+    e4m3, fp32 = dict(dtype=FP8, device=q.device), dict(dtype=torch.float32, device=q.device)
     qp, qs = torch.empty(B, H, Sq, D, **e4m3), torch.empty(B, H, Sq, **fp32)
     kp, ks = torch.empty(B, H, blocks * KEY_BLOCK, D, **e4m3), torch.empty(B, H, blocks, **fp32)
     vp, amax = torch.empty(B, H, D, Sk, **e4m3), torch.empty(B, H, spans, D, **fp32)
