@@ -8,6 +8,7 @@ import os
 import sys
 
 from dit.settings import MODEL_PATH_HELP, PRESET_HELP, PipelineConfig, flag, options
+from parallel.torchrun import local_torchrun
 
 # request flag → GenerationRequest field (the prompt apart: positional in generate, --prompt in parity)
 REQUEST = {"negative_prompt": "negative_prompt", "frames": "num_frames", "height": "height", "width": "width",
@@ -168,5 +169,4 @@ def checked(args, command: str, config: PipelineConfig, *, ulysses=None, ring=1,
 
 def torchrun(nproc: int, argv: list[str]) -> list[str]:
     """`ithaca ARGV` on `nproc` ranks of this machine."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "server.cli", *argv]  # fmt: skip
+    return [*local_torchrun(nproc), "-m", "server.cli", *argv]

@@ -1,8 +1,9 @@
 """Runs the worker group as a torchrun child of the API process and keeps it alive.
 
-- Launch: `python -m torch.distributed.run --standalone --nproc-per-node N -m server.worker <settings>`
-  with a fresh group id in its environment (jobs it claims are tagged `<instance>/<group>/replica<k>`; a
-  reset finds every rank by that id, as torchrun puts each rank in a session of its own).
+- Launch: `python -m parallel.torchrun --standalone --local-addr 127.0.0.1 --nproc-per-node N -m server.worker
+  <settings>` (torchrun for one machine, without host-name lookups) with a fresh group id in its environment
+  (jobs it claims are tagged `<instance>/<group>/replica<k>`; a reset finds every rank by that id, as torchrun
+  puts each rank in a session of its own).
 - Across machines (--nnodes > 1): each machine runs `ithaca serve` and launches its own N ranks with
   `--nnodes M --node-rank R --rdzv-backend c10d --rdzv-endpoint HOST:PORT` instead of `--standalone`; node 0
   (this class: API, store, supervision) hosts the rendezvous and, by the worker's numbering, the replica
@@ -41,6 +42,7 @@ import threading
 import time
 import uuid
 
+from parallel.torchrun import local_torchrun
 from server import videos
 from server.config import ServeConfig
 from server.lifetime import die_with_parent
@@ -81,14 +83,16 @@ def _pids_with_env(entry: str) -> list[int]:
 
 
 def torchrun_argv(config: ServeConfig) -> list[str]:
-    """torchrun's options for this machine's share of the group: the whole group (`--standalone`), or with
-    --nnodes > 1 one node of a c10d rendezvous that node 0's torchrun hosts at --rdzv-endpoint."""
+    """torchrun with its options for this machine's share of the group: the whole group (one machine's,
+    `parallel.torchrun`), or with --nnodes > 1 one node of a c10d rendezvous that node 0's torchrun hosts at
+    --rdzv-endpoint."""
     if config.nnodes == 1:
-        return ["--standalone", "--nproc-per-node", str(config.nproc)]
+        return local_torchrun(config.nproc)
     host = "1" if config.node_rank == 0 else "0"  # node 0 serves the rendezvous store, the others join it
     return [
-        "--nnodes", str(config.nnodes), "--node-rank", str(config.node_rank), "--nproc-per-node",
-        str(config.nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", config.rdzv_endpoint,
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(config.nnodes), "--node-rank",
+        str(config.node_rank), "--nproc-per-node", str(config.nproc), "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", config.rdzv_endpoint,
         "--rdzv-id", RDZV_ID, "--rdzv-conf", f"is_host={host},join_timeout={config.rdzv_timeout:g}",
         *(["--local-addr", config.node_addr] if config.node_addr else []),
     ]  # fmt: skip
@@ -105,7 +109,7 @@ def launch_group(config: ServeConfig, group_id: str) -> subprocess.Popen:
     """Start this machine's share of the worker group under torchrun, as a child that dies with this thread.
     The ranks learn their node from ITHACA_NODE_RANK (the worker numbers them by it, see
     `parallel.launch.number_ranks_by_node`); ITHACA_GROUP_ID finds them again (`kill_group`)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_argv(config), "--max-restarts", "0",
+    cmd = [*torchrun_argv(config), "--max-restarts", "0",
            "-m", "server.lifetime", "server.worker", *config.worker_argv()]  # fmt: skip
     log.info("starting worker group %s: %s", group_id, " ".join(cmd))
     env = (

@@ -111,6 +111,8 @@ def test_compose_has_what_an_8_gpu_box_needs(name):
         # NCCL needs shared memory between ranks and unlimited locked memory.
         assert svc.get("ipc") == "host" or svc.get("shm_size"), svc_name
         assert svc["ulimits"]["memlock"] == -1
+        # the loopback peer's name answered without DNS (an air-gapped box: 10 s per rank at start otherwise)
+        assert "ipv4-loopback:::ffff:127.0.0.1" in svc["extra_hosts"], svc_name
         assert svc["restart"] in ("always", "unless-stopped")
         env = svc["environment"]
         for key in ("ITHACA_MODEL_PATH", "ITHACA_NPROC", "ITHACA_ULYSSES", "ITHACA_CFG", "ITHACA_COMM"):

@@ -83,15 +83,17 @@ def test_layout_across_nodes_puts_ulysses_inside_a_node_and_the_ring_across():
 
 
 def test_torchrun_joins_node_zeros_rendezvous():
+    from parallel.torchrun import local_torchrun
     from server.supervisor import torchrun_argv
 
-    assert torchrun_argv(_config(["--nproc", "4"])) == ["--standalone", "--nproc-per-node", "4"]
+    assert torchrun_argv(_config(["--nproc", "4"])) == local_torchrun(4)
     node1 = _config(["--nproc", "2", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "h0:29400",
                      "--node-addr", "h1", "--no-api"])  # fmt: skip
     argv = torchrun_argv(node1)
     assert " ".join(argv) == (
-        "--nnodes 2 --node-rank 1 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint h0:29400 "
-        "--rdzv-id ithaca --rdzv-conf is_host=0,join_timeout=600 --local-addr h1"
+        f"{sys.executable} -m torch.distributed.run --nnodes 2 --node-rank 1 --nproc-per-node 2 "
+        "--rdzv-backend c10d --rdzv-endpoint h0:29400 --rdzv-id ithaca "
+        "--rdzv-conf is_host=0,join_timeout=600 --local-addr h1"
     )
     node0 = _config(["--nproc", "2", "--nnodes", "2", "--rdzv-endpoint", "h0:29400", "--rdzv-timeout", "30"])
     assert "is_host=1,join_timeout=30" in torchrun_argv(node0) and "--local-addr" not in torchrun_argv(node0)
