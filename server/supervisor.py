@@ -37,12 +37,11 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
 
-from parallel.torchrun import local_torchrun
+from parallel.torchrun import local_torchrun, torchrun
 from server import videos
 from server.config import ServeConfig
 from server.lifetime import die_with_parent
@@ -83,14 +82,14 @@ def _pids_with_env(entry: str) -> list[int]:
 
 
 def torchrun_argv(config: ServeConfig) -> list[str]:
-    """torchrun with its options for this machine's share of the group: the whole group (one machine's,
-    `parallel.torchrun`), or with --nnodes > 1 one node of a c10d rendezvous that node 0's torchrun hosts at
+    """torchrun (`parallel.torchrun`) with its options for this machine's share of the group: the whole
+    group, or with --nnodes > 1 one node of a c10d rendezvous that node 0's torchrun hosts at
     --rdzv-endpoint."""
     if config.nnodes == 1:
         return local_torchrun(config.nproc)
     host = "1" if config.node_rank == 0 else "0"  # node 0 serves the rendezvous store, the others join it
     return [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(config.nnodes), "--node-rank",
+        *torchrun(), "--nnodes", str(config.nnodes), "--node-rank",
         str(config.node_rank), "--nproc-per-node", str(config.nproc), "--rdzv-backend", "c10d",
         "--rdzv-endpoint", config.rdzv_endpoint,
         "--rdzv-id", RDZV_ID, "--rdzv-conf", f"is_host={host},join_timeout={config.rdzv_timeout:g}",

@@ -91,7 +91,7 @@ def test_torchrun_joins_node_zeros_rendezvous():
                      "--node-addr", "h1", "--no-api"])  # fmt: skip
     argv = torchrun_argv(node1)
     assert " ".join(argv) == (
-        f"{sys.executable} -m torch.distributed.run --nnodes 2 --node-rank 1 --nproc-per-node 2 "
+        f"{sys.executable} -m parallel.torchrun --nnodes 2 --node-rank 1 --nproc-per-node 2 "
         "--rdzv-backend c10d --rdzv-endpoint h0:29400 --rdzv-id ithaca "
         "--rdzv-conf is_host=0,join_timeout=600 --local-addr h1"
     )
