@@ -24,6 +24,7 @@ RANK = """
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 dist.all_reduce(torch.ones(1))
+dist.destroy_process_group()  # a gloo group left to the interpreter's exit may abort
 """
 
 

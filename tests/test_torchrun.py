@@ -16,6 +16,7 @@ t = torch.tensor([dist.get_rank() + 1.0])
 dist.all_reduce(t)
 with open(os.path.join(os.path.dirname(__file__), f"rank{dist.get_rank()}.txt"), "w") as f:
     f.write(f"{os.environ['MASTER_ADDR']} {float(t)}")
+dist.destroy_process_group()  # a gloo group left to the interpreter's exit may abort
 """
 
 
