@@ -120,7 +120,11 @@ def init_parallel(
         timeout = timeout or float(os.environ.get("ITHACA_DIST_TIMEOUT", 600))
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+        # one rank meets no one: an in-memory store spares torchrun's TCP store a connection, whose client
+        # looks up a loopback name each time (a resolver timeout where no DNS answers; parallel/torchrun.py)
+        alone = os.environ["WORLD_SIZE"] == "1"
+        store = {"store": dist.HashStore(), "rank": 0, "world_size": 1} if alone else {}
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout), **store)
     backend = backend or dist.get_backend()
     world, rank = dist.get_world_size(), dist.get_rank()
     u, r, c = fit_degrees(world, ulysses, ring, cfg)

@@ -14,9 +14,10 @@ ranks never met at all (they were given that name as MASTER_ADDR). Here:
   lookup each time.
 
 What stays is torch's own C++ store client, which looks up the name of a loopback address once per connection
-(the launcher's, then every rank's at once): on a box without DNS, give `::ffff:127.0.0.1` a name in
-/etc/hosts or shorten the resolver's wait with RES_OPTIONS (README, "Start-up without DNS"). The launcher
-makes the same lookup beside them and says so in its log when it was slow."""
+(the launcher's, then every rank's at once; a one-rank group skips its own, `parallel.mesh.init_parallel`):
+on a box without DNS, give `::ffff:127.0.0.1` a name in /etc/hosts or shorten the resolver's wait with
+RES_OPTIONS (README, "Start-up without DNS"). The launcher makes the same lookup beside them and says so in
+its log when it was slow."""
 
 from __future__ import annotations
 

@@ -72,3 +72,24 @@ def test_world_one_mesh_and_bad_degrees():
     assert m.broadcast_object("x") == "x" and parallel.cfg_all_gather(torch.ones(2), m).shape == (1, 2)
     with pytest.raises(ValueError, match="valid ulysses x ring x cfg for world size 1: 1x1x1"):
         parallel.init_parallel(ulysses=2)
+
+
+def test_one_rank_meets_no_store():
+    """A one-rank group (`serve --nproc 1`) makes its process group on an in-memory store: under torchrun
+    the rank would be a client of the launcher's store, but nothing listens at MASTER_ADDR:MASTER_PORT
+    here, and it starts all the same, without a connection whose client would look up a loopback name."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    # torchrun's environment for one rank: a client of the launcher's store (TORCHELASTIC_USE_AGENT_STORE)
+    env = os.environ | {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "ITHACA_DIST_TIMEOUT": "20",
+                        "TORCHELASTIC_USE_AGENT_STORE": "True"}  # fmt: skip
+    code = "from parallel import init_parallel; m = init_parallel(); print(m.world_size, m.ulysses_size)"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.split() == ["1", "1"], done.stderr[-2000:]
