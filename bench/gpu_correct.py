@@ -4,6 +4,7 @@ sections that need it and no other."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import time
@@ -102,7 +103,8 @@ def fp8_attention(kit: Kit, report: Report) -> None:
 
         z = quantize_qkv(q, k, v, mask)
         fused = fp8_qkv_kernel.quantize_qkv(q, k, v, mask)
-        differ = sum(_bytes(getattr(fused, f)).ne(_bytes(getattr(z, f))).sum().item() for f in QKV_FIELDS)
+        differ = sum(_bytes(getattr(fused, f.name)).ne(_bytes(getattr(z, f.name))).sum().item()
+                     for f in dataclasses.fields(z))  # fmt: skip
         report.check(f"fused (Triton) vs torch Q/K/V quantiser, {case}: bytes that differ", differ, 0)
         kernel = fp8_attention_kernel.attend(z, S, mask, causal, torch.float32)
         emulated = emulate(z, S, mask, causal, torch.float32)
@@ -110,9 +112,6 @@ def fp8_attention(kit: Kit, report: Report) -> None:
         report.check(f"fp8 Triton kernel vs its emulation, {case} (out and LSE)", err, 1e-3)
     if not kit.cuda:
         report.skip_check("fp8 Triton kernel (and fused quantiser) vs the emulation", "the kernels need CUDA")
-
-
-QKV_FIELDS = ("q", "k", "v_t", "q_scale", "k_scale", "v_scale")
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,7 @@ def attention_speed(kit: Kit, report: Report) -> None:
             sec, _, peak = kit.time(
                 lambda b=backend, q=q, k=k, v=v: local_attention(q, k, v, backend=b), warmup=3, iters=10
             )
-            tflops = 4 * S * S * heads * D / sec / 1e12  # fp8 too (bf16-equivalent), its quantise included
+            tflops = _tflops(S, heads, D, sec)  # fp8 too (bf16-equivalent), its quantise included
             if backend != "fp8":
                 best[heads] = max(best.get(heads, 0.0), tflops)
             elif heads == H:
@@ -53,6 +53,11 @@ def attention_speed(kit: Kit, report: Report) -> None:
     report.target(f"attention at S={S} H={H} D={D}, best backend", best.get(H), 580, "TFLOP/s", higher=True)
     what = f"FP8 attention at S={S} H={H} D={D}, bf16-equivalent"
     report.target(what, fp8_tflops, 900, "TFLOP/s", higher=True)
+
+
+def _tflops(S: int, heads: int, D: int, sec: float) -> float:
+    """An attention call's TFLOP/s: its two S×S products over `heads` heads of size D in `sec` seconds."""
+    return 4 * S * S * heads * D / sec / 1e12
 
 
 # the attention kernel's (block_m, warps, stages) timed alone: the default first
@@ -76,7 +81,7 @@ def _fp8_parts(kit: Kit, report: Report, q, k, v) -> list[list]:
         sec, _, peak = kit.time(
             lambda at=launch: fp8_attention_kernel.attend(z, S, dtype=q.dtype, **at), warmup=2, iters=5
         )
-        speeds[block_m, warps, stages] = tflops = 4 * S * S * heads * D / sec / 1e12
+        speeds[block_m, warps, stages] = tflops = _tflops(S, heads, D, sec)
         what = f"fp8 kernel only, block_m {block_m}, {warps} warps, {stages} stages"
         rows.append([what, heads, f"{sec * 1e3:.2f}", fmt(tflops), gib(peak)])
     best = max(speeds, key=speeds.get)
@@ -104,8 +109,7 @@ def _cudnn_fp8_row(kit: Kit, report: Report, q, k, v) -> list:
         f"‖Δ‖/‖bf16 SDPA‖ at S={S} H={heads}: cuDNN FP8 (per-tensor scales) {rel_diff(out, bf16):.2e}, "
         f"ours (--attn-backend fp8) {rel_diff(ours, bf16):.2e}"
     )
-    tflops = 4 * S * S * heads * D / sec / 1e12
-    return ["cudnn-fp8 (per-tensor)", heads, f"{sec * 1e3:.2f}", fmt(tflops), gib(peak)]
+    return ["cudnn-fp8 (per-tensor)", heads, f"{sec * 1e3:.2f}", fmt(_tflops(S, heads, D, sec)), gib(peak)]
 
 
 def ulysses_shard(kit: Kit, report: Report) -> None:

@@ -6,6 +6,7 @@ against one rank, and one denoising of each family's tiny config against its exa
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 
@@ -145,10 +146,10 @@ def test_the_fused_quantiser_gives_the_torch_quantisers_bytes(monkeypatch, Sq, D
     q = _inputs(S=Sq, D=D, seed=1)[0].bfloat16().transpose(1, 2).contiguous().transpose(1, 2) * 30
     mask = mask if masked else None
     got, want = fused.quantize_qkv(q, k, v, mask), quantize_qkv(q, k, v, mask)
-    for name in ("q", "k", "v_t", "q_scale", "k_scale", "v_scale"):
-        a, b = getattr(got, name), getattr(want, name)
+    for field in dataclasses.fields(want):  # q, k, v_t and their scales
+        a, b = getattr(got, field.name), getattr(want, field.name)
         a, b = (t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for t in (a, b))
-        assert a.shape == b.shape and torch.equal(a, b), name
+        assert a.shape == b.shape and torch.equal(a, b), field.name
 
 
 def _layouts_vs_one_rank(S: int, H: int, D: int, T: int) -> dict:
