@@ -3,6 +3,7 @@ import pytest
 from testing.server_process import ServerProcess
 from tests import distributed
 from tests.postgres import postgres_cluster  # noqa: F401  (the PostgreSQL store tests' cluster)
+from tests.triton_interpreter import interpreter  # noqa: F401  (the Triton kernel tests' interpreter)
 
 
 @pytest.fixture(scope="session", autouse=True)

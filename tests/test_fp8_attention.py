@@ -1,14 +1,14 @@
 """FP8 attention (`backend="fp8"`, parallel.fp8_attention) on the CPU: the quantiser and the emulation against
 float64 references with bounds derived from e4m3 (3 mantissa bits: a normal value rounds within u = 2^-4 of
 itself, a subnormal within 2^-10 of its scale), the Triton kernel against the emulation under Triton's
-interpreter (skipped where triton is not installed: CPU torch does not ship it), Ulysses and ring on gloo
+interpreter (setup.sh installs triton beside CPU torch, which ships none), Ulysses and ring on gloo
 against one rank, and one denoising of each family's tiny config against its exact run."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
+import os
 
 import pytest
 import torch
@@ -17,6 +17,7 @@ from parallel.fp8_attention import emulate
 from parallel.fp8_attention_format import KEY_BLOCK, P_SCALE, quantize_qkv
 from parallel.kernels import local_attention, resolve_backend
 from tests.distributed import run_distributed
+from tests.triton_interpreter import needs_triton
 
 U = 2.0**-4  # e4m3's unit roundoff
 SUB = 2.0**-10  # half of e4m3's subnormal step (2^-9), in units of the scale
@@ -102,54 +103,59 @@ def test_auto_never_picks_fp8():
     assert resolve_backend("auto", q.bfloat16(), torch.ones(1, 4, dtype=torch.bool)) != "fp8"
 
 
-needs_triton = pytest.mark.skipif(
-    not importlib.util.find_spec("triton"),
-    reason="triton is not installed: the kernel is checked here under Triton's CPU interpreter, which CI "
-    "does not install (bench/gpu.py checks it on CUDA)",
-)
+def _needs_cuda():
+    from parallel import fp8_attention_kernel
 
-
-@pytest.fixture
-def interpreted_kernel(monkeypatch):
-    """The kernel module under Triton's interpreter (decided when the kernel is decorated: imported here)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    return importlib.import_module("parallel.fp8_attention_kernel")
-
-
-@needs_triton
-def test_kernel_needs_cuda(interpreted_kernel, monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET")
-    q, k, v, mask = _inputs(S=8)
-    with pytest.raises(RuntimeError, match="needs CUDA"):
-        interpreted_kernel.attend(quantize_qkv(q, k, v), 8)
+    del os.environ["TRITON_INTERPRET"]  # the wrapper checks the device unless the kernel is interpreted
+    try:
+        q, k, v, mask = _inputs(S=8)
+        with pytest.raises(RuntimeError, match="needs CUDA"):
+            fp8_attention_kernel.attend(quantize_qkv(q, k, v), 8)
+    finally:
+        os.environ["TRITON_INTERPRET"] = "1"
 
 
 @needs_triton
-@pytest.mark.parametrize(("D", "causal"), [(32, False), (40, True)])
-def test_kernel_matches_the_emulation_in_the_interpreter(interpreted_kernel, D, causal):
-    """The same bytes in, the same steps: only fp32 summation order differs (measured ≤ 2.4e-7)."""
+def test_kernel_needs_cuda(interpreter):
+    interpreter(_needs_cuda)
+
+
+def _kernel_vs_emulation(D, causal):
+    from parallel import fp8_attention_kernel
+
     q, k, v, mask = _inputs(S=200, H=2, D=D)
     z = quantize_qkv(q, k, v, mask)
-    out, lse = interpreted_kernel.attend(z, 200, mask, causal, torch.float32, block_m=64, warps=4)
+    out, lse = fp8_attention_kernel.attend(z, 200, mask, causal, torch.float32, block_m=64, warps=4)
     want, want_lse = emulate(z, 200, mask, causal, torch.float32)
     assert (out - want).abs().max() < 1e-5 and (lse - want_lse).abs().max() < 1e-5
 
 
 @needs_triton
-@pytest.mark.parametrize(("Sq", "D", "masked"), [(150, 40, True), (300, 64, False)])
-def test_the_fused_quantiser_gives_the_torch_quantisers_bytes(monkeypatch, Sq, D, masked):
-    """parallel.fp8_qkv_kernel (CUDA's quantiser) in the interpreter: every byte and scale of the torch one,
-    on bf16 inputs, Q a strided view, keys not a multiple of the block, a key mask."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    fused = importlib.import_module("parallel.fp8_qkv_kernel")
+@pytest.mark.parametrize(("D", "causal"), [(32, False), (40, True)])
+def test_kernel_matches_the_emulation_in_the_interpreter(interpreter, D, causal):
+    """The same bytes in, the same steps: only fp32 summation order differs (measured ≤ 2.4e-7)."""
+    interpreter(_kernel_vs_emulation, D, causal)
+
+
+def _fused_vs_torch_quantiser(Sq, D, masked):
+    from parallel import fp8_qkv_kernel
+
     _, k, v, mask = (t if t.dtype == torch.bool else t.bfloat16() for t in _inputs(S=300, D=D))
     q = _inputs(S=Sq, D=D, seed=1)[0].bfloat16().transpose(1, 2).contiguous().transpose(1, 2) * 30
     mask = mask if masked else None
-    got, want = fused.quantize_qkv(q, k, v, mask), quantize_qkv(q, k, v, mask)
+    got, want = fp8_qkv_kernel.quantize_qkv(q, k, v, mask), quantize_qkv(q, k, v, mask)
     for field in dataclasses.fields(want):  # q, k, v_t and their scales
         a, b = getattr(got, field.name), getattr(want, field.name)
         a, b = (t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for t in (a, b))
         assert a.shape == b.shape and torch.equal(a, b), field.name
+
+
+@needs_triton
+@pytest.mark.parametrize(("Sq", "D", "masked"), [(150, 40, True), (300, 64, False)])
+def test_the_fused_quantiser_gives_the_torch_quantisers_bytes(interpreter, Sq, D, masked):
+    """parallel.fp8_qkv_kernel (CUDA's quantiser) in the interpreter: every byte and scale of the torch one,
+    on bf16 inputs, Q a strided view, keys not a multiple of the block, a key mask."""
+    interpreter(_fused_vs_torch_quantiser, Sq, D, masked)
 
 
 def _layouts_vs_one_rank(S: int, H: int, D: int, T: int) -> dict:

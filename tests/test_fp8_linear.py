@@ -13,7 +13,7 @@ from torch import nn
 from dit.fp8_linear import E4M3_MAX, Fp8Linear, quantise, quantise_rows
 from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline
 from tests.distributed import run_distributed
-from tests.test_fp8_attention import needs_triton
+from tests.triton_interpreter import needs_triton
 
 REQUEST = dict(prompt="a lighthouse at dusk", negative_prompt="blurry", num_frames=9, height=48, width=48,
                num_inference_steps=3, guidance_scale=5.0, seed=7)  # fmt: skip
@@ -100,17 +100,19 @@ def test_every_layout_gives_one_ranks_fp8_latents():
         assert rel <= 1e-4, (layout, rel)  # `ithaca parity`'s float32 tolerance
 
 
-@needs_triton
-def test_the_cuda_input_quantiser_gives_the_torch_bytes(monkeypatch):
-    """dit.fp8_rows_kernel (what an FP8 layer runs on CUDA outside torch.compile) under Triton's interpreter:
-    every byte and scale of `quantise_rows`, on bf16 rows wider than a load, a strided view, a zero row."""
-    import importlib
+def _rows_kernel_vs_torch():
+    from dit import fp8_rows_kernel
 
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    kernel = importlib.import_module("dit.fp8_rows_kernel")
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(7, 2600, generator=g) * torch.logspace(-3, 3, 7)[:, None]).bfloat16()
     x[3] = 0
     for rows in (x, x[:, 100:2148]):
-        (q, scale), (want_q, want_scale) = kernel.quantise_rows(rows), quantise_rows(rows)
+        (q, scale), (want_q, want_scale) = fp8_rows_kernel.quantise_rows(rows), quantise_rows(rows)
         assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(scale, want_scale)
+
+
+@needs_triton
+def test_the_cuda_input_quantiser_gives_the_torch_bytes(interpreter):
+    """dit.fp8_rows_kernel (what an FP8 layer runs on CUDA outside torch.compile) under Triton's interpreter:
+    every byte and scale of `quantise_rows`, on bf16 rows wider than a load, a strided view, a zero row."""
+    interpreter(_rows_kernel_vs_torch)
