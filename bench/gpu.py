@@ -59,7 +59,7 @@ class Section:
 SECTIONS = (
     Section("attention", "local_attention per backend vs float64", gpu_correct.attention, 20),
     Section("fp8", "FP8 wire format; the FP8 layer's input quantiser and GEMM", gpu_correct.fp8_wire, 30),
-    Section("fp8-attention", "FP8 attention vs float64, kernel vs emulation", gpu_correct.fp8_attention, 10),
+    Section("fp8-attention", "FP8 attention vs float64, kernel vs emulation", gpu_correct.fp8_attention, 14),
     Section(
         "models", "Wan and HunyuanVideo-1.5 vs diffusers, same weights, small configs", gpu_correct.models, 30
     ),

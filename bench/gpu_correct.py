@@ -112,6 +112,31 @@ def fp8_attention(kit: Kit, report: Report) -> None:
         report.check(f"fp8 Triton kernel vs its emulation, {case} (out and LSE)", err, 1e-3)
     if not kit.cuda:
         report.skip_check("fp8 Triton kernel (and fused quantiser) vs the emulation", "the kernels need CUDA")
+        return
+    _fp8_accumulation(kit, report, g)
+
+
+def _fp8_accumulation(kit: Kit, report: Report, g: torch.Generator, S: int = 32760) -> None:
+    """The kernel vs its emulation over Wan2.1-14B's 32760 keys (256 key blocks), V with a mean of 1 so the
+    output grows as every block adds to it: with two-level accumulation (the default) each block's P·V
+    reaches the fp32 output as the emulation adds it; with the MMA's own, the output passes through the FP8
+    accumulator 256 times: compared also with the emulation's model of a 13-bit one
+    (bench/fp8_accumulation.py)."""
+    from parallel import fp8_attention_kernel
+    from parallel.fp8_attention import emulate
+    from parallel.fp8_attention_format import quantize_qkv
+
+    q, k, v, _ = _case_inputs(kit, g, (1, S, 2, 128), torch.bfloat16, False)
+    z = quantize_qkv(q, k, v + 1)
+    exact, model = (emulate(z, S, dtype=torch.float32, mma_bits=bits)[0] for bits in (23, 13))
+    two_level = fp8_attention_kernel.attend(z, S, dtype=torch.float32)[0]
+    report.check(f"fp8 Triton kernel vs its emulation, S={S}, two-level", rel_diff(two_level, exact), 1e-3)
+    mma = fp8_attention_kernel.attend(z, S, dtype=torch.float32, two_level=False)[0]
+    report.note(
+        f"fp8 Triton kernel at S={S} with the MMA's accumulation: {rel_diff(mma, exact):.2e} from the "
+        f"emulation (signed mean {((mma - exact).sum() / exact.abs().sum()).item():+.2e}), "
+        f"{rel_diff(mma, model):.2e} from its 13-bit accumulator model"
+    )
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

@@ -37,8 +37,11 @@ def _keep(key_mask, causal, Sq, start, stop, device):
     return keep
 
 
-def emulate(z: QuantisedQKV, Sk: int, key_mask=None, causal=False, dtype=torch.float32):
-    """The kernel's arithmetic in torch: (out [B, Sq, H, D] in `dtype`, lse [B, Sq, H] fp32, natural log)."""
+def emulate(z: QuantisedQKV, Sk: int, key_mask=None, causal=False, dtype=torch.float32, mma_bits: int = 23):
+    """The kernel's arithmetic in torch: (out [B, Sq, H, D] in `dtype`, lse [B, Sq, H] fp32, natural log).
+    `mma_bits` < 23 models the kernel without two-level accumulation: the running output truncated to that
+    many mantissa bits after each block, as an FP8 MMA accumulator keeps them (Hopper's: 13, SageAttention2
+    measured)."""
     B, H, Sq, D = z.q.shape
     q, k, v_t = z.q.float(), z.k.float(), z.v_t.float()  # widened once: slices of e4m3 widen slowly
     row_scale = z.q_scale * (D**-0.5 * LOG2E)  # S in log2 units, as the kernel's exp2 wants it
@@ -58,6 +61,8 @@ def emulate(z: QuantisedQKV, Sk: int, key_mask=None, causal=False, dtype=torch.f
         row_sum = row_sum * alpha + p.sum(-1)
         pv = (p * P_SCALE).to(FP8).float() @ v_t[..., start:stop].transpose(-1, -2)
         acc = acc * alpha[..., None] + pv
+        if mma_bits < 23:
+            acc = (acc.view(torch.int32) & -(1 << (23 - mma_bits))).view(torch.float32)
         m = m_new
     l_safe = row_sum.masked_fill(row_sum == 0, 1.0)  # a query with no key left: out 0, lse -inf
     out = acc / l_safe[..., None] * (z.v_scale * (1 / P_SCALE))[:, :, None, :]

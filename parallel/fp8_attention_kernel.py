@@ -19,7 +19,7 @@ from parallel.fp8_attention_format import KEY_BLOCK, LOG2E, P_SCALE, QuantisedQK
 def _attend(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, vs_ptr, mask_ptr, o_ptr, lse_ptr,
             H, Sq, Sk, D, Sk_pad, n_kblocks, o_sb, o_ss, o_sh, mask_sb, sm_scale, p_scale,
             HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, ROUND_P: tl.constexpr, BLOCK_M: tl.constexpr,
-            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IMPRECISE_ACC: tl.constexpr):  # fmt: skip
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -52,7 +52,8 @@ def _attend(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, vs_ptr, mask_ptr, o_ptr, lse_pt
         p8 = p * p_scale
         if ROUND_P:
             p8 = round_e4m3(p8)
-        acc = tl.dot(p8.to(v.dtype), v, acc * alpha[:, None])
+        # IMPRECISE_ACC = BLOCK_N: this block's P·V sums in the MMA, then adds to acc in fp32 registers
+        acc = tl.dot(p8.to(v.dtype), v, acc * alpha[:, None], max_num_imprecise_acc=IMPRECISE_ACC)
         m = m_new
     l_safe = tl.where(row_sum == 0.0, 1.0, row_sum)  # a query with no key left: out 0, lse -inf
     v_scale = tl.load(vs_ptr + bh * D + cols, mask=live_d, other=0.0) * (1 / p_scale)
@@ -72,10 +73,14 @@ def check_device(t: torch.Tensor) -> None:
 
 
 def attend(z: QuantisedQKV, Sk: int, key_mask=None, causal=False, dtype=torch.bfloat16, block_m: int = 128,
-           warps: int = 8, stages: int = 3):  # fmt: skip
+           warps: int = 8, stages: int = 3, two_level: bool = True):  # fmt: skip
     """(out [B, Sq, H, D] in `dtype`, lse [B, Sq, H] fp32) of `z` over its first Sk keys; `block_m` queries
     a program, `warps` and `stages` (software pipelining depth) Triton's launch settings (bench/gpu.py's
-    attention-speed section times a few)."""
+    attention-speed section times a few). `two_level`: each key block's P·V is summed by the FP8 MMA and
+    added to the output in fp32, as the emulation does. Without it the output itself rides through every
+    block's MMA, whose accumulator on Hopper (and Ada) keeps 13 bits of mantissa and truncates the rest
+    (SageAttention2 measured it): at 32760 keys, 256 truncations of the running output. Costs registers:
+    bench/hopper_compile.py prints them."""
     check_device(z.q)
     B, H, Sq, D = z.q.shape
     out = torch.empty(B, Sq, H, D, dtype=dtype, device=z.q.device)
@@ -86,5 +91,6 @@ def attend(z: QuantisedQKV, Sk: int, key_mask=None, causal=False, dtype=torch.bf
                   lse, H, Sq, Sk, D, z.k.shape[2], z.k_scale.shape[-1], *out.stride()[:3],
                   0 if mask is None else mask.stride(0), D**-0.5 * LOG2E, P_SCALE, HAS_MASK=mask is not None,
                   CAUSAL=causal, ROUND_P=interpreted(), BLOCK_M=block_m, BLOCK_N=KEY_BLOCK,
-                  BLOCK_D=max(32, triton.next_power_of_2(D)), num_warps=warps, num_stages=stages)  # fmt: skip
+                  BLOCK_D=max(32, triton.next_power_of_2(D)), IMPRECISE_ACC=KEY_BLOCK if two_level else None,
+                  num_warps=warps, num_stages=stages)  # fmt: skip
     return out, lse.transpose(1, 2)

@@ -97,6 +97,18 @@ def test_fp8_backend_against_float64_attention():
     assert (lse - want_lse).abs().max() < 0.12
 
 
+def test_the_accumulator_model_truncates_the_running_output():
+    """`emulate(mma_bits=13)`, the model of the kernel without two-level accumulation: every key block
+    truncates the running output toward zero by under 2^-13 of itself, so with V's mean 1 the output
+    shrinks, by less than 8 blocks' worth (S=1000), and 23 bits are the exact emulation."""
+    q, k, v, _ = _inputs(S=1000, H=2, D=64)
+    z = quantize_qkv(q.float(), k.float(), v.float() + 1)
+    exact, model = emulate(z, 1000)[0], emulate(z, 1000, mma_bits=13)[0]
+    assert torch.equal(emulate(z, 1000, mma_bits=23)[0], exact)
+    shrink = (exact - model) / exact
+    assert shrink.min() >= 0 and 1e-6 < shrink.mean() and shrink.max() < 8 * 2.0**-13, shrink
+
+
 def test_auto_never_picks_fp8():
     q = torch.randn(1, 4, 2, 8)
     assert resolve_backend("auto", q, None) == "sdpa" and resolve_backend("fp8", q, None) == "fp8"
