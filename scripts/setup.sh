@@ -7,9 +7,8 @@ cd "$(dirname "$0")/.."
 . .venv/bin/activate
 pip install -q "${ITHACA_TORCH_SPEC:-torch==2.13.0}"
 pip install -q -e '.[test]'
-if [ -z "${ITHACA_TORCH_SPEC:-}" ]; then
-    # CPU torch ships no Triton. The tests run the kernels under Triton 3.9's interpreter, and compile them for
-    # Hopper with the GPU image's Triton, 3.6.0, kept apart in .venv/hopper-triton (tests/test_hopper_compile.py).
-    pip install -q triton==3.9.0
-    [ -d .venv/hopper-triton/triton ] || pip install -q --no-deps --target .venv/hopper-triton triton==3.6.0
-fi
+# CPU torch ships no Triton (a CUDA torch brings its own): the tests run the kernels under Triton 3.9's
+# interpreter, and compile them for Hopper with the GPU image's Triton, 3.6.0, kept apart in .venv/hopper-triton
+# (tests/test_hopper_compile.py).
+python -c "import triton" 2>/dev/null || pip install -q triton==3.9.0
+[ -d .venv/hopper-triton/triton ] || pip install -q --no-deps --target .venv/hopper-triton triton==3.6.0
