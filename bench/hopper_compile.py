@@ -1,10 +1,11 @@
 """Every Triton kernel of Ithaca compiled for Hopper (sm_90) at the shapes a Wan2.1-14B job gives it, on any
 machine with Triton installed (no GPU needed): registers a thread, bytes spilled to the stack, shared memory
-a block, FP8 tensor-core instructions and where their sums go to fp32. The FP8 attention kernel at each of
-bench/gpu.py's timed launches and at its defaults with a key mask, its Q/K/V quantiser, an FP8 layer's input
-quantiser and the FP8 wire packer. Prints a table (--json: the rows, for tests/test_hopper_compile.py).
+a block, byte-sized global accesses and asynchronous copies, FP8 tensor-core instructions and where their
+sums go to fp32. The FP8 attention kernel at each of bench/gpu.py's timed launches and at its defaults with
+a key mask, its Q/K/V quantiser, an FP8 layer's input quantiser and the FP8 wire packer. Prints a table
+(--json: the rows, for tests/test_hopper_compile.py; --sweep: 24 more launches of the attention kernel).
 
-    python bench/hopper_compile.py            # the GPU image has Triton 3.6.0: CI installs that one
+    python bench/hopper_compile.py            # the GPU image has Triton 3.6.0: setup.sh installs that one
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_speed import FP8_LAUNCHES, WAN_14B_SHAPE, attend_settings  # noqa: E402
-from testing.hopper_compile import compile_only, fp8_mmas, usage  # noqa: E402
+from testing.hopper_compile import compile_only, fp8_mmas, memory, usage  # noqa: E402
 
 FFN_DIM = 13824  # Wan2.1-14B's FFN width (its model width is 5120)
 # --sweep: queries a program, warps, pipelining stages, two-level accumulation
@@ -80,7 +81,7 @@ def rows(attention: tuple = FP8_LAUNCHES) -> list[dict]:
             row = dict(
                 kernel=c.kernel, case=case, launch=settings, warps=meta.num_warps, stages=meta.num_stages
             )
-            out.append(row | usage(c.binary) | fp8_mmas(c.binary))
+            out.append(row | usage(c.binary) | fp8_mmas(c.binary) | memory(c.binary))
         at += n
     return out
 
@@ -97,28 +98,17 @@ def main() -> None:
         print(json.dumps(dict(triton=triton.__version__, rows=table)))
         return
     print(f"Triton {triton.__version__}, target sm_90 (compiled here, not run)\n")
-    head = (
-        "kernel",
-        "case",
-        "launch",
-        "warps",
-        "stages",
-        "registers",
-        "spilled B",
-        "shared KiB",
-        "e4m3 wgmma",
-    )
-    print("| " + " | ".join(head) + " | fp32 after |\n|" + " --- |" * 3 + " ---: |" * 6 + " --- |")
+    head = "kernel | case | launch | warps | stages | registers | spilled B | shared KiB | byte ld/st | "
+    head += "16-B async copies | e4m3 wgmma | fp32 after"
+    print(f"| {head} |\n|" + " --- |" * 3 + " ---: |" * 8 + " --- |")
     for r in table:
         after = ", ".join("never" if n >= 2**30 else str(n) for n in r["imprecise_acc"]) or "–"
         at = json.loads(r["launch"] or "{}")
-        launch = (
-            f"block_m {at['block_m']}, " + ("two-level" if at["two_level"] else "MMA accumulation")
-            if at
-            else "–"
-        )
-        cells = [r["kernel"], r["case"], launch, r["warps"], r["stages"], r["registers"]]
-        cells += [r["spilled"], f"{r['shared'] / 1024:.1f}", r["e4m3_wgmma"], after]
+        launch = "–"
+        if at:
+            launch = f"block_m {at['block_m']}, " + ("two-level" if at["two_level"] else "MMA accumulation")
+        cells = [r["kernel"], r["case"], launch, r["warps"], r["stages"], r["registers"], r["spilled"]]
+        cells += [f"{r['shared'] / 1024:.1f}", r["byte_accesses"], r["async_copies"], r["e4m3_wgmma"], after]
         print("| " + " | ".join(map(str, cells)) + " |")
     print("\nfp32 after: per product (Q·Kᵀ, then P·V), how many FP8 products the MMA sums before registers")
     print("take over in fp32; never: the MMA's accumulator throughout (Q·Kᵀ starts from zero at every key")

@@ -21,7 +21,8 @@ LOG2E = math.log2(math.e)
 class QuantisedQKV:
     q: torch.Tensor  # e4m3 [B, H, Sq, D]
     k: torch.Tensor  # e4m3 [B, H, ⌈Sk/KEY_BLOCK⌉·KEY_BLOCK, D], zero past Sk
-    v_t: torch.Tensor  # e4m3 [B, H, D, Sk] (keys contiguous: the FP8 MMA's operand layout)
+    v_t: torch.Tensor  # e4m3 [B, H, D, ⌈Sk/KEY_BLOCK⌉·KEY_BLOCK], zero past Sk (keys contiguous: the FP8
+    # MMA's operand layout; rows a multiple of 16 bytes, so the kernel loads them in 16-byte copies)
     q_scale: torch.Tensor  # fp32 [B, H, Sq]
     k_scale: torch.Tensor  # fp32 [B, H, ⌈Sk/KEY_BLOCK⌉]
     v_scale: torch.Tensor  # fp32 [B, H, D]
@@ -37,5 +38,6 @@ def quantize_qkv(q, k, v, key_mask=None) -> QuantisedQKV:
     kt = torch.nn.functional.pad(k.transpose(1, 2).float(), (0, 0, 0, pad))
     kp, ks = quantize(kt.reshape(B, H, -1, KEY_BLOCK * D))
     vp, vs = quantize(v.permute(0, 2, 3, 1))
-    qp, vp, qs, vs = (t.contiguous() for t in (qp, vp, qs[..., 0], vs[..., 0]))  # the kernel's layout
+    vp = torch.nn.functional.pad(vp.view(torch.uint8), (0, pad)).view(vp.dtype)  # byte 0 is e4m3's +0
+    qp, qs, vs = (t.contiguous() for t in (qp, qs[..., 0], vs[..., 0]))  # the kernel's layout
     return QuantisedQKV(qp, kp.view(B, H, -1, D), vp, qs, ks[..., 0], vs)

@@ -47,8 +47,7 @@ def _attend(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, vs_ptr, mask_ptr, o_ptr, lse_pt
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m - m_safe)
         row_sum = row_sum * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + (bh * D + cols)[None, :] * Sk + n[:, None],
-                    mask=(n < Sk)[:, None] & live_d[None, :], other=0.0)  # fmt: skip
+        v = tl.load(v_ptr + (bh * D + cols)[None, :] * Sk_pad + n[:, None], mask=live_d[None, :], other=0.0)
         p8 = p * p_scale
         if ROUND_P:
             p8 = round_e4m3(p8)

@@ -84,16 +84,16 @@ def _v_amax(x_ptr, mask_ptr, out_ptr, H, S, D, x_sb, x_ss, x_sh, mask_sb, HAS_MA
 def _quantise_v(x_ptr, mask_ptr, scale_ptr, out_ptr, H, S, D, x_sb, x_ss, x_sh, mask_sb,
                 HAS_MASK: tl.constexpr, ROUND: tl.constexpr, BLOCK_S: tl.constexpr,
                 BLOCK_D: tl.constexpr):  # fmt: skip
-    """One scale per head and channel (given): out [B, H, D, S], keys contiguous."""
+    """One scale per head and channel (given): out [B, H, D, num_programs(0)·BLOCK_S], keys contiguous,
+    zero past S."""
     bh = tl.program_id(1).to(tl.int64)
     s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
     cols = tl.arange(0, BLOCK_D)
     x = _load_rows(x_ptr, mask_ptr, bh // H, bh % H, s, cols, S, D, x_sb, x_ss, x_sh, mask_sb, HAS_MASK)
     scale = tl.load(scale_ptr + bh * D + cols, mask=cols < D, other=1.0)
     q = to_e4m3(tl.math.div_rn(x, scale[None, :]), ROUND)
-    tl.store(
-        out_ptr + (bh * D + cols)[None, :] * S + s[:, None], q, mask=(s < S)[:, None] & (cols < D)[None, :]
-    )
+    row = tl.num_programs(0) * BLOCK_S  # a multiple of BLOCK_S: Triton may store 16 bytes at once
+    tl.store(out_ptr + (bh * D + cols)[None, :] * row + s[:, None], q, mask=(cols < D)[None, :])
 
 
 def quantize_qkv(q, k, v, key_mask=None) -> QuantisedQKV:
@@ -105,7 +105,7 @@ def quantize_qkv(q, k, v, key_mask=None) -> QuantisedQKV:
     e4m3, fp32 = dict(dtype=FP8, device=q.device), dict(dtype=torch.float32, device=q.device)
     qp, qs = torch.empty(B, H, Sq, D, **e4m3), torch.empty(B, H, Sq, **fp32)
     kp, ks = torch.empty(B, H, blocks * KEY_BLOCK, D, **e4m3), torch.empty(B, H, blocks, **fp32)
-    vp, amax = torch.empty(B, H, D, Sk, **e4m3), torch.empty(B, H, spans, D, **fp32)
+    vp, amax = torch.empty(B, H, D, blocks * KEY_BLOCK, **e4m3), torch.empty(B, H, spans, D, **fp32)
     mask = None if key_mask is None else key_mask.to(torch.int8).contiguous()
     # the key mask's pointer and batch stride (any pointer and 0 without one)
     keys = (k, 0) if mask is None else (mask, mask.stride(0))
@@ -120,7 +120,7 @@ def quantize_qkv(q, k, v, key_mask=None) -> QuantisedQKV:
     )  # fmt: skip
     _v_amax[(spans, B * H)](v, keys[0], amax, H, Sk, D, *_strides(v), keys[1], BLOCK_S=ROWS, **common)
     vs = (amax.amax(2) * (1 / FP8_MAX)).clamp_min(1e-12)  # the torch quantiser's own scale arithmetic
-    _quantise_v[(spans, B * H)](
+    _quantise_v[(blocks * KEY_BLOCK // ROWS, B * H)](  # V's rows padded with zeros as K is
         v, keys[0], vs, vp, H, Sk, D, *_strides(v), keys[1], ROUND=rounding, BLOCK_S=ROWS, **common
     )
     return QuantisedQKV(qp, kp, vp, qs, ks, vs)

@@ -5,7 +5,7 @@ an sm_90 device and turns every kernel launch inside it into a compile (`JITFunc
 the kernels' own Python wrappers, given meta tensors of the real shapes, produce the cubin the GPU would
 load, specialised as a launch there specialises it. `usage()` reads its registers, spilled bytes and shared
 memory (Triton's bundled cuobjdump and the launch metadata); `fp8_mmas()` its FP8 tensor-core instructions
-and how each accumulates.
+and how each accumulates; `memory()` how it reaches global memory.
 """
 
 from __future__ import annotations
@@ -102,4 +102,15 @@ def fp8_mmas(binary) -> dict:
     return dict(
         e4m3_wgmma=len(re.findall(r"wgmma\.mma_async\S*\.e4m3\.e4m3", ptx)),
         imprecise_acc=[int(n) for n in re.findall(r"warp_group_dot .*maxNumImpreciseAcc = (\d+)", ttgir)],
+    )
+
+
+def memory(binary) -> dict:
+    """Global-memory instructions a thread issues (in the PTX: unrolled, each once): single-byte loads and
+    stores (what a row that is no multiple of 16 bytes costs: no vector access), and asynchronous 16-byte
+    copies to shared memory (the software pipeline's loads)."""
+    ptx = binary.asm["ptx"]
+    return dict(
+        byte_accesses=len(re.findall(r"\b(?:ld|st)\.global(?:\.\w+)*\.[bsu]8\b", ptx)),
+        async_copies=len(re.findall(r"cp\.async\.cg\.shared\.global", ptx)),
     )

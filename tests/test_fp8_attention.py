@@ -48,7 +48,7 @@ def _dequantised(z, Sk):
     q = z.q.double() * z.q_scale.double()[..., None]
     k = (z.k.double().view(B, H, -1, KEY_BLOCK, D) * z.k_scale.double()[..., None, None]).flatten(2, 3)
     v = z.v_t.double() * z.v_scale.double()[..., None]
-    return q.transpose(1, 2), k[:, :, :Sk].transpose(1, 2), v.permute(0, 3, 1, 2)
+    return q.transpose(1, 2), k[:, :, :Sk].transpose(1, 2), v.permute(0, 3, 1, 2)[:, :Sk]
 
 
 def test_quantised_inputs_are_within_e4m3_rounding():
@@ -67,6 +67,7 @@ def test_quantised_inputs_are_within_e4m3_rounding():
         scale = x.abs().amax() / P_SCALE if scale is None else scale.double()
         assert ((x - deq).abs() <= U * x.abs() + SUB * scale + 1e-12).all()
     assert (z.k[1, :, 256:].float() == 0).all()  # the padded keys of batch 1's last block count as 0
+    assert z.v_t.shape[-1] == 384 and (z.v_t[..., 300:].float() == 0).all()  # V's keys padded as K's
 
 
 @pytest.mark.parametrize("causal", [False, True])
