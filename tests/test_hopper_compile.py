@@ -45,7 +45,7 @@ def test_every_kernel_compiles_within_hoppers_shared_memory(compiled):
     kernels = [r["kernel"] for r in compiled]
     assert kernels.count("_attend") == len(FP8_LAUNCHES) + 1  # every timed launch, and attend's defaults
     assert kernels.count("_quantise_q") == kernels.count("_quantise_v") == 2 and "_quantise_rows" in kernels
-    assert all(0 < r["shared"] <= HOPPER_SMEM for r in compiled), compiled
+    assert all(r["shared"] <= HOPPER_SMEM for r in compiled), compiled
 
 
 def test_the_quantisers_keep_everything_in_registers(compiled):
