@@ -1,9 +1,9 @@
 """Every Triton kernel of Ithaca compiled for Hopper (sm_90) at the shapes a Wan2.1-14B job gives it, on any
 machine with Triton installed (no GPU needed): registers a thread, bytes spilled to the stack, shared memory
-a block, byte-sized global accesses and asynchronous copies, FP8 tensor-core instructions and where their
-sums go to fp32. The FP8 attention kernel at each of bench/gpu.py's timed launches and at its defaults with
-a key mask, its Q/K/V quantiser, an FP8 layer's input quantiser and the FP8 wire packer. Prints a table
-(--json: the rows, for tests/test_hopper_compile.py; --sweep: 24 more launches of the attention kernel).
+a block, byte-sized global accesses and asynchronous copies, each loop's size, FP8 tensor-core instructions
+and where their sums go to fp32. The FP8 attention kernel at each of bench/gpu.py's timed launches and at
+its defaults with a key mask, its Q/K/V quantiser, an FP8 layer's input quantiser and the FP8 wire packer.
+Prints a table (--json: the rows, for tests/test_hopper_compile.py; --sweep: 24 more attention launches).
 
     python bench/hopper_compile.py            # the GPU image has Triton 3.6.0: setup.sh installs that one
 """
@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_speed import FP8_LAUNCHES, WAN_14B_SHAPE, attend_settings  # noqa: E402
-from testing.hopper_compile import compile_only, fp8_mmas, memory, usage  # noqa: E402
+from testing.hopper_compile import compile_only, fp8_mmas, loops, memory, usage  # noqa: E402
 
 FFN_DIM = 13824  # Wan2.1-14B's FFN width (its model width is 5120)
 # --sweep: queries a program, warps, pipelining stages, two-level accumulation
@@ -81,7 +81,8 @@ def rows(attention: tuple = FP8_LAUNCHES) -> list[dict]:
             row = dict(
                 kernel=c.kernel, case=case, launch=settings, warps=meta.num_warps, stages=meta.num_stages
             )
-            out.append(row | usage(c.binary) | fp8_mmas(c.binary) | memory(c.binary))
+            row |= dict(loops=loops(c.binary)) | usage(c.binary) | memory(c.binary)
+            out.append(row | fp8_mmas(c.binary))
         at += n
     return out
 
@@ -99,8 +100,8 @@ def main() -> None:
         return
     print(f"Triton {triton.__version__}, target sm_90 (compiled here, not run)\n")
     head = "kernel | case | launch | warps | stages | registers | spilled B | shared KiB | byte ld/st | "
-    head += "16-B async copies | e4m3 wgmma | fp32 after"
-    print(f"| {head} |\n|" + " --- |" * 3 + " ---: |" * 8 + " --- |")
+    head += "16-B async copies | loop bodies | e4m3 wgmma | fp32 after"
+    print(f"| {head} |\n|" + " --- |" * 3 + " ---: |" * 9 + " --- |")
     for r in table:
         after = ", ".join("never" if n >= 2**30 else str(n) for n in r["imprecise_acc"]) or "–"
         at = json.loads(r["launch"] or "{}")
@@ -108,11 +109,12 @@ def main() -> None:
         if at:
             launch = f"block_m {at['block_m']}, " + ("two-level" if at["two_level"] else "MMA accumulation")
         cells = [r["kernel"], r["case"], launch, r["warps"], r["stages"], r["registers"], r["spilled"]]
-        cells += [f"{r['shared'] / 1024:.1f}", r["byte_accesses"], r["async_copies"], r["e4m3_wgmma"], after]
+        cells += [f"{r['shared'] / 1024:.1f}", r["byte_accesses"], r["async_copies"]]
+        cells += [", ".join(map(str, r["loops"])) or "–", r["e4m3_wgmma"], after]
         print("| " + " | ".join(map(str, cells)) + " |")
     print("\nfp32 after: per product (Q·Kᵀ, then P·V), how many FP8 products the MMA sums before registers")
     print("take over in fp32; never: the MMA's accumulator throughout (Q·Kᵀ starts from zero at every key")
-    print("block, so its 128 are all).")
+    print("block, so its 128 are all). Loop bodies: PTX instructions an iteration of each loop issues.")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,37 @@ from parallel.fp8_attention_format import KEY_BLOCK, LOG2E, P_SCALE, QuantisedQK
 
 
 @triton.jit
+def _block(q, row_scale, m, row_sum, acc, j, b, bh, rows, keys, cols, live_d, k_ptr, v_ptr, ks_ptr, mask_ptr,
+           Sk, Sk_pad, D, n_kblocks, mask_sb, p_scale, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr,
+           ROUND_P: tl.constexpr, BLOCK_N: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
+           MASKED: tl.constexpr):  # fmt: skip
+    """One online-softmax step over key block j: (m, row_sum, acc) updated. MASKED: some of its keys may be
+    past Sk, dropped by the mask or in the future (causal); otherwise every score counts."""
+    n = j * BLOCK_N + keys
+    k = tl.load(k_ptr + (bh * Sk_pad + n)[None, :] * D + cols[:, None], mask=live_d[:, None], other=0.0)
+    s = tl.dot(q, k) * (row_scale * tl.load(ks_ptr + bh * n_kblocks + j))[:, None]
+    if MASKED:
+        keep = (n < Sk)[None, :]
+        if HAS_MASK:
+            keep = keep & (tl.load(mask_ptr + b * mask_sb + n, mask=n < Sk, other=0) != 0)[None, :]
+        if CAUSAL:
+            keep = keep & (rows[:, None] >= n[None, :])
+        s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp2(-inf) = 0, not NaN
+    p = tl.math.exp2(s - m_safe[:, None])
+    alpha = tl.math.exp2(m - m_safe)
+    row_sum = row_sum * alpha + tl.sum(p, 1)
+    v = tl.load(v_ptr + (bh * D + cols)[None, :] * Sk_pad + n[:, None], mask=live_d[None, :], other=0.0)
+    p8 = p * p_scale
+    if ROUND_P:
+        p8 = round_e4m3(p8)
+    # IMPRECISE_ACC = BLOCK_N: this block's P·V sums in the MMA, then adds to acc in fp32 registers
+    acc = tl.dot(p8.to(v.dtype), v, acc * alpha[:, None], max_num_imprecise_acc=IMPRECISE_ACC)
+    return m_new, row_sum, acc
+
+
+@triton.jit
 def _attend(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, vs_ptr, mask_ptr, o_ptr, lse_ptr,
             H, Sq, Sk, D, Sk_pad, n_kblocks, o_sb, o_ss, o_sh, mask_sb, sm_scale, p_scale,
             HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, ROUND_P: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -32,28 +63,19 @@ def _attend(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, vs_ptr, mask_ptr, o_ptr, lse_pt
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for j in range(0, n_kblocks):
-        n = j * BLOCK_N + keys
-        k = tl.load(k_ptr + (bh * Sk_pad + n)[None, :] * D + cols[:, None], mask=live_d[:, None], other=0.0)
-        s = tl.dot(q, k) * (row_scale * tl.load(ks_ptr + bh * n_kblocks + j))[:, None]
-        keep = (n < Sk)[None, :]
-        if HAS_MASK:
-            keep = keep & (tl.load(mask_ptr + b * mask_sb + n, mask=n < Sk, other=0) != 0)[None, :]
-        if CAUSAL:
-            keep = keep & (rows[:, None] >= n[None, :])
-        s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp2(-inf) = 0, not NaN
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m - m_safe)
-        row_sum = row_sum * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + (bh * D + cols)[None, :] * Sk_pad + n[:, None], mask=live_d[None, :], other=0.0)
-        p8 = p * p_scale
-        if ROUND_P:
-            p8 = round_e4m3(p8)
-        # IMPRECISE_ACC = BLOCK_N: this block's P·V sums in the MMA, then adds to acc in fp32 registers
-        acc = tl.dot(p8.to(v.dtype), v, acc * alpha[:, None], max_num_imprecise_acc=IMPRECISE_ACC)
-        m = m_new
+    # without a mask or causality only the last block may hold keys past Sk: the others skip the masking
+    # (a compare and a select per score, about a seventh of the kernel's instructions)
+    n_open = Sk // BLOCK_N
+    if HAS_MASK or CAUSAL:
+        n_open = 0
+    at = (b, bh, rows, keys, cols, live_d, k_ptr, v_ptr, ks_ptr, mask_ptr, Sk, Sk_pad, D, n_kblocks, mask_sb,
+          p_scale)  # fmt: skip
+    for j in range(0, n_open):
+        m, row_sum, acc = _block(q, row_scale, m, row_sum, acc, j, *at, HAS_MASK, CAUSAL, ROUND_P, BLOCK_N,
+                                 IMPRECISE_ACC, False)  # fmt: skip
+    for j in range(n_open, n_kblocks):
+        m, row_sum, acc = _block(q, row_scale, m, row_sum, acc, j, *at, HAS_MASK, CAUSAL, ROUND_P, BLOCK_N,
+                                 IMPRECISE_ACC, True)  # fmt: skip
     l_safe = tl.where(row_sum == 0.0, 1.0, row_sum)  # a query with no key left: out 0, lse -inf
     v_scale = tl.load(vs_ptr + bh * D + cols, mask=live_d, other=0.0) * (1 / p_scale)
     out = acc / l_safe[:, None] * v_scale[None, :]

@@ -5,7 +5,7 @@ an sm_90 device and turns every kernel launch inside it into a compile (`JITFunc
 the kernels' own Python wrappers, given meta tensors of the real shapes, produce the cubin the GPU would
 load, specialised as a launch there specialises it. `usage()` reads its registers, spilled bytes and shared
 memory (Triton's bundled cuobjdump and the launch metadata); `fp8_mmas()` its FP8 tensor-core instructions
-and how each accumulates; `memory()` how it reaches global memory.
+and how each accumulates; `memory()` how it reaches global memory; `loops()` the size of its loops.
 """
 
 from __future__ import annotations
@@ -114,3 +114,17 @@ def memory(binary) -> dict:
         byte_accesses=len(re.findall(r"\b(?:ld|st)\.global(?:\.\w+)*\.[bsu]8\b", ptx)),
         async_copies=len(re.findall(r"cp\.async\.cg\.shared\.global", ptx)),
     )
+
+
+def loops(binary) -> list[int]:
+    """The PTX instructions in each loop's body (a backward branch's span), in program order: what one
+    iteration issues, before ptxas's own scheduling."""
+    lines = [line.strip() for line in binary.asm["ptx"].splitlines()]
+    labels = {found[1]: i for i, line in enumerate(lines) if (found := re.match(r"(\$L__\w+):", line))}
+    sizes = []
+    for i, line in enumerate(lines):
+        branch = re.search(r"\bbra(?:\.uni)?\s+(\$L__\w+);", line)
+        if branch and labels.get(branch[1], i) < i:
+            body = lines[labels[branch[1]] : i]
+            sizes.append(sum(1 for x in body if x and not x.startswith(("//", "$", ".", "{", "}"))))
+    return sizes
