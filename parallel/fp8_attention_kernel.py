@@ -47,7 +47,7 @@ def _block(q, row_scale, m, row_sum, acc, j, b, bh, rows, keys, cols, live_d, k_
 
 
 @triton.jit
-def _attend(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, vs_ptr, mask_ptr, o_ptr, lse_ptr,
+def _attend(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, vs_ptr, mask_ptr, open_ptr, o_ptr, lse_ptr,
             H, Sq, Sk, D, Sk_pad, n_kblocks, o_sb, o_ss, o_sh, mask_sb, sm_scale, p_scale,
             HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, ROUND_P: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IMPRECISE_ACC: tl.constexpr):  # fmt: skip
@@ -63,11 +63,14 @@ def _attend(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, vs_ptr, mask_ptr, o_ptr, lse_pt
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    # without a mask or causality only the last block may hold keys past Sk: the others skip the masking
-    # (a compare and a select per score, about a seventh of the kernel's instructions)
-    n_open = Sk // BLOCK_N
-    if HAS_MASK or CAUSAL:
+    # the leading blocks every key of which counts skip the masking (a compare and a select per score, and
+    # the mask's bytes): without a mask all whole blocks; with one, as many as `attend` counted (on device)
+    if CAUSAL:
         n_open = 0
+    elif HAS_MASK:
+        n_open = tl.load(open_ptr + b)
+    else:
+        n_open = Sk // BLOCK_N
     at = (b, bh, rows, keys, cols, live_d, k_ptr, v_ptr, ks_ptr, mask_ptr, Sk, Sk_pad, D, n_kblocks, mask_sb,
           p_scale)  # fmt: skip
     for j in range(0, n_open):
@@ -82,6 +85,13 @@ def _attend(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, vs_ptr, mask_ptr, o_ptr, lse_pt
     o = o_ptr + b * o_sb + h * o_sh + rows.to(tl.int64)[:, None] * o_ss + cols[None, :]
     tl.store(o, out.to(o_ptr.dtype.element_ty), mask=(rows < Sq)[:, None] & live_d[None, :])
     tl.store(lse_ptr + bh * Sq + rows, (m + tl.math.log2(row_sum)) * 0.6931471805599453, mask=rows < Sq)
+
+
+def _open_blocks(key_mask: torch.Tensor, Sk: int) -> torch.Tensor:
+    """int32 [B]: how many leading key blocks of each sequence hold only real keys (computed where the mask
+    is, without a host sync). Joint attention's image keys come first, its padded text last."""
+    whole = key_mask[:, : Sk // KEY_BLOCK * KEY_BLOCK].reshape(key_mask.shape[0], -1, KEY_BLOCK).all(-1)
+    return whole.int().cumprod(1).sum(1, dtype=torch.int32)
 
 
 def check_device(t: torch.Tensor) -> None:
@@ -107,11 +117,13 @@ def attend(z: QuantisedQKV, Sk: int, key_mask=None, causal=False, dtype=torch.bf
     out = torch.empty(B, Sq, H, D, dtype=dtype, device=z.q.device)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=z.q.device)
     mask = None if key_mask is None else key_mask.to(torch.int8).contiguous()
+    # the mask and the count of open blocks, or any pointer when there is no mask
+    masks = (out, out) if mask is None else (mask, _open_blocks(key_mask, Sk))
     grid = (triton.cdiv(Sq, block_m), B * H)
-    _attend[grid](z.q, z.k, z.v_t, z.q_scale, z.k_scale, z.v_scale, out if mask is None else mask, out,
-                  lse, H, Sq, Sk, D, z.k.shape[2], z.k_scale.shape[-1], *out.stride()[:3],
-                  0 if mask is None else mask.stride(0), D**-0.5 * LOG2E, P_SCALE, HAS_MASK=mask is not None,
-                  CAUSAL=causal, ROUND_P=interpreted(), BLOCK_M=block_m, BLOCK_N=KEY_BLOCK,
-                  BLOCK_D=max(32, triton.next_power_of_2(D)), IMPRECISE_ACC=KEY_BLOCK if two_level else None,
-                  num_warps=warps, num_stages=stages)  # fmt: skip
+    _attend[grid](z.q, z.k, z.v_t, z.q_scale, z.k_scale, z.v_scale, *masks, out, lse, H, Sq, Sk, D,
+                  z.k.shape[2], z.k_scale.shape[-1], *out.stride()[:3], 0 if mask is None else mask.stride(0),
+                  D**-0.5 * LOG2E, P_SCALE, HAS_MASK=mask is not None, CAUSAL=causal, ROUND_P=interpreted(),
+                  BLOCK_M=block_m, BLOCK_N=KEY_BLOCK, BLOCK_D=max(32, triton.next_power_of_2(D)),
+                  IMPRECISE_ACC=KEY_BLOCK if two_level else None, num_warps=warps,
+                  num_stages=stages)  # fmt: skip
     return out, lse.transpose(1, 2)
