@@ -110,11 +110,16 @@ def main() -> None:
             launch = f"block_m {at['block_m']}, " + ("two-level" if at["two_level"] else "MMA accumulation")
         cells = [r["kernel"], r["case"], launch, r["warps"], r["stages"], r["registers"], r["spilled"]]
         cells += [f"{r['shared'] / 1024:.1f}", r["byte_accesses"], r["async_copies"]]
-        cells += [", ".join(map(str, r["loops"])) or "–", r["e4m3_wgmma"], after]
+        loop = ", ".join(
+            f"{x['instructions']}" + (f" ({x['stack']} on the stack)" if x["stack"] else "")
+            for x in r["loops"]
+        )
+        cells += [loop or "–", r["e4m3_wgmma"], after]
         print("| " + " | ".join(map(str, cells)) + " |")
     print("\nfp32 after: per product (Q·Kᵀ, then P·V), how many FP8 products the MMA sums before registers")
     print("take over in fp32; never: the MMA's accumulator throughout (Q·Kᵀ starts from zero at every key")
-    print("block, so its 128 are all). Loop bodies: PTX instructions an iteration of each loop issues.")
+    print("block, so its 128 are all). Loop bodies: machine instructions (SASS) an iteration of each loop")
+    print("issues; in brackets, how many of them load or store spilled registers.")
 
 
 if __name__ == "__main__":

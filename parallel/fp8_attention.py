@@ -7,8 +7,9 @@ its fused twin `parallel.fp8_qkv_kernel`, the same bytes, so the kernel and the 
   softmax scale) and a token's scale never depends on which rank holds it;
 - K one per (batch, head, block of KEY_BLOCK keys): one scalar per S tile; keys the mask drops count as 0;
 - V one per (batch, head, channel) over the keys: it leaves P·V's sum and scales the output's columns;
-- P (in [0, 1] after the running max) is multiplied by the fixed 448 before its cast, so small weights keep
-  e4m3's mantissa instead of flushing to 0; the row sum comes from the fp32 P.
+- P (in [0, 1] after the running max) is taken times the fixed 448 before its cast, so small weights keep
+  e4m3's mantissa instead of flushing to 0: log2(448) comes off the max in the exponent (no multiply per
+  weight); the row sum comes from that fp32 P, times 1/448.
 
 `emulate` is the specification: the kernel's online softmax step for step (one step per key block, exp2
 with log2(e) folded into the scales, P quantised against the running max), in plain torch. CUDA tensors run
@@ -56,10 +57,10 @@ def emulate(z: QuantisedQKV, Sk: int, key_mask=None, causal=False, dtype=torch.f
             s = s.masked_fill(~keep, float("-inf"))
         m_new = torch.maximum(m, s.amax(-1))
         m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)  # no key yet: exp2(-inf) = 0, not NaN
-        p = torch.exp2(s - m_safe[..., None])
+        p8 = torch.exp2(s - (m_safe - math.log2(P_SCALE))[..., None])  # P · P_SCALE: log2 of it off the max
         alpha = torch.exp2(m - m_safe)
-        row_sum = row_sum * alpha + p.sum(-1)
-        pv = (p * P_SCALE).to(FP8).float() @ v_t[..., start:stop].transpose(-1, -2)
+        row_sum = row_sum * alpha + p8.sum(-1) * (1 / P_SCALE)
+        pv = p8.to(FP8).float() @ v_t[..., start:stop].transpose(-1, -2)
         acc = acc * alpha[..., None] + pv
         if mma_bits < 23:
             acc = (acc.view(torch.int32) & -(1 << (23 - mma_bits))).view(torch.float32)

@@ -7,6 +7,8 @@ under TRITON_INTERPRET=1 it also runs on CPU tensors, which is how the tests che
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -17,14 +19,17 @@ from parallel.fp8_attention_format import KEY_BLOCK, LOG2E, P_SCALE, QuantisedQK
 
 @triton.jit
 def _block(q, row_scale, m, row_sum, acc, j, b, bh, rows, keys, cols, live_d, k_ptr, v_ptr, ks_ptr, mask_ptr,
-           Sk, Sk_pad, D, n_kblocks, mask_sb, p_scale, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr,
+           Sk, Sk_pad, D, n_kblocks, mask_sb, p_log2, p_inv, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr,
            ROUND_P: tl.constexpr, BLOCK_N: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
            MASKED: tl.constexpr):  # fmt: skip
     """One online-softmax step over key block j: (m, row_sum, acc) updated. MASKED: some of its keys may be
     past Sk, dropped by the mask or in the future (causal); otherwise every score counts."""
     n = j * BLOCK_N + keys
     k = tl.load(k_ptr + (bh * Sk_pad + n)[None, :] * D + cols[:, None], mask=live_d[:, None], other=0.0)
-    s = tl.dot(q, k) * (row_scale * tl.load(ks_ptr + bh * n_kblocks + j))[:, None]
+    # the scores' scale (a positive factor per row) goes into the exponent, after the max it commutes with:
+    # a multiply a score fewer than scaling them first (the max of the scaled scores is the same number)
+    c = row_scale * tl.load(ks_ptr + bh * n_kblocks + j)
+    s = tl.dot(q, k)
     if MASKED:
         keep = (n < Sk)[None, :]
         if HAS_MASK:
@@ -32,13 +37,12 @@ def _block(q, row_scale, m, row_sum, acc, j, b, bh, rows, keys, cols, live_d, k_
         if CAUSAL:
             keep = keep & (rows[:, None] >= n[None, :])
         s = tl.where(keep, s, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, 1))
+    m_new = tl.maximum(m, tl.max(s, 1) * c)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key yet: exp2(-inf) = 0, not NaN
-    p = tl.math.exp2(s - m_safe[:, None])
+    p8 = tl.math.exp2(s * c[:, None] - (m_safe - p_log2)[:, None])  # P · P_SCALE: log2 of it off the max
     alpha = tl.math.exp2(m - m_safe)
-    row_sum = row_sum * alpha + tl.sum(p, 1)
+    row_sum = row_sum * alpha + tl.sum(p8, 1) * p_inv
     v = tl.load(v_ptr + (bh * D + cols)[None, :] * Sk_pad + n[:, None], mask=live_d[None, :], other=0.0)
-    p8 = p * p_scale
     if ROUND_P:
         p8 = round_e4m3(p8)
     # IMPRECISE_ACC = BLOCK_N: this block's P·V sums in the MMA, then adds to acc in fp32 registers
@@ -48,7 +52,7 @@ def _block(q, row_scale, m, row_sum, acc, j, b, bh, rows, keys, cols, live_d, k_
 
 @triton.jit
 def _attend(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, vs_ptr, mask_ptr, open_ptr, o_ptr, lse_ptr,
-            H, Sq, Sk, D, Sk_pad, n_kblocks, o_sb, o_ss, o_sh, mask_sb, sm_scale, p_scale,
+            H, Sq, Sk, D, Sk_pad, n_kblocks, o_sb, o_ss, o_sh, mask_sb, sm_scale, p_log2, p_inv,
             HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, ROUND_P: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IMPRECISE_ACC: tl.constexpr):  # fmt: skip
     bh = tl.program_id(1).to(tl.int64)
@@ -72,7 +76,7 @@ def _attend(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, vs_ptr, mask_ptr, open_ptr, o_p
     else:
         n_open = Sk // BLOCK_N
     at = (b, bh, rows, keys, cols, live_d, k_ptr, v_ptr, ks_ptr, mask_ptr, Sk, Sk_pad, D, n_kblocks, mask_sb,
-          p_scale)  # fmt: skip
+          p_log2, p_inv)  # fmt: skip
     for j in range(0, n_open):
         m, row_sum, acc = _block(q, row_scale, m, row_sum, acc, j, *at, HAS_MASK, CAUSAL, ROUND_P, BLOCK_N,
                                  IMPRECISE_ACC, False)  # fmt: skip
@@ -80,7 +84,7 @@ def _attend(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, vs_ptr, mask_ptr, open_ptr, o_p
         m, row_sum, acc = _block(q, row_scale, m, row_sum, acc, j, *at, HAS_MASK, CAUSAL, ROUND_P, BLOCK_N,
                                  IMPRECISE_ACC, True)  # fmt: skip
     l_safe = tl.where(row_sum == 0.0, 1.0, row_sum)  # a query with no key left: out 0, lse -inf
-    v_scale = tl.load(vs_ptr + bh * D + cols, mask=live_d, other=0.0) * (1 / p_scale)
+    v_scale = tl.load(vs_ptr + bh * D + cols, mask=live_d, other=0.0) * p_inv
     out = acc / l_safe[:, None] * v_scale[None, :]
     o = o_ptr + b * o_sb + h * o_sh + rows.to(tl.int64)[:, None] * o_ss + cols[None, :]
     tl.store(o, out.to(o_ptr.dtype.element_ty), mask=(rows < Sq)[:, None] & live_d[None, :])
@@ -122,8 +126,8 @@ def attend(z: QuantisedQKV, Sk: int, key_mask=None, causal=False, dtype=torch.bf
     grid = (triton.cdiv(Sq, block_m), B * H)
     _attend[grid](z.q, z.k, z.v_t, z.q_scale, z.k_scale, z.v_scale, *masks, out, lse, H, Sq, Sk, D,
                   z.k.shape[2], z.k_scale.shape[-1], *out.stride()[:3], 0 if mask is None else mask.stride(0),
-                  D**-0.5 * LOG2E, P_SCALE, HAS_MASK=mask is not None, CAUSAL=causal, ROUND_P=interpreted(),
-                  BLOCK_M=block_m, BLOCK_N=KEY_BLOCK, BLOCK_D=max(32, triton.next_power_of_2(D)),
-                  IMPRECISE_ACC=KEY_BLOCK if two_level else None, num_warps=warps,
-                  num_stages=stages)  # fmt: skip
+                  D**-0.5 * LOG2E, math.log2(P_SCALE), 1 / P_SCALE, HAS_MASK=mask is not None, CAUSAL=causal,
+                  ROUND_P=interpreted(), BLOCK_M=block_m, BLOCK_N=KEY_BLOCK,
+                  BLOCK_D=max(32, triton.next_power_of_2(D)), IMPRECISE_ACC=KEY_BLOCK if two_level else None,
+                  num_warps=warps, num_stages=stages)  # fmt: skip
     return out, lse.transpose(1, 2)

@@ -79,18 +79,24 @@ def compile_only(capability: int = 90):
         yield compiled
 
 
-def usage(binary) -> dict:
-    """Registers a thread, bytes a thread spills to its stack, and shared memory a block (bytes)."""
+def _cuobjdump(binary, *flags: str) -> str:
+    """What the cuobjdump Triton ships prints for the kernel's cubin."""
     import triton
 
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(binary.asm["cubin"])
         f.flush()
-        out = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True)
-    found = re.search(r"REG:(\d+) STACK:(\d+)", out.stdout)
+        out = subprocess.run([cuobjdump, *flags, f.name], capture_output=True, text=True)
+    return out.stdout + out.stderr
+
+
+def usage(binary) -> dict:
+    """Registers a thread, bytes a thread spills to its stack, and shared memory a block (bytes)."""
+    out = _cuobjdump(binary, "--dump-resource-usage")
+    found = re.search(r"REG:(\d+) STACK:(\d+)", out)
     if found is None:
-        raise RuntimeError(f"cuobjdump named no registers: {out.stdout}{out.stderr}")
+        raise RuntimeError(f"cuobjdump named no registers: {out}")
     return dict(registers=int(found[1]), spilled=int(found[2]), shared=binary.metadata.shared)
 
 
@@ -116,15 +122,17 @@ def memory(binary) -> dict:
     )
 
 
-def loops(binary) -> list[int]:
-    """The PTX instructions in each loop's body (a backward branch's span), in program order: what one
-    iteration issues, before ptxas's own scheduling."""
-    lines = [line.strip() for line in binary.asm["ptx"].splitlines()]
-    labels = {found[1]: i for i, line in enumerate(lines) if (found := re.match(r"(\$L__\w+):", line))}
-    sizes = []
-    for i, line in enumerate(lines):
-        branch = re.search(r"\bbra(?:\.uni)?\s+(\$L__\w+);", line)
-        if branch and labels.get(branch[1], i) < i:
-            body = lines[labels[branch[1]] : i]
-            sizes.append(sum(1 for x in body if x and not x.startswith(("//", "$", ".", "{", "}"))))
-    return sizes
+def loops(binary) -> list[dict]:
+    """Each loop of the machine code (SASS, from cuobjdump: a backward branch's span), in program order: the
+    instructions one iteration issues and how many of them touch the stack (spilled registers)."""
+    sass = _cuobjdump(binary, "-sass")
+    code = [(int(m[1], 16), m[2]) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    found = []
+    for at, text in code:
+        branch = re.search(r"\bBRA\s+(?:`\(\.L_x_\d+\)|0x)([0-9a-f]*)", text)
+        if branch and branch[1] and int(branch[1], 16) < at:
+            body = [t for a, t in code if int(branch[1], 16) <= a <= at]
+            found.append(
+                dict(instructions=len(body), stack=sum(bool(re.search(r"\b[LS]TL\b", t)) for t in body))
+            )
+    return found

@@ -67,14 +67,14 @@ def test_no_kernel_reads_or_writes_a_byte_at_a_time_at_the_14bs_32760_keys(compi
 
 def test_attention_runs_both_products_on_fp8_tensor_cores_and_sums_each_block_in_fp32(compiled):
     """Every launch: Q·Kᵀ and P·V as e4m3 wgmma; with two-level accumulation P·V's sum leaves the MMA after
-    one key block (without, never); no thread spills (Triton 3.6.0: with 4 warps a program two-level
-    accumulation spills 24-344 bytes, so bench/gpu.py times none such)."""
+    one key block (without, never); a thread spills at most a few bytes, outside the loops (Triton 3.6.0:
+    with 4 warps a program 24-344 bytes, so bench/gpu.py times none such)."""
     rows = [r for r in compiled if r["kernel"] == "_attend"]
     for r in rows:
         two_level = json.loads(r["launch"])["two_level"]
         assert r["e4m3_wgmma"] > 0 and len(r["imprecise_acc"]) in (2, 4), r  # a loop or two: Q·Kᵀ, P·V each
         assert set(r["imprecise_acc"][1::2]) == {KEY_BLOCK if two_level else 2**30}, r
-        assert r["spilled"] == 0, r
+        assert r["spilled"] <= 16, r
     assert rows[-1]["launch"] == json.dumps(attend_settings(FP8_LAUNCHES[0]))  # the masked call's defaults
 
 
@@ -82,9 +82,14 @@ def test_attention_leaves_the_masking_out_of_its_leading_whole_blocks(compiled):
     """Only blocks with keys past Sk, dropped by the mask or in the future need the masking: the main loop
     takes the leading blocks whose keys all count (without a mask every whole block: Wan's self-attention;
     with one, as many as `attend` counts on the device: joint attention's image keys) and leaves out a
-    compare and a select per score and the mask's bytes (Triton 3.6.0: 697 PTX instructions an iteration,
-    699 with a mask, against 925 and 1051 in the loop of the rest)."""
+    compare and a select per score and the mask's bytes (bench/RESULTS.md has the counts)."""
     for r in compiled:
         if r["kernel"] == "_attend":
-            main, rest = r["loops"]
+            main, rest = (loop["instructions"] for loop in r["loops"])
             assert main < 0.85 * rest, r
+
+
+def test_no_loop_touches_spilled_registers(compiled):
+    """A few bytes a thread may spill around a loop (Triton 3.6.0: 8 at 128 queries), none inside one."""
+    for r in compiled:
+        assert all(loop["stack"] == 0 for loop in r["loops"]), r
