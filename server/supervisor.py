@@ -89,9 +89,8 @@ def torchrun_argv(config: ServeConfig) -> list[str]:
         return local_torchrun(config.nproc)
     host = "1" if config.node_rank == 0 else "0"  # node 0 serves the rendezvous store, the others join it
     return [
-        *torchrun(), "--nnodes", str(config.nnodes), "--node-rank",
-        str(config.node_rank), "--nproc-per-node", str(config.nproc), "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", config.rdzv_endpoint,
+        *torchrun(), "--nnodes", str(config.nnodes), "--node-rank", str(config.node_rank), "--nproc-per-node",
+        str(config.nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", config.rdzv_endpoint,
         "--rdzv-id", RDZV_ID, "--rdzv-conf", f"is_host={host},join_timeout={config.rdzv_timeout:g}",
         *(["--local-addr", config.node_addr] if config.node_addr else []),
     ]  # fmt: skip

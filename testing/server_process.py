@@ -125,8 +125,7 @@ def group_pids(data_dir) -> tuple[list[int], list[int]]:
         except OSError:
             continue
         if b"server.worker" in argv and str(data_dir).encode() in argv:
-            launcher = b"torch.distributed.run" in argv or b"parallel.torchrun" in argv
-            (launchers if launcher else ranks).append(int(pid))
+            (launchers if b"parallel.torchrun" in argv else ranks).append(int(pid))
     return launchers, ranks
 
 

@@ -22,7 +22,7 @@ dist.destroy_process_group()  # a gloo group left to the interpreter's exit may 
 
 def test_one_machines_ranks_start_without_host_name_lookups(tmp_path):
     if reason := unavailable():
-        pytest.skip(reason)
+        pytest.skip(f"a box without DNS cannot be made here: {reason}")
     from parallel.torchrun import local_torchrun
 
     (tmp_path / "rank.py").write_text(RANK)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import concurrent.futures
 import importlib.util
 import multiprocessing
-import os
 
 import pytest
 
@@ -23,19 +22,13 @@ needs_triton = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def interpreter():
     """Runs `interpreter(fn, *args)` in the interpreted worker and returns its result (its exception, raised
-    here, fails the test)."""
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
+    here, fails the test). One worker for the session: each costs an `import torch`."""
     pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TRITON_INTERPRET", "1")
         pool.submit(int).result(timeout=120)  # the worker starts, and keeps the variable, now
-    finally:
-        if saved is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
     yield lambda fn, *args: pool.submit(fn, *args).result(timeout=300)
     pool.shutdown(cancel_futures=True)
