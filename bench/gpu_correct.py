@@ -14,7 +14,7 @@ import torch
 from bench.common import rel_diff
 from bench.gpu_kit import Kit, Report, Skip, fmt
 from parallel import fp8, local_attention
-from parallel.kernels import _flash_attn
+from parallel.kernels import flash_attn_func
 
 TOL = {torch.bfloat16: 1e-2, torch.float32: 1e-3}  # relative, vs float64 attention
 NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -47,7 +47,7 @@ def attention_reference(q, k, v, key_mask, causal):
 def attention_backends(kit: Kit) -> list[str]:
     if not kit.cuda:
         return ["sdpa", "math"]
-    return (["flash"] if _flash_attn() is not None else []) + ["cudnn", "sdpa", "math"]
+    return (["flash"] if flash_attn_func is not None else []) + ["cudnn", "sdpa", "math"]
 
 
 def _case_inputs(kit: Kit, g: torch.Generator, shape, dtype, masked: bool):

@@ -103,7 +103,8 @@ def check_device(t: torch.Tensor) -> None:
         return
     if not t.is_cuda:
         raise RuntimeError("the FP8 attention kernel needs CUDA (on the CPU, backend fp8 runs the emulation)")
-    if torch.cuda.get_device_capability(t.device) < (8, 9):
+    props = torch.cuda.get_device_properties(t.device)  # dynamo folds these (a traced check: capability)
+    if (props.major, props.minor) < (8, 9):
         raise RuntimeError("the FP8 attention kernel needs FP8 tensor cores: compute capability >= 8.9")
 
 

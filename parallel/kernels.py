@@ -10,7 +10,6 @@ P, lossy) only when asked for: `auto` never picks it.
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 import torch.nn.functional as F
@@ -21,13 +20,11 @@ from parallel.fp8_attention import fp8_attention
 BACKENDS = ("auto", "flash", "cudnn", "sdpa", "math", "fp8")
 
 
-@functools.cache
-def _flash_attn():
-    try:
-        from flash_attn import flash_attn_func
-    except ImportError:
-        return None
-    return flash_attn_func
+try:  # optional (the `gpu` extra): looked up here, once, not inside a compiled block, where a failed
+    # import would break dynamo's graph at every attention call
+    from flash_attn import flash_attn_func
+except ImportError:
+    flash_attn_func = None
 
 
 def resolve_backend(backend: str, q: torch.Tensor, key_mask) -> str:
@@ -37,9 +34,10 @@ def resolve_backend(backend: str, q: torch.Tensor, key_mask) -> str:
         return backend
     if not q.is_cuda:
         return "sdpa"
-    if _flash_attn() is not None and key_mask is None and q.dtype in (torch.float16, torch.bfloat16):
+    if flash_attn_func is not None and key_mask is None and q.dtype in (torch.float16, torch.bfloat16):
         return "flash"
-    return "cudnn" if torch.cuda.get_device_capability(q.device)[0] == 9 else "sdpa"
+    # device properties, not capability: dynamo folds them into a constant instead of tracing the query
+    return "cudnn" if torch.cuda.get_device_properties(q.device).major == 9 else "sdpa"
 
 
 def _cudnn_first():
@@ -85,7 +83,7 @@ def local_attention(q, k, v, *, key_mask=None, causal=False, backend="auto", ret
         out, lse = fp8_attention(q, k, v, key_mask=key_mask, causal=causal)
         return (out, lse) if return_lse else out
     if backend == "flash" and key_mask is None:
-        out = _flash_attn()(q, k, v, causal=causal, return_attn_probs=return_lse)
+        out = flash_attn_func(q, k, v, causal=causal, return_attn_probs=return_lse)
         return (out[0], out[1].transpose(1, 2)) if return_lse else out
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
     mask = _bool_mask(key_mask, causal, Sq, Sk, q.device)
