@@ -30,8 +30,9 @@ from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline  # noq
 from testing.hopper_compile import compile_only  # noqa: E402
 
 MODELS = ("tiny-random", "tiny-joint")  # Wan2.1 and HunyuanVideo-1.5 at tiny sizes
-# (quant, attn_backend); `auto` cannot be captured here: SDPA's fake kernel asks the CUDA driver which to run
-VARIANTS = (("fp8", "fp8"), ("none", "fp8"))
+# (quant, attn_backend); not `auto` (on Hopper: `cudnn`): SDPA's fake kernel asks the CUDA driver whether
+# cuDNN can run, so plain `sdpa` stands for the bf16 attention
+VARIANTS = (("fp8", "fp8"), ("none", "fp8"), ("fp8", "sdpa"), ("none", "sdpa"))
 REQUEST = dict(prompt="a red circle", num_frames=9, height=48, width=48, num_inference_steps=1)
 
 
