@@ -1,22 +1,26 @@
-"""What torch.compile captures of one transformer block on CUDA under `--quant fp8` and `--attn-backend fp8`,
-on a machine without a GPU: the graphs and graph breaks of one regionally compiled block (dit/compile.py's
-unit), the Triton kernels captured in them (FP8 attention and its quantisers) and the FP8 GEMMs. A graph
-break inside a block would cost a compiled forward its fusion and recompile per block.
+"""What torch.compile makes of one transformer block on CUDA under `--quant fp8` and `--attn-backend fp8`, on
+a machine without a GPU: the graphs and graph breaks of one regionally compiled block (dit/compile.py's unit),
+the Triton kernels and FP8 GEMMs captured in them, and Inductor's compilation of the block for sm_90: every
+kernel it generates and every captured kernel as Inductor re-emits it, compiled by Triton. A graph break
+inside a block costs a compiled forward its fusion; a kernel Inductor cannot compile fails the first compiled
+job on the device.
 
-The block runs on fake CUDA tensors (shapes and dtypes only, nothing computed), with Triton's driver stood
-in by an sm_90 one (testing/hopper_compile.py) and dynamo's Triton support switched on as a GPU would; the
-graphs go through AOT autograd (`aot_eager`). Inductor's lowering needs a real device: bench/gpu.py's FP8
-forward rows compile the whole model there. Needs a CUDA build of torch (a CPU build cannot make CUDA
-tensors, even fake ones), e.g. the GPU image's; the block's inputs come from one bf16 forward on the CPU.
+The block runs on fake CUDA tensors (shapes and dtypes only, nothing computed). Triton's driver is an sm_90
+stand-in (testing/hopper_compile.py), dynamo's Triton support is on as on a GPU, and the CUDA queries
+Inductor makes are answered as an H100's; the compiled code is never run. Needs a CUDA build of torch (a CPU
+build cannot make CUDA tensors, even fake ones), e.g. the GPU image's; the block's inputs come from one bf16
+forward on the CPU.
 
-    python bench/compile_capture.py
+    python bench/compile_capture.py [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -60,18 +64,51 @@ def _block_inputs(model: str):
     return inner, got["args"], got["kwargs"]
 
 
+# The CUDA device Inductor asks about: an H100's figures (SXM)
+HOPPER = SimpleNamespace(name="sm_90 stand-in", major=9, minor=0, multi_processor_count=132,
+                         regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048,
+                         max_threads_per_block=1024, warp_size=32, total_memory=80 << 30,
+                         shared_memory_per_block_optin=227 << 10, L2_cache_size=50 << 20)  # fmt: skip
+
+
 @contextmanager
-def _fake_cuda():
-    """Fake CUDA tensors on an sm_90 stand-in: Triton's target, dynamo's Triton support and the device
-    properties `parallel.kernels` asks for are a Hopper's; an eager Triton launch only compiles."""
+def _fake_hopper(compiled: list):
+    """Fake CUDA tensors on an sm_90 stand-in. Inductor compiles in this process, into a fresh cache, without
+    the padding passes that time matmuls on the device; each kernel it compiles is named in `compiled`
+    instead of getting a launcher."""
+    import torch._inductor.config as inductor_config
+    import torch._inductor.runtime.triton_helpers as helpers
+    import torch._inductor.runtime.triton_heuristics as heuristics
     import torch.utils._triton as triton_utils
+    from torch._dynamo.device_interface import CudaInterface
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    precompile = heuristics.CachingAutotuner._precompile_worker
+
+    def record(self):
+        precompile(self)
+        compiled.append(self.fn.__name__)
+
     with ExitStack() as stack:
+        cache = stack.enter_context(tempfile.TemporaryDirectory())
         stack.enter_context(compile_only())
-        stack.enter_context(mock.patch.object(triton_utils, "has_triton", lambda: True))
-        hopper = SimpleNamespace(major=9, minor=0, name="sm_90 stand-in")
-        stack.enter_context(mock.patch("torch.cuda.get_device_properties", lambda device=None: hopper))
+        for patch in (
+            mock.patch.object(triton_utils, "has_triton", lambda: True),  # dynamo captures Triton launches
+            mock.patch("torch.cuda.get_device_properties", lambda device=None: HOPPER),
+            mock.patch("torch.cuda.current_device", lambda: 0),
+            mock.patch("torch.cuda.device_count", lambda: 1),
+            mock.patch.object(CudaInterface, "get_device_properties", staticmethod(lambda d=None: HOPPER)),
+            mock.patch.object(CudaInterface, "get_compute_capability", staticmethod(lambda d=None: 90)),
+            mock.patch.object(CudaInterface, "is_available", staticmethod(lambda: True)),
+            mock.patch.object(helpers, "set_driver_to_gpu", lambda: None),  # keeps the stand-in driver
+            mock.patch.object(heuristics.CachingAutotuner, "_precompile_worker", record),
+            mock.patch.object(heuristics.CachingAutotuner, "_make_launchers", lambda self: None),
+            mock.patch.object(inductor_config, "shape_padding", False),
+            mock.patch.object(inductor_config, "comprehensive_padding", False),
+            mock.patch.object(inductor_config, "compile_threads", 1),
+            mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": cache}),
+        ):
+            stack.enter_context(patch)
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         yield
 
@@ -79,8 +116,8 @@ def _fake_cuda():
 def capture(model: str, quant: str, attn: str, inputs) -> dict:
     """One row: the first block of `model` under (quant, attn), compiled and called on fake CUDA tensors."""
     import torch._dynamo
-    from torch._dynamo.backends.registry import lookup_backend
     from torch._dynamo.utils import counters
+    from torch._inductor.compile_fx import compile_fx
     from torch.utils._pytree import tree_map
 
     bf16, args, kwargs = inputs
@@ -88,25 +125,35 @@ def capture(model: str, quant: str, attn: str, inputs) -> dict:
     inner = getattr(inner, "transformer", inner)
     # HunyuanVideo-1.5 hands each block its attention op: this pipeline's, not the bf16 one's
     args = [inner.attention if a is getattr(bf16, "attention", None) else a for a in args]
-    graphs = []
+    ops, compiled, failed = [], [], []
+    inductor = attn != "sdpa"  # Inductor's SDPA lowering asks the driver which kernel can run
 
     def backend(gm, example_inputs):
-        graphs.append(gm)
-        return lookup_backend("aot_eager")(gm, example_inputs)
+        ops.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        try:
+            if inductor:
+                compile_fx(gm, example_inputs)
+        except Exception as e:  # noqa: BLE001 (the row says what Inductor could not do)
+            lines = str(e).strip().splitlines() or [""]  # a compile error's first line and its cause (last)
+            failed.append(f"{type(e).__name__}: {lines[0][:120]} … {lines[-1][:200]}")
+        return gm.forward  # the graph as traced: fake tensors, nothing run
 
     torch._dynamo.reset()
     counters.clear()
     block = inner.blocks[0]
-    block.compile(backend=backend)  # as dit/compile.py compiles each block, but through AOT autograd only
-    with _fake_cuda():
+    block.compile(backend=backend)  # as dit/compile.py compiles each block
+    with _fake_hopper(compiled):
         block.to("cuda")
         cuda = lambda t: t.to("cuda") if isinstance(t, torch.Tensor) else t  # noqa: E731
         block(*tree_map(cuda, args), **tree_map(cuda, kwargs))
-    ops = [str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
     breaks = counters["graph_break"]
-    return dict(model=model, quant=quant, attn=attn, graphs=len(graphs), breaks=sum(breaks.values()),
-                break_reasons=sorted(breaks), triton=sum("triton_kernel_wrapper" in o for o in ops),
-                scaled_mm=sum("_scaled_mm" in o for o in ops), ops=len(ops))  # fmt: skip
+    ours = sorted({k for k in compiled if not k.startswith("triton_")})  # Inductor names its own triton_*
+    return dict(model=model, quant=quant, attn=attn, graphs=counters["stats"]["unique_graphs"],
+                breaks=sum(breaks.values()), break_reasons=sorted(breaks),
+                triton=sum("triton_kernel_wrapper" in o for o in ops),
+                scaled_mm=sum("_scaled_mm" in o for o in ops), ops=len(ops),
+                inductor=inductor, inductor_kernels=len(compiled), captured_compiled=ours,
+                inductor_failed=failed)  # fmt: skip
 
 
 def main() -> None:
@@ -126,14 +173,16 @@ def main() -> None:
 
     print(f"torch {torch.__version__}, Triton {triton.__version__}: one block on fake CUDA tensors (sm_90)\n")
     print("| model | --quant | --attn-backend | graphs | graph breaks | Triton kernels in them | FP8 GEMMs "
-          "| ops |")  # fmt: skip
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+          "| ops | Inductor: kernels compiled | of them ours |")  # fmt: skip
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     for r in rows:
+        done = "failed" if r["inductor_failed"] else r["inductor_kernels"] if r["inductor"] else "needs a GPU"
+        ours = ", ".join(r["captured_compiled"]) or "–"
         print(f"| {r['model']} | {r['quant']} | {r['attn']} | {r['graphs']} | {r['breaks']} | {r['triton']} "
-              f"| {r['scaled_mm']} | {r['ops']} |")  # fmt: skip
+              f"| {r['scaled_mm']} | {r['ops']} | {done} | {ours} |")  # fmt: skip
     for r in rows:
-        for reason in r["break_reasons"]:
-            print(f"- {r['model']} {r['quant']}/{r['attn']}: {reason}")
+        for why in r["break_reasons"] + r["inductor_failed"]:
+            print(f"- {r['model']} {r['quant']}/{r['attn']}: {why}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.gpu_speed import FP8_LAUNCHES, WAN_14B_SHAPE, attend_settings  # noqa: E402
-from testing.hopper_compile import compile_only, fp8_mmas, loops, memory, usage  # noqa: E402
+from testing.hopper_compile import compile_only, float_arguments, fp8_mmas, loops, memory, usage  # noqa: E402
 
 FFN_DIM = 13824  # Wan2.1-14B's FFN width (its model width is 5120)
 # --sweep: queries a program, warps, pipelining stages, two-level accumulation
@@ -81,8 +81,8 @@ def rows(attention: tuple = FP8_LAUNCHES) -> list[dict]:
             row = dict(
                 kernel=c.kernel, case=case, launch=settings, warps=meta.num_warps, stages=meta.num_stages
             )
-            row |= dict(loops=loops(c.binary)) | usage(c.binary) | memory(c.binary)
-            out.append(row | fp8_mmas(c.binary))
+            row |= dict(loops=loops(c.binary)) | usage(c.binary) | memory(c.binary) | fp8_mmas(c.binary)
+            out.append(row | float_arguments(c.binary))
         at += n
     return out
 

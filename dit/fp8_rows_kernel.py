@@ -22,8 +22,9 @@ BLOCK_K = 1024  # a row's channels per load
 
 
 @triton.jit
-def _quantise_rows(x_ptr, out_ptr, scale_ptr, K, x_stride, e4m3_max, ROUND: tl.constexpr,
+def _quantise_rows(x_ptr, out_ptr, scale_ptr, K, x_stride, e4m3_max: tl.constexpr, ROUND: tl.constexpr,
                    BLOCK_K: tl.constexpr):  # fmt: skip
+    # e4m3_max constexpr: Inductor passes a float argument as fp64 (parallel.fp8_attention_kernel)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_K)
     amax = tl.zeros([BLOCK_K], tl.float32)

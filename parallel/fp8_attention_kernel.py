@@ -50,11 +50,14 @@ def _block(q, row_scale, m, row_sum, acc, j, b, bh, rows, keys, cols, live_d, k_
     return m_new, row_sum, acc
 
 
+# The kernels' float arguments are constexpr: a kernel torch.compile captures gets its float arguments from
+# Inductor as fp64 (Triton's own launch passes fp32), which made the arithmetic fp64 and `div_rn` refuse it.
 @triton.jit
 def _attend(q_ptr, k_ptr, v_ptr, qs_ptr, ks_ptr, vs_ptr, mask_ptr, open_ptr, o_ptr, lse_ptr,
-            H, Sq, Sk, D, Sk_pad, n_kblocks, o_sb, o_ss, o_sh, mask_sb, sm_scale, p_log2, p_inv,
-            HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, ROUND_P: tl.constexpr, BLOCK_M: tl.constexpr,
-            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IMPRECISE_ACC: tl.constexpr):  # fmt: skip
+            H, Sq, Sk, D, Sk_pad, n_kblocks, o_sb, o_ss, o_sh, mask_sb, sm_scale: tl.constexpr,
+            p_log2: tl.constexpr, p_inv: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr,
+            ROUND_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+            IMPRECISE_ACC: tl.constexpr):  # fmt: skip
     bh = tl.program_id(1).to(tl.int64)
     b, h = bh // H, bh % H
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -16,13 +16,14 @@ from parallel.e4m3 import FP8_MAX
 
 
 @triton.jit
-def _quantise_rows(x_ptr, out_ptr, scale_ptr, n_rows, rows_per_peer, out_stride, D, inverse_max,
-                   BLOCK_D: tl.constexpr, BLOCK_ROWS: tl.constexpr):  # fmt: skip
+def _quantise_rows(x_ptr, out_ptr, scale_ptr, n_rows, rows_per_peer, out_stride, D,
+                   inverse_max: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_ROWS: tl.constexpr):  # fmt: skip
+    # inverse_max constexpr, not a float argument: Inductor would pass that as fp64 (fp8_attention_kernel)
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     cols = tl.arange(0, BLOCK_D)
     live = (rows < n_rows)[:, None] & (cols < D)[None, :]
     x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :], mask=live, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), axis=1) * inverse_max, 1e-12)  # a float argument is fp32
+    scale = tl.maximum(tl.max(tl.abs(x), axis=1) * inverse_max, 1e-12)
     q = tl.math.div_rn(x, scale[:, None]).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
     # each peer's row of bytes: its rows' payloads, then their scales (4-byte aligned: D is a multiple of 4)
     peer, row = (rows // rows_per_peer).to(tl.int64), (rows % rows_per_peer).to(tl.int64)

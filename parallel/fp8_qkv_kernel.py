@@ -21,6 +21,7 @@ from parallel.fp8_attention_format import KEY_BLOCK, QuantisedQKV
 from parallel.fp8_attention_kernel import check_device
 
 ROWS = 32  # Q rows (tokens) and V keys per program
+# float arguments constexpr: fp8_attention_kernel says why
 
 
 @triton.jit
@@ -34,8 +35,8 @@ def _load_rows(x_ptr, mask_ptr, b, h, s, cols, S, D, x_sb, x_ss, x_sh, mask_sb, 
 
 
 @triton.jit
-def _quantise_q(x_ptr, out_ptr, scale_ptr, H, S, D, x_sb, x_ss, x_sh, inverse_max, ROUND: tl.constexpr,
-                BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+def _quantise_q(x_ptr, out_ptr, scale_ptr, H, S, D, x_sb, x_ss, x_sh, inverse_max: tl.constexpr,
+                ROUND: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
     """One scale per (token, head): out [B, H, S, D], scales [B, H, S]."""
     bh = tl.program_id(1).to(tl.int64)
     s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -50,8 +51,8 @@ def _quantise_q(x_ptr, out_ptr, scale_ptr, H, S, D, x_sb, x_ss, x_sh, inverse_ma
 
 
 @triton.jit
-def _quantise_k(x_ptr, mask_ptr, out_ptr, scale_ptr, H, S, D, x_sb, x_ss, x_sh, mask_sb, inverse_max,
-                HAS_MASK: tl.constexpr, ROUND: tl.constexpr, BLOCK_N: tl.constexpr,
+def _quantise_k(x_ptr, mask_ptr, out_ptr, scale_ptr, H, S, D, x_sb, x_ss, x_sh, mask_sb,
+                inverse_max: tl.constexpr, HAS_MASK: tl.constexpr, ROUND: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr):  # fmt: skip
     """One scale per head and block of BLOCK_N keys: out [B, H, n_blocks·BLOCK_N, D] (zero past S), scales
     [B, H, n_blocks]."""

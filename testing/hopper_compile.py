@@ -91,6 +91,13 @@ def _cuobjdump(binary, *flags: str) -> str:
     return out.stdout + out.stderr
 
 
+def float_arguments(binary) -> dict:
+    """The launch's scalar float arguments, by name. Triton's own launch passes a Python float as fp32, but
+    Inductor, re-emitting a kernel torch.compile captured, as fp64: such a value belongs in a constexpr."""
+    floats = ("fp16", "bf16", "fp32", "fp64")
+    return dict(float_args=[name for name, ty in binary.src.signature.items() if ty in floats])
+
+
 def usage(binary) -> dict:
     """Registers a thread, bytes a thread spills to its stack, and shared memory a block (bytes)."""
     out = _cuobjdump(binary, "--dump-resource-usage")

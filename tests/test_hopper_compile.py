@@ -49,6 +49,13 @@ def test_every_kernel_compiles_within_hoppers_shared_memory(compiled):
     assert all(r["shared"] <= HOPPER_SMEM for r in compiled), compiled
 
 
+def test_no_kernel_takes_a_float_argument(compiled):
+    """torch.compile captures the kernels, and Inductor passes their float arguments as fp64 (Triton's own
+    launch: fp32): the quantisers' scales turned fp64 and `div_rn` refused to compile
+    (bench/compile_capture.py found it, on the device image's torch). Their float constants are constexpr."""
+    assert not [(r["kernel"], r["float_args"]) for r in compiled if r["float_args"]]
+
+
 def test_the_quantisers_keep_everything_in_registers(compiled):
     assert all(r["spilled"] == 0 for r in compiled if r["kernel"] != "_attend"), compiled
 
