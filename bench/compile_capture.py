@@ -8,8 +8,9 @@ job on the device.
 The block runs on fake CUDA tensors (shapes and dtypes only, nothing computed). Triton's driver is an sm_90
 stand-in (testing/hopper_compile.py), dynamo's Triton support is on as on a GPU, and the CUDA queries
 Inductor makes are answered as an H100's; the compiled code is never run. Needs a CUDA build of torch (a CPU
-build cannot make CUDA tensors, even fake ones), e.g. the GPU image's; the block's inputs come from one bf16
-forward on the CPU.
+build cannot make CUDA tensors, even fake ones), e.g. the GPU image's; the block's inputs come from a bf16
+denoise on the CPU of one job, and for the FP8 rows also of a batch of two whose prompts differ in length
+(padded text: the attention's key mask in the graph).
 
     python bench/compile_capture.py [--json]
 """
@@ -30,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dit.batch import BatchJob, denoise_batch  # noqa: E402
 from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline  # noqa: E402
 from testing.hopper_compile import compile_only  # noqa: E402
 
@@ -37,15 +39,18 @@ MODELS = ("tiny-random", "tiny-joint")  # Wan2.1 and HunyuanVideo-1.5 at tiny si
 # (quant, attn_backend); not `auto` (on Hopper: `cudnn`): SDPA's fake kernel asks the CUDA driver whether
 # cuDNN can run, so plain `sdpa` stands for the bf16 attention
 VARIANTS = (("fp8", "fp8"), ("none", "fp8"), ("fp8", "sdpa"), ("none", "sdpa"))
-REQUEST = dict(prompt="a red circle", num_frames=9, height=48, width=48, num_inference_steps=1)
+REQUEST = dict(num_frames=9, height=48, width=48, num_inference_steps=1)
+# a batch of two jobs whose prompts differ in length: padded text, so the attention's key mask is in the graph
+PROMPTS = ("a red circle", "the big violet ball sliding slowly to the left across the frame")
 
 
 class _Captured(Exception):
     pass
 
 
-def _block_inputs(model: str):
-    """(transformer, args, kwargs) of the first block's first call in a bf16 CPU denoise."""
+def _block_inputs(model: str, jobs: int):
+    """(transformer, args, kwargs) of the first block's first call in a bf16 CPU denoise of `jobs` jobs (one
+    batch)."""
     pipe = load_pipeline(PipelineConfig(model=model, device="cpu"))
     inner = getattr(pipe.model, "transformer", pipe.model)
     got = {}
@@ -56,7 +61,7 @@ def _block_inputs(model: str):
 
     hook = inner.blocks[0].register_forward_pre_hook(stop, with_kwargs=True)
     try:
-        pipe.denoise(GenerationRequest(**REQUEST))
+        denoise_batch(pipe, [BatchJob(GenerationRequest(p, **REQUEST)) for p in PROMPTS[:jobs]])
     except _Captured:
         pass
     finally:
@@ -106,6 +111,9 @@ def _fake_hopper(compiled: list):
             mock.patch.object(inductor_config, "shape_padding", False),
             mock.patch.object(inductor_config, "comprehensive_padding", False),
             mock.patch.object(inductor_config, "compile_threads", 1),
+            mock.patch.object(
+                inductor_config, "joint_graph_constant_folding", False
+            ),  # runs ops on the device
             mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": cache}),
         ):
             stack.enter_context(patch)
@@ -145,15 +153,21 @@ def capture(model: str, quant: str, attn: str, inputs) -> dict:
     with _fake_hopper(compiled):
         block.to("cuda")
         cuda = lambda t: t.to("cuda") if isinstance(t, torch.Tensor) else t  # noqa: E731
-        block(*tree_map(cuda, args), **tree_map(cuda, kwargs))
+        try:
+            block(*tree_map(cuda, args), **tree_map(cuda, kwargs))
+        except Exception as e:  # noqa: BLE001 (a fake tensor cannot run what a break left eager: say so)
+            failed.append(f"the block stopped after a graph break: {type(e).__name__}: {str(e)[:200]}")
     breaks = counters["graph_break"]
     ours = sorted({k for k in compiled if not k.startswith("triton_")})  # Inductor names its own triton_*
     return dict(model=model, quant=quant, attn=attn, graphs=counters["stats"]["unique_graphs"],
-                breaks=sum(breaks.values()), break_reasons=sorted(breaks),
+                breaks=sum(breaks.values()), break_reasons=sorted(w.strip().splitlines()[0] for w in breaks),
                 triton=sum("triton_kernel_wrapper" in o for o in ops),
                 scaled_mm=sum("_scaled_mm" in o for o in ops), ops=len(ops),
                 inductor=inductor, inductor_kernels=len(compiled), captured_compiled=ours,
                 inductor_failed=failed)  # fmt: skip
+
+
+COLUMNS = ("model", "jobs", "quant", "attn", "graphs", "breaks", "triton", "scaled_mm", "ops")
 
 
 def main() -> None:
@@ -164,25 +178,26 @@ def main() -> None:
         sys.exit("compile_capture: needs a CUDA build of torch (no GPU needed); this one is CPU-only")
     rows = []
     for model in MODELS:
-        inputs = _block_inputs(model)
-        rows += [capture(model, quant, attn, inputs) for quant, attn in VARIANTS]
+        inputs = _block_inputs(model, 1)
+        rows += [capture(model, quant, attn, inputs) | dict(jobs=1) for quant, attn in VARIANTS]
+        rows.append(capture(model, "fp8", "fp8", _block_inputs(model, 2)) | dict(jobs=2))
     if args.json:
         print(json.dumps({"torch": torch.__version__, "rows": rows}))
         return
     import triton
 
     print(f"torch {torch.__version__}, Triton {triton.__version__}: one block on fake CUDA tensors (sm_90)\n")
-    print("| model | --quant | --attn-backend | graphs | graph breaks | Triton kernels in them | FP8 GEMMs "
-          "| ops | Inductor: kernels compiled | of them ours |")  # fmt: skip
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    head = ["model", "jobs", "--quant", "--attn-backend", "graphs", "graph breaks", "Triton kernels in them",
+            "FP8 GEMMs", "ops", "Inductor: kernels compiled", "of them ours"]  # fmt: skip
+    print("| " + " | ".join(head) + " |\n| --- | ---: | --- | --- |" + " ---: |" * 6 + " --- |")
     for r in rows:
         done = "failed" if r["inductor_failed"] else r["inductor_kernels"] if r["inductor"] else "needs a GPU"
-        ours = ", ".join(r["captured_compiled"]) or "–"
-        print(f"| {r['model']} | {r['quant']} | {r['attn']} | {r['graphs']} | {r['breaks']} | {r['triton']} "
-              f"| {r['scaled_mm']} | {r['ops']} | {done} | {ours} |")  # fmt: skip
+        cells = [r[k] for k in COLUMNS]
+        cells += [done, ", ".join(r["captured_compiled"]) or "–"]
+        print("| " + " | ".join(map(str, cells)) + " |")
     for r in rows:
         for why in r["break_reasons"] + r["inductor_failed"]:
-            print(f"- {r['model']} {r['quant']}/{r['attn']}: {why}")
+            print(f"- {r['model']} ({r['jobs']} jobs) {r['quant']}/{r['attn']}: {why}")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,11 @@ def real_rows(fn, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     rows as its unpadded solo run does (the kernel depends on the row count)."""
     if mask is None or x.shape[0] == 1:
         return fn(x)
+    if torch.compiler.is_compiling():
+        # rows picked by the mask's data would break the block's graph (dynamo cannot trace their number),
+        # and a compiled batch is not its solo runs bit for bit anyway (other shapes, other kernels): the
+        # padded rows are computed too, then zeroed
+        return torch.where(mask.view(*mask.shape, *[1] * (x.dim() - 2)), fn(x), 0)
     outs = [fn(x[b : b + 1, real]) for b, real in enumerate(mask)]
     out = outs[0].new_zeros(*x.shape[:2], *outs[0].shape[2:])
     for b, real in enumerate(mask):

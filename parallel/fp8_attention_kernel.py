@@ -106,7 +106,7 @@ def check_device(t: torch.Tensor) -> None:
         return
     if not t.is_cuda:
         raise RuntimeError("the FP8 attention kernel needs CUDA (on the CPU, backend fp8 runs the emulation)")
-    props = torch.cuda.get_device_properties(t.device)  # dynamo folds these (a traced check: capability)
+    props = torch.cuda.get_device_properties(t.device)  # not capability: dynamo folds properties to constants
     if (props.major, props.minor) < (8, 9):
         raise RuntimeError("the FP8 attention kernel needs FP8 tensor cores: compute capability >= 8.9")
 

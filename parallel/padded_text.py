@@ -15,8 +15,11 @@ import torch
 
 def padded_batch(text, text_mask: torch.Tensor | None, batch: int, causal: bool) -> bool:
     """Whether a joint attention takes `each_sample_own_text`: text with a mask, more than one sample, not
-    causal (whose queries and keys are one sequence: it keeps the mask)."""
-    return text is not None and text_mask is not None and batch > 1 and not causal
+    causal (whose queries and keys are one sequence: it keeps the mask), not inside torch.compile (keys
+    picked by the mask's data break the graph, and a compiled batch is not its solo runs bit for bit anyway:
+    it keeps the mask too)."""
+    padded = text is not None and text_mask is not None and batch > 1 and not causal
+    return padded and not torch.compiler.is_compiling()
 
 
 def each_sample_own_text(attend, q, k, v, text, text_mask: torch.Tensor):

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch._dynamo
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from dit.rowwise import RowwiseLinear, real_rows
 from parallel.ulysses import joint_attention
@@ -33,6 +35,30 @@ def test_real_rows_runs_each_samples_real_tokens_and_zeros_the_padding():
     got = real_rows(layer, x, mask)
     assert torch.equal(got[0], layer(x[:1])[0]) and torch.equal(got[1, :3], layer(x[1:, :3])[0])
     assert not got[1, 3:].any()
+
+
+def _one_graph_and_close(fn, *args, tol: float) -> None:
+    """fn traced by dynamo in one graph, and compiled (eager backend) within `tol` of its eager run."""
+    traced = torch._dynamo.explain(fn)(*args)
+    assert (traced.graph_count, traced.graph_break_count) == (1, 0), traced.break_reasons
+    eager, compiled = fn(*args), torch.compile(fn, backend="eager")(*args)
+    for got, want in zip(tree_leaves(compiled), tree_leaves(eager), strict=True):
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+def test_padded_batches_compile_into_one_graph():
+    """Under torch.compile neither the layers' rows nor the attention's text keys are picked by the mask's
+    data (that broke the graph of every HunyuanVideo-1.5 block of a batch with padded text:
+    bench/compile_capture.py): the padded rows are zeroed and the attention keeps the mask."""
+    torch.manual_seed(0)
+    layer, x = RowwiseLinear(16, 8), torch.randn(2, 5, 16)
+    mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    _one_graph_and_close(lambda x, mask: real_rows(layer, x, mask), x, mask, tol=1e-6)
+    S, T, H, D = 7, 5, 2, 8
+    q, k, v = (torch.randn(2, S, H, D) for _ in range(3))
+    text = tuple(torch.randn(2, T, H, D) for _ in range(3))
+    attend = lambda q, k, v, text, mask: joint_attention(q, k, v, S, text, mask, False, False, "auto")  # noqa: E731
+    _one_graph_and_close(attend, q, k, v, text, mask, tol=1e-5)
 
 
 def test_padded_text_attention_equals_each_samples_unpadded_run():
