@@ -27,6 +27,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,11 +36,14 @@ from dit.batch import BatchJob, denoise_batch  # noqa: E402
 from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline  # noqa: E402
 from testing.hopper_compile import compile_only  # noqa: E402
 
-MODELS = ("tiny-random", "tiny-joint")  # Wan2.1 and HunyuanVideo-1.5 at tiny sizes
+MODELS = ("tiny-random", "tiny-joint")  # Wan2.1 and HunyuanVideo-1.5 at tiny sizes: every variant, batches
+# the other families' tiny presets (two experts, TI2V-5B's, image-to-video): FP8 alone
+FAMILIES = ("tiny-moe-random", "tiny-ti2v-random", "tiny-i2v-random", "tiny-joint-i2v")
 # (quant, attn_backend); not `auto` (on Hopper: `cudnn`): SDPA's fake kernel asks the CUDA driver whether
 # cuDNN can run, so plain `sdpa` stands for the bf16 attention
 VARIANTS = (("fp8", "fp8"), ("none", "fp8"), ("fp8", "sdpa"), ("none", "sdpa"))
-REQUEST = dict(num_frames=9, height=48, width=48, num_inference_steps=1)
+REQUEST = dict(num_frames=9, height=64, width=64, num_inference_steps=1)  # TI2V-5B's: multiples of 32
+IMAGE = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)  # for the I2V models
 # a batch of two jobs whose prompts differ in length: padded text, so the attention's key mask is in the graph
 PROMPTS = ("a red circle", "the big violet ball sliding slowly to the left across the frame")
 
@@ -49,8 +53,8 @@ class _Captured(Exception):
 
 
 def _block_inputs(model: str, jobs: int):
-    """(transformer, args, kwargs) of the first block's first call in a bf16 CPU denoise of `jobs` jobs (one
-    batch)."""
+    """(transformer, args, kwargs) of the first block's first call in a bf16 CPU denoise of one job (with an
+    image for the I2V models) or a batch of `jobs`."""
     pipe = load_pipeline(PipelineConfig(model=model, device="cpu"))
     inner = getattr(pipe.model, "transformer", pipe.model)
     got = {}
@@ -61,7 +65,11 @@ def _block_inputs(model: str, jobs: int):
 
     hook = inner.blocks[0].register_forward_pre_hook(stop, with_kwargs=True)
     try:
-        denoise_batch(pipe, [BatchJob(GenerationRequest(p, **REQUEST)) for p in PROMPTS[:jobs]])
+        if jobs == 1:  # an image-to-video job runs alone
+            image = dict(image=IMAGE) if "i2v" in model else {}
+            pipe.denoise(GenerationRequest(PROMPTS[0], **REQUEST, **image))
+        else:
+            denoise_batch(pipe, [BatchJob(GenerationRequest(p, **REQUEST)) for p in PROMPTS[:jobs]])
     except _Captured:
         pass
     finally:
@@ -181,6 +189,7 @@ def main() -> None:
         inputs = _block_inputs(model, 1)
         rows += [capture(model, quant, attn, inputs) | dict(jobs=1) for quant, attn in VARIANTS]
         rows.append(capture(model, "fp8", "fp8", _block_inputs(model, 2)) | dict(jobs=2))
+    rows += [capture(model, "fp8", "fp8", _block_inputs(model, 1)) | dict(jobs=1) for model in FAMILIES]
     if args.json:
         print(json.dumps({"torch": torch.__version__, "rows": rows}))
         return
