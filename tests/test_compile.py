@@ -5,14 +5,21 @@ CPU C++ build costs seconds per graph; the FX graph cache makes reruns faster).
 
 Dynamo's counters prove the blocks were compiled (the test cannot pass on eager forwards), and under
 sequence parallelism that dynamo broke each block's graph at the disabled attention op instead of tracing it.
+`auto` attention on a (fake) CUDA tensor resolves inside a graph without breaking it.
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from unittest import mock
+
 import pytest
 import torch
+import torch._dynamo
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from dit.pipeline import GenerationRequest
+from parallel.kernels import resolve_backend
 from tests.distributed import run_distributed
 
 REQUEST = dict(prompt="a lighthouse at dusk", negative_prompt="blurry", num_frames=9, height=48, width=48,
@@ -85,3 +92,14 @@ def test_the_switch_reaches_the_pipeline_from_every_entry_point():
     assert ServeConfig().compile is False
     assert worker_config({"ITHACA_COMPILE": "1"}).compile is True
     assert worker_config({}).compile is False
+
+
+def test_auto_attention_on_cuda_resolves_without_a_graph_break():
+    """`auto` on a CUDA tensor (a fake one, on an sm_90 stand-in) resolves inside a compiled block without a
+    graph break: it once retried `import flash_attn` at every attention call (the GPU image has no
+    flash-attn), which broke every compiled block's graph (bench/compile_capture.py found it)."""
+    hopper = SimpleNamespace(major=9, minor=0)
+    with mock.patch("torch.cuda.get_device_properties", lambda device=None: hopper), FakeTensorMode():
+        q = torch.empty(1, 8, 2, 16, device="cuda", dtype=torch.bfloat16)
+        traced = torch._dynamo.explain(lambda q: (q * 2, resolve_backend("auto", q, None)))(q)
+    assert traced.graph_count == 1 and not traced.break_reasons, traced.break_reasons
