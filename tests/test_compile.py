@@ -47,8 +47,10 @@ def _eager_and_compiled(model: str, ulysses: int | None = None) -> dict:
 
 @pytest.mark.parametrize("model", MODELS)
 def test_compiled_matches_eager_on_one_rank(model):
+    """One graph for every block per text length: Wan pads its text to a fixed length; HunyuanVideo-1.5's
+    prompt and negative prompt differ (its first block once saw other strides than the rest: a third)."""
     got = _eager_and_compiled(model)
-    assert got["graphs"] >= 1
+    assert got["graphs"] == {"tiny": 1, "tiny-joint": 2}[model]
     torch.testing.assert_close(got["compiled"], got["eager"], rtol=1e-4, atol=1e-4)
 
 

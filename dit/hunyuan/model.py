@@ -125,7 +125,9 @@ def pack_text(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Ten
     mask = torch.gather(mask, 1, order)
     tokens = torch.gather(tokens, 1, order[..., None].expand_as(tokens)) * mask[..., None]
     keep = int(mask.sum(dim=1).max())
-    tokens, mask = tokens[:, :keep], mask[:, :keep]
+    # copied to standard strides (`.contiguous()` keeps a size-1 batch's stride): the first block would
+    # otherwise see other strides than the rest, and torch.compile compile it a second time
+    tokens, mask = tokens[:, :keep].clone(memory_format=torch.contiguous_format), mask[:, :keep]
     return tokens, (None if bool(mask.all()) else mask)
 
 
