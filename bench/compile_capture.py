@@ -24,7 +24,6 @@ import sys
 import tempfile
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from types import SimpleNamespace
 from unittest import mock
 
 import numpy as np
@@ -34,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dit.batch import BatchJob, denoise_batch  # noqa: E402
 from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline  # noqa: E402
-from testing.hopper_compile import compile_only  # noqa: E402
+from testing.hopper_compile import HOPPER, compile_only  # noqa: E402
 
 MODELS = ("tiny-random", "tiny-joint")  # Wan2.1 and HunyuanVideo-1.5 at tiny sizes: every variant, batches
 # the other families' tiny presets (two experts, TI2V-5B's, image-to-video): FP8 alone
@@ -77,18 +76,11 @@ def _block_inputs(model: str, jobs: int):
     return inner, got["args"], got["kwargs"]
 
 
-# The CUDA device Inductor asks about: an H100's figures (SXM)
-HOPPER = SimpleNamespace(name="sm_90 stand-in", major=9, minor=0, multi_processor_count=132,
-                         regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048,
-                         max_threads_per_block=1024, warp_size=32, total_memory=80 << 30,
-                         shared_memory_per_block_optin=227 << 10, L2_cache_size=50 << 20)  # fmt: skip
-
-
 @contextmanager
 def _fake_hopper(compiled: list):
-    """Fake CUDA tensors on an sm_90 stand-in. Inductor compiles in this process, into a fresh cache, without
-    the padding passes that time matmuls on the device; each kernel it compiles is named in `compiled`
-    instead of getting a launcher."""
+    """Fake CUDA tensors on an sm_90 stand-in (an H100's properties). Inductor compiles in this process,
+    into a fresh cache, without the padding passes that time matmuls on the device; each kernel it compiles
+    is named in `compiled` instead of getting a launcher."""
     import torch._inductor.config as inductor_config
     import torch._inductor.runtime.triton_helpers as helpers
     import torch._inductor.runtime.triton_heuristics as heuristics
@@ -119,9 +111,8 @@ def _fake_hopper(compiled: list):
             mock.patch.object(inductor_config, "shape_padding", False),
             mock.patch.object(inductor_config, "comprehensive_padding", False),
             mock.patch.object(inductor_config, "compile_threads", 1),
-            mock.patch.object(
-                inductor_config, "joint_graph_constant_folding", False
-            ),  # runs ops on the device
+            # this pass runs ops on the device to find constants
+            mock.patch.object(inductor_config, "joint_graph_constant_folding", False),
             mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": cache}),
         ):
             stack.enter_context(patch)

@@ -16,11 +16,17 @@ import subprocess
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import SimpleNamespace
 from unittest import mock
 
 import torch
 
 HOPPER_SMEM = 227 * 1024  # the shared memory one block may opt into on an H100/H200
+# an H100 (SXM) as `torch.cuda.get_device_properties` reports it, for code that asks the device without one
+HOPPER = SimpleNamespace(name="sm_90 stand-in", major=9, minor=0, multi_processor_count=132,
+                         regs_per_multiprocessor=65536, max_threads_per_multi_processor=2048,
+                         max_threads_per_block=1024, warp_size=32, total_memory=80 << 30,
+                         shared_memory_per_block_optin=HOPPER_SMEM, L2_cache_size=50 << 20)  # fmt: skip
 
 
 @dataclass

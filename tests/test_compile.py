@@ -10,7 +10,6 @@ sequence parallelism that dynamo broke each block's graph at the disabled attent
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from unittest import mock
 
 import pytest
@@ -20,6 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from dit.pipeline import GenerationRequest
 from parallel.kernels import resolve_backend
+from testing.hopper_compile import HOPPER
 from tests.distributed import run_distributed
 
 REQUEST = dict(prompt="a lighthouse at dusk", negative_prompt="blurry", num_frames=9, height=48, width=48,
@@ -100,8 +100,7 @@ def test_auto_attention_on_cuda_resolves_without_a_graph_break():
     """`auto` on a CUDA tensor (a fake one, on an sm_90 stand-in) resolves inside a compiled block without a
     graph break: it once retried `import flash_attn` at every attention call (the GPU image has no
     flash-attn), which broke every compiled block's graph (bench/compile_capture.py found it)."""
-    hopper = SimpleNamespace(major=9, minor=0)
-    with mock.patch("torch.cuda.get_device_properties", lambda device=None: hopper), FakeTensorMode():
+    with mock.patch("torch.cuda.get_device_properties", lambda device=None: HOPPER), FakeTensorMode():
         q = torch.empty(1, 8, 2, 16, device="cuda", dtype=torch.bfloat16)
         traced = torch._dynamo.explain(lambda q: (q * 2, resolve_backend("auto", q, None)))(q)
     assert traced.graph_count == 1 and not traced.break_reasons, traced.break_reasons
