@@ -27,9 +27,14 @@ def each_sample_own_text(attend, q, k, v, text, text_mask: torch.Tensor):
     (`q/k/v [B, S, h, D]`, text (tq or None, tk, tv) `[B, T, h, D]`, text_mask `[B, T]` bool) with only its
     real text keys and values; the outputs joined along the batch."""
     tq, tk, tv = text
-    rows = []
+    images, texts = [], []
     for b, real in enumerate(text_mask):
-        own = (None if tq is None else tq[b : b + 1], tk[b : b + 1, real], tv[b : b + 1, real])
-        rows.append(attend(q[b : b + 1], k[b : b + 1], v[b : b + 1], own))
-    image = torch.cat([img for img, _ in rows])
-    return image, (None if tq is None else torch.cat([txt for _, txt in rows]))
+        # the text queries are cut too: the kernel then sees the solo job's very shapes (a CPU kernel's
+        # blocking, hence its rounding, can depend on the number of query rows); padded rows' outputs are zero
+        own = (None if tq is None else tq[b : b + 1, real], tk[b : b + 1, real], tv[b : b + 1, real])
+        img, txt = attend(q[b : b + 1], k[b : b + 1], v[b : b + 1], own)
+        images.append(img)
+        if tq is not None:
+            full = txt.new_zeros(1, tq.shape[1], *txt.shape[2:])
+            texts.append(full.index_copy_(1, real.nonzero()[:, 0], txt))
+    return torch.cat(images), (torch.cat(texts) if texts else None)

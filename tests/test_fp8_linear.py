@@ -97,7 +97,11 @@ def test_every_layout_gives_one_ranks_fp8_latents():
         print(
             f"ulysses x ring x cfg {layout}, fp8 linear layers: relative difference from one rank {rel:.2e}"
         )
-        assert rel <= 1e-4, (layout, rel)  # `ithaca parity`'s float32 tolerance
+        # Ulysses and CFG: `ithaca parity`'s float32 tolerance. The ring merges its blocks' partial
+        # attentions in another order: a float32 rounding there can carry an activation across an e4m3
+        # rounding boundary (one step is 12.5 % of that element), which the later layers dilute: 2.1e-5 on an
+        # Intel box, 1.6e-2 on an AMD EPYC one (2026-11-25), well inside FP8's error against bf16 (FP8_REL).
+        assert rel <= (0.05 if layout[1] > 1 else 1e-4), (layout, rel)
 
 
 def _rows_kernel_vs_torch():
