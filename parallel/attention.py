@@ -77,7 +77,8 @@ def attention(
 ):
     """Exact attention of this rank's image shard q/k/v [B, S_local, H, D] over the whole (unpadded) sequence,
     plus optional joint text (tq, tk, tv) [B, T, H, D] replicated on every rank. Returns out, or
-    (out, text_out) when text queries are given (text_out [B, T, H, D], identical on every rank)."""
+    (out, text_out) when text queries are given (text_out [B, T, H, D], identical on every rank). text_mask
+    [B, T] bool marks real text keys; text_out at padded positions carries no meaning (zero in a batch)."""
     cfg = comm_config(comm)
     _check_local(q, k, v, text, text_mask, causal)
     info = local_info(q, mesh, info)

@@ -4,8 +4,8 @@ A batch of jobs (dit.batch) pads its texts to the longest and marks the padding 
 kernel over the longer text rounds differently from the unmasked one of a solo run, and the batch promises
 each job its solo numbers, so the layouts run each sample over its own real text keys, unmasked: the calls
 its solo run makes (measured: HunyuanVideo-1.5 tiny, masked 2e-6 relative after a denoise, this way
-bit-identical on 1 rank, Ulysses, ring and CFG-parallel; torch 2.13 CPU). The padding's queries stay: they
-attend to the real keys, as under the mask.
+bit-identical on 1 rank, Ulysses, ring and CFG-parallel; torch 2.13 CPU). The padding's queries are cut
+as well and their outputs are zero: padded text tokens are never keys, so nothing real reads them.
 """
 
 from __future__ import annotations
