@@ -163,7 +163,11 @@ class ServeConfig:
     orphan_timeout: float = _opt(
         60.0, "seconds without a worker heartbeat before its running job is re-queued (any server's)"
     )
-    poll_interval: float = _opt(0.005, "seconds between an idle worker's queue polls", worker=True)
+    poll_interval: float = _opt(
+        0.005,
+        "seconds between a worker's queue polls in its first second without a job (then 50 ms)",
+        worker=True,
+    )
     pipeline_module: str = _opt(
         "dit.pipeline", "module providing load_pipeline (tests use a fake)", worker=True
     )

@@ -82,6 +82,10 @@ from server.writers import CheckpointWriter, PreviewWriter
 HEARTBEAT_S = 1.0
 KEEPALIVE_S = 5.0
 STOP_CHECK_S = 0.25
+# After a second without a job, a leader polls the queue at most every 50 ms (the job then waits up to 50 ms
+# more): at --poll-interval's 5 ms an idle leader queried the store 200 times a second (5 % of a core, and
+# load on a PostgreSQL store that several boxes share).
+IDLE_AFTER_S, IDLE_POLL_S = 1.0, 0.05
 FLUSH_S = 5.0  # at most this long, at the end of a job, for its last preview or checkpoint to be written
 CLOSE_S = 30.0  # at most this long, before the group exits, for the MP4s handed off to be closed
 log = logging.getLogger("ithaca.worker")
@@ -95,6 +99,7 @@ class Worker:
         self._beat_lock = threading.Lock()
         self.supervisor_pid = int(os.environ.get("ITHACA_SUPERVISOR_PID", "0"))
         self.state, self.jobs = "ready", []
+        self.last_job = time.monotonic()  # when the last job ended (or the worker began): the poll's pace
         self.applied, self.switches = "", pipe.lora_switches  # the LoRA set last run (store.lora_set)
         # the leader's store calls ride out an outage: those at a job's edges wait for it (up to the grace),
         # heartbeats and steps are single attempts whose newest value is written once the store answers
@@ -163,6 +168,8 @@ class Worker:
         idle_since = last_check = time.monotonic()
         while True:
             now, pause = time.monotonic(), self.config.poll_interval
+            if now - self.last_job > IDLE_AFTER_S:
+                pause = max(pause, IDLE_POLL_S)
             try:
                 queued = self.store.once.has_queued()
                 # right before every claim, so no queued job is taken after a stop; idle: soon, without a
@@ -285,6 +292,7 @@ class Worker:
                     for job in message.get("batch", [message]):
                         self.ending.drop_files(job["id"], "image" in job["spec"])
                     self._count_switches()
+                    self.last_job = time.monotonic()
         if self.store is not None and not self.ending.flush(CLOSE_S):
             log.warning(
                 "an MP4 was not closed within %g s: its job stays in progress, to be re-queued", CLOSE_S

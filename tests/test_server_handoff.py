@@ -3,12 +3,14 @@ claims its next job at once. The worker's job loop in this process (one rank, th
 writers and SQLite store), every close held by an event: the next job runs while the last file closes; a
 job completes only once its file is in place; a cancel meanwhile leaves no file; a close that fails fails
 its job, and so does a write that fails mid-decode; a job whose file never closed (its group died) is
-re-queued by the group-death path, never completed."""
+re-queued by the group-death path, never completed. And the loop's pace: an idle leader polls the queue
+slower after a second without a job, and fast again after one."""
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -17,7 +19,7 @@ from dit.video import Mp4Writer, read_mp4
 from server import videos
 from server.config import ServeConfig
 from server.store import JobStore
-from server.worker import Worker
+from server.worker import IDLE_AFTER_S, IDLE_POLL_S, Worker
 from server.writers import StreamedVideo
 from testing import fake_pipeline
 from testing.server_process import wait_until
@@ -159,3 +161,30 @@ def test_a_job_whose_mp4_never_closed_is_re_queued_never_completed(served):
     again = s.store.get(job.id)
     assert (again.status, again.attempts, again.video) == ("queued", 1, None)
     assert s.finished[job.id] == ("completed", True) and _files(s.config, job.id) == []
+
+
+def test_an_idle_leader_polls_the_queue_slower_and_fast_again_after_a_job(tmp_path, monkeypatch):
+    """--poll-interval's 5 ms in the first second after a job (or the start), then IDLE_POLL_S's 50 ms; the
+    bounds leave a loaded box 4× slack (5 ms polls: 200 a second; 50 ms ones: 20)."""
+    config = ServeConfig(data_dir=str(tmp_path), checkpoint_every="off")
+    worker = Worker(config, "group", MESH, fake_pipeline.load_pipeline(config.pipeline, MESH), fake_pipeline)
+    polls, has_queued = [], worker.store.raw.has_queued
+    counted = lambda: polls.append(time.monotonic()) or has_queued()  # noqa: E731
+    monkeypatch.setattr(worker.store.raw, "has_queued", counted)
+    within = lambda start, seconds: sum(start <= t < start + seconds for t in polls)  # noqa: E731
+    start = time.monotonic()
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        time.sleep(IDLE_AFTER_S + 1.2)
+        assert within(start, 0.8 * IDLE_AFTER_S) >= 40, polls  # fast: the first second
+        assert within(start + IDLE_AFTER_S + 0.1, 1.0) <= 1.0 / IDLE_POLL_S + 5, polls  # idle: 20 a second
+        store = JobStore(config.store_url)
+        job, _ = store.create(SPEC)
+        wait_until(lambda: store.get(job.id).status == "completed", WAIT_S, f"job {job.id} completed")
+        time.sleep(0.5)
+        assert within(worker.last_job, 0.4) >= 20, polls  # fast again after the job
+    finally:
+        worker.stopping.set()
+        thread.join(WAIT_S)
+    assert not thread.is_alive()
