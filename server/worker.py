@@ -99,7 +99,7 @@ class Worker:
         self._beat_lock = threading.Lock()
         self.supervisor_pid = int(os.environ.get("ITHACA_SUPERVISOR_PID", "0"))
         self.state, self.jobs = "ready", []
-        self.last_job = time.monotonic()  # when the last job ended (or the worker began): the poll's pace
+        self.last_job = time.monotonic()  # the last job's arrival or end (or the start): the poll's pace
         self.applied, self.switches = "", pipe.lora_switches  # the LoRA set last run (store.lora_set)
         # the leader's store calls ride out an outage: those at a job's edges wait for it (up to the grace),
         # heartbeats and steps are single attempts whose newest value is written once the store answers
@@ -183,6 +183,7 @@ class Worker:
                 if not _alive(self.supervisor_pid) or self.stopping.is_set():
                     return "stop"
             if queued:
+                self.last_job = now  # a job came, whether or not it is claimed and valid: poll fast again
                 preference = {"applied": self.applied, "patience": self.config.lora_patience}
                 job = self.store.claim(self.name, self.config.instance, **preference)
                 spec = job and self._validated(job)
