@@ -133,9 +133,11 @@ def _run_case(case: dict, S: int, seed: int) -> dict:
     out, text_out = res if isinstance(res, tuple) else (res, None)
     fp8 = "fp8" in case["comm"]
     errs = {"out": rel_err(parallel.gather_sequence(out, mesh, info), ref_out, fp8)}
-    if ref_text is not None:  # only real text rows: padded ones carry no meaning (zero in a batch)
-        real = (text_mask if text_mask is not None else torch.ones(B, T, dtype=torch.bool))[:, :, None, None]
-        errs["text"] = rel_err(text_out * real, ref_text * real, fp8)
+    if ref_text is not None:
+        if text_mask is not None:  # only real text rows: padded ones carry no meaning (zero in a batch)
+            real = text_mask[:, :, None, None]
+            text_out, ref_text = text_out * real, ref_text * real
+        errs["text"] = rel_err(text_out, ref_text, fp8)
     return errs
 
 
