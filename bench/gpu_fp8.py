@@ -41,7 +41,7 @@ def fp8_rows(kit: Kit, model, call, mode: str, reference: torch.Tensor, diffuser
     its bf16 row; each variant recompiles the block once). Rows [row, mode, s, vs diffusers, peak GiB,
     max |Δ| / max |bf16|, mean |Δ|] against `reference` (ours bf16, same mode), and {row: seconds}."""
     from dit.fp8_linear import quantise
-    from dit.parallelize import parallelize
+    from dit.sequence_parallel import parallelize
     from parallel import ParallelMesh
 
     why = unavailable(kit)

@@ -20,7 +20,8 @@ import torch
 
 import dit
 import parallel
-from dit.cache import CacheConfig, Evaluations, StepCache, real_tokens
+from dit.cache import Evaluations, StepCache, real_tokens
+from dit.cache_config import CacheConfig
 from dit.callbacks import FramesCallback, PhaseCallback, enter_phase
 from dit.comm_choice import choose_comm
 from dit.compile import compile_blocks
@@ -32,7 +33,6 @@ from dit.fp8_linear import quantise
 from dit.image import fit
 from dit.lora_catalogue import LoraCatalogue
 from dit.lora_switch import LoraSwitch, check_lora_dir, lora_switch
-from dit.parallelize import set_comm
 from dit.presets import resolve
 from dit.preview import LatentPreview, PreviewCallback, read_preview, vae_preview
 from dit.request import GenerationRequest, check_guidance, check_numbers
@@ -44,6 +44,7 @@ from dit.sampling import (
     SecondExpert,
     denoise,
 )
+from dit.sequence_parallel import set_comm
 from dit.settings import PipelineConfig
 from dit.text_cache import TextCache
 from dit.vae_frames import cast_decoder

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dit.cache_config import CacheConfig
+
 COMMANDS = ("generate", "parity", "serve")
 # `PipelineConfig.model`'s two flags, on every command
 MODEL_PATH_HELP = (
@@ -100,8 +102,6 @@ def _warmup_sizes(text: str) -> tuple[tuple[int, int, int], ...]:
 
 
 def _cache(text: str) -> str:
-    from dit.cache import CacheConfig
-
     CacheConfig.parse(text)  # checked; kept as written (a checkpoint's key holds it so)
     return text
 

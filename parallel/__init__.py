@@ -1,48 +1,27 @@
 """Sequence-parallel attention: process mesh, Ulysses (plain / FP8 / P2P), ring, hybrid, kernels; row bands
-with halo exchange (band-parallel convolution)."""
+with halo exchange (band-parallel convolution). The names below load on first use (`parallel.lazy`)."""
 
-from parallel.agree import first_failure
-from parallel.attention import attention, cfg_all_gather
-from parallel.comm import (
-    COMM_MODES,
-    CommConfig,
-    CommStats,
-    all_reduce_sum,
-    comm_config,
-    comm_modes,
-    count_comm,
-    overlapped,
-)
-from parallel.halo import RowBands, band_sizes, exchange_halo, gather_bands
-from parallel.kernels import local_attention
-from parallel.mesh import ParallelMesh, init_parallel
-from parallel.probe import ProbeResult, ProbeRow, probe_comm
-from parallel.sharding import SequenceShardInfo, gather_sequence, real_tokens, shard_sequence
+from parallel.lazy import lazy_exports
 
-__all__ = [
-    "COMM_MODES",
-    "CommConfig",
-    "CommStats",
-    "ParallelMesh",
-    "ProbeResult",
-    "ProbeRow",
-    "RowBands",
-    "SequenceShardInfo",
-    "all_reduce_sum",
-    "attention",
-    "band_sizes",
-    "cfg_all_gather",
-    "comm_config",
-    "comm_modes",
-    "count_comm",
-    "exchange_halo",
-    "first_failure",
-    "gather_bands",
-    "gather_sequence",
-    "init_parallel",
-    "local_attention",
-    "overlapped",
-    "probe_comm",
-    "real_tokens",
-    "shard_sequence",
-]
+_MODULES = {
+    "parallel.agree": ("first_failure",),
+    "parallel.sequence_attention": ("attention", "cfg_all_gather"),
+    "parallel.comm": (
+        "COMM_MODES",
+        "CommConfig",
+        "CommStats",
+        "all_reduce_sum",
+        "comm_config",
+        "comm_modes",
+        "count_comm",
+        "overlapped",
+    ),
+    "parallel.halo": ("RowBands", "band_sizes", "exchange_halo", "gather_bands"),
+    "parallel.kernels": ("local_attention",),
+    "parallel.mesh": ("ParallelMesh", "init_parallel"),
+    "parallel.probe": ("ProbeResult", "ProbeRow", "probe_comm"),
+    "parallel.sharding": ("SequenceShardInfo", "gather_sequence", "real_tokens", "shard_sequence"),
+}
+_EXPORTS = {name: module for module, names in _MODULES.items() for name in names}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

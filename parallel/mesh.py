@@ -14,6 +14,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from parallel.plan import fit_degrees
+
 
 @dataclass(frozen=True)
 class ParallelMesh:
@@ -69,36 +71,6 @@ class ParallelMesh:
     def barrier(self) -> None:
         if self.control_group is not None:
             dist.barrier(group=self.control_group)
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def fit_degrees(world: int, ulysses: int | None, ring: int, cfg: int) -> tuple[int, int, int]:
-    """(ulysses, ring, cfg) for `world` ranks (ulysses None: what the others leave), or a ValueError listing
-    every layout that fits. Pure, so a launcher can check degrees before any process group exists."""
-
-    def bad(msg):
-        choices = [
-            (u, r, c)
-            for c in _divisors(world)
-            for r in _divisors(world // c)
-            for u in _divisors(world // c // r)
-        ]
-        listed = ", ".join(f"{u}x{r}x{c}" for u, r, c in choices)
-        return ValueError(f"{msg}; valid ulysses x ring x cfg for world size {world}: {listed}")
-
-    for name, val in (("ring", ring), ("cfg", cfg), ("ulysses", ulysses if ulysses is not None else 1)):
-        if not isinstance(val, int) or val < 1:
-            raise bad(f"{name}={val!r} must be a positive integer")
-    if world % (ring * cfg):
-        raise bad(f"ring={ring} x cfg={cfg} does not divide world size {world}")
-    if ulysses is None:
-        ulysses = world // (ring * cfg)
-    if world % (ulysses * ring * cfg):
-        raise bad(f"ulysses={ulysses} x ring={ring} x cfg={cfg} does not divide world size {world}")
-    return ulysses, ring, cfg
 
 
 _MESHES: dict[tuple, ParallelMesh] = {}  # groups are collective to create: build each mesh once per process

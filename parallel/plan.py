@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from parallel.mesh import fit_degrees
-
 BF16 = 2
 FP32 = 4
 AUTO = "auto"
@@ -31,6 +29,36 @@ TIE = 0.01
 # One GPU's forward for `plan`: the Wan2.1-14B figure bench/RESULTS.md measured (H100, bf16, compiled),
 # scaled to other shapes by FLOPs.
 REFERENCE_SECONDS = 2.82
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def fit_degrees(world: int, ulysses: int | None, ring: int, cfg: int) -> tuple[int, int, int]:
+    """(ulysses, ring, cfg) for `world` ranks (ulysses None: what the others leave), or a ValueError listing
+    every layout that fits. Pure, so a launcher can check degrees before any process group exists."""
+
+    def bad(msg):
+        choices = [
+            (u, r, c)
+            for c in _divisors(world)
+            for r in _divisors(world // c)
+            for u in _divisors(world // c // r)
+        ]
+        listed = ", ".join(f"{u}x{r}x{c}" for u, r, c in choices)
+        return ValueError(f"{msg}; valid ulysses x ring x cfg for world size {world}: {listed}")
+
+    for name, val in (("ring", ring), ("cfg", cfg), ("ulysses", ulysses if ulysses is not None else 1)):
+        if not isinstance(val, int) or val < 1:
+            raise bad(f"{name}={val!r} must be a positive integer")
+    if world % (ring * cfg):
+        raise bad(f"ring={ring} x cfg={cfg} does not divide world size {world}")
+    if ulysses is None:
+        ulysses = world // (ring * cfg)
+    if world % (ulysses * ring * cfg):
+        raise bad(f"ulysses={ulysses} x ring={ring} x cfg={cfg} does not divide world size {world}")
+    return ulysses, ring, cfg
 
 
 @dataclass(frozen=True)

@@ -43,9 +43,9 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from parallel.attention import attention
 from parallel.comm import comm_config, comm_modes
 from parallel.mesh import ParallelMesh
+from parallel.sequence_attention import attention
 
 _SP_GROUPS = ("ulysses_group", "ring_group", "sp_group")
 _MAX_ERROR = 300  # characters of an error kept in a row (gloo's timeout messages run long)

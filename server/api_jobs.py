@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers, UploadFile
 
-from dit.cache import CacheConfig
+from dit.cache_config import CacheConfig
 from server import images, videos
 from server import limits as limits_mod
 from server import loras as loras_mod

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dit.cache import CacheConfig
+from dit.cache_config import CacheConfig
 from dit.pipeline import GenerationRequest
 from tests.distributed import run_distributed
 

@@ -308,3 +308,26 @@ def test_help_of_every_command_and_subcommand_prints():
     assert all("--vae-dtype" in helps[name] for name in ("generate", "parity", "serve", "worker"))
     for name, text in helps.items():
         assert "usage:" in text, name
+
+
+def test_help_and_the_api_import_no_torch():
+    """`ithaca --help` and the API process (all of an API-only box's: `--no-workers`) read settings, presets
+    and layouts only: `import torch` (seconds) is left to what runs a model (`dit`/`parallel` export their
+    names lazily, parallel.lazy)."""
+    code = (
+        "import json, sys, server.app, server.cli\n"
+        "try:\n    server.cli.main(['serve', '--help'])\n"
+        "finally:\n    print(json.dumps(sorted(sys.modules)), file=sys.stderr)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "usage: ithaca serve" in proc.stdout, proc.stderr[-2000:]
+    imported = set(json.loads(proc.stderr.splitlines()[-1]))
+    assert {"server.app", "dit.settings", "parallel.plan"} <= imported
+    assert not {m for m in imported if m.split(".")[0] in ("torch", "diffusers", "transformers")}
+    import dit
+    import parallel
+
+    assert dit.parallelize.__module__ == "dit.sequence_parallel" and callable(parallel.attention)
+    assert parallel.kernels.local_attention is parallel.local_attention  # a submodule, as an eager __init__
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        parallel.nothing  # noqa: B018

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from dit.families import TINY_LIMITS, Limits, ModelFamily, WeightFormat
-from dit.parallelize import parallelize_by_contract
 from dit.sampling import SAMPLERS
+from dit.sequence_parallel import parallelize_by_contract
 from dit.wan import experts, i2v
 from dit.wan import vae as wan_vae
 from dit.wan.config import WanConfig, complete_original
