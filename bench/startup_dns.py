@@ -1,6 +1,6 @@
 """Start-up on a box without DNS: seconds until one machine's ranks meet, torch's launcher against
-parallel.torchrun, and `ithaca serve --nproc 1` (tiny model) from start to /ready; here as the box is, and in
-namespaces where the host name is in no hosts file and the DNS server never answers (testing/no_dns.py),
+parallel.local_group, and `ithaca serve --nproc 1` (tiny model) from start to /ready; here as the box is, and
+in namespaces where the host name is in no hosts file and the DNS server never answers (testing/no_dns.py),
 with and without the IPv4-mapped loopback address named in /etc/hosts. Needs root (namespaces).
 
     python bench/startup_dns.py [--timeout 120]
@@ -17,12 +17,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from parallel.torchrun import local_torchrun  # noqa: E402
+from parallel.local_group import local_group  # noqa: E402
 from testing.no_dns import run_without_dns, unavailable  # noqa: E402
 
+# torch's launcher: the plain env:// rendezvous; parallel.local_group's ranks join through init_parallel
 RANK = """
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
+import torch, torch.distributed as dist{mesh}
+dist.init_process_group("gloo") if {plain} else parallel.init_parallel()
 dist.all_reduce(torch.ones(1))
 dist.destroy_process_group()  # a gloo group left to the interpreter's exit may abort
 """
@@ -64,8 +65,8 @@ def main() -> None:
     commands = {
         "torch.distributed.run --standalone, 2 ranks meet": lambda d: [
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-            f"{d}/rank.py"],
-        "parallel.torchrun, 2 ranks meet": lambda d: [*local_torchrun(2), f"{d}/rank.py"],
+            f"{d}/plain.py"],
+        "parallel.local_group, 2 ranks meet": lambda d: [*local_group(2), f"{d}/rank.py"],
         "ithaca serve --nproc 1: start to /ready": lambda d: [
             sys.executable, os.path.abspath(__file__), "--serve-once", f"{d}/serve", "--timeout",
             str(args.timeout)],
@@ -75,8 +76,9 @@ def main() -> None:
     for name, command in commands.items():
         cells = []
         with tempfile.TemporaryDirectory() as d:
-            with open(f"{d}/rank.py", "w") as f:
-                f.write(RANK)
+            for script, plain in (("plain", True), ("rank", False)):
+                with open(f"{d}/{script}.py", "w") as f:
+                    f.write(RANK.format(mesh="" if plain else ", parallel", plain=plain))
             start = time.monotonic()
             try:
                 done = subprocess.run(command(d), capture_output=True, text=True, timeout=args.timeout)

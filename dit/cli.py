@@ -1,5 +1,5 @@
-"""`ithaca generate` (one video, any layout, with or without torchrun), and the pipeline's subcommands for
-`ithaca` (`server.cli`): generate and `ithaca parity` (dit.parity)."""
+"""`ithaca generate` (one video, any layout: one rank, N of this machine, or under torchrun), and the
+pipeline's subcommands for `ithaca` (`server.cli`): generate and `ithaca parity` (dit.parity)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from dit.cli_args import (
     add_request_args,
     checked,
     found_model,
+    on_ranks,  # fmt: skip
     pipeline_config,
     request,
-    torchrun,  # fmt: skip
 )
 from dit.parity import add_parity
 from parallel.plan import parse_degree
@@ -56,7 +56,9 @@ def add_subcommands(subparsers) -> None:
         default=None,
         help="1 | 2 (2: prompt and negative prompt in parallel) | auto (default: auto; else 1)",
     )
-    g.add_argument("--nproc", type=int, default=1, help="re-launch under torchrun with N CPU/GPU processes")
+    g.add_argument(
+        "--nproc", type=int, default=1, help="re-launch as N ranks on this machine (a GPU each, or CPU)"
+    )
     g.add_argument(
         "--node-rank",
         type=int,
@@ -67,19 +69,6 @@ def add_subcommands(subparsers) -> None:
     g.add_argument("--save-latents", default=None, help="also torch.save the final latents and frames here")
     g.set_defaults(func=run_generate)
     add_parity(subparsers)
-
-
-def _without_nproc(argv: list[str]) -> list[str]:
-    """argv minus `--nproc N` / `--nproc=N` (torchrun's parser would read `--nproc` as `--nproc-per-node`)."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == "--nproc":
-            skip = True
-        elif not a.startswith("--nproc="):
-            out.append(a)
-    return out
 
 
 def read_image(path: str):
@@ -103,7 +92,7 @@ def run_generate(args) -> int:
     if not checked(args, "generate", config, ulysses=args.ulysses, ring=args.ring, cfg=args.cfg):
         return 2
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
-        return subprocess.call(torchrun(args.nproc, _without_nproc(sys.argv[1:])))
+        return subprocess.call(on_ranks(args.nproc, sys.argv[1:]))  # the ranks see WORLD_SIZE: no re-launch
 
     import torch
     import torch.distributed as dist

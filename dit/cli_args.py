@@ -1,5 +1,6 @@
 """What `ithaca generate` and `ithaca parity` share: the request's flags, the model's and the pipeline's
-(these derived from `dit.settings.PipelineConfig`), the checks before any rank starts, and torchrun."""
+(these derived from `dit.settings.PipelineConfig`), the checks before any rank starts, the launch on N
+ranks."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import sys
 
 from dit.settings import MODEL_PATH_HELP, PRESET_HELP, PipelineConfig, flag, options
-from parallel.torchrun import local_torchrun
+from parallel.local_group import local_group
 
 # request flag → GenerationRequest field (the prompt apart: positional in generate, --prompt in parity)
 REQUEST = {"negative_prompt": "negative_prompt", "frames": "num_frames", "height": "height", "width": "width",
@@ -154,7 +155,7 @@ def checked(args, command: str, config: PipelineConfig, *, ulysses=None, ring=1,
     """Whether dit.preflight accepts the settings; if not, its one line goes to stderr (from rank 0 alone)."""
     from dit.preflight import preflight
 
-    # Under torchrun (launched by us or by hand) the ranks are already there: check against their count.
+    # Launched (by us, or by hand under torchrun) the ranks are already there: check against their count.
     nproc = int(os.environ.get("WORLD_SIZE", args.nproc))
     try:
         preflight(config, model_path=args.model_path, nproc=nproc,
@@ -167,6 +168,6 @@ def checked(args, command: str, config: PipelineConfig, *, ulysses=None, ring=1,
     return True
 
 
-def torchrun(nproc: int, argv: list[str]) -> list[str]:
+def on_ranks(nproc: int, argv: list[str]) -> list[str]:
     """`ithaca ARGV` on `nproc` ranks of this machine."""
-    return [*local_torchrun(nproc), "-m", "server.cli", *argv]
+    return [*local_group(nproc), "-m", "server.cli", *argv]

@@ -1,5 +1,5 @@
-"""`ithaca parity`: the same generation on 1 rank and on N ranks per mode (each a `generate` run under
-torchrun), compared on the final latents and frames."""
+"""`ithaca parity`: the same generation on 1 rank and on N ranks per mode (each a `generate` run on N ranks
+of this machine, parallel.local_group), compared on the final latents and frames."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from dit.cli_args import (
     add_request_args,
     checked,
     found_model,
+    on_ranks,
     pipeline_argv,
     pipeline_config,  # fmt: skip
     request_argv,
-    torchrun,
 )
 
 MODES = ("alltoall", "fp8", "p2p", "ring", "hybrid", "cfg")
@@ -87,7 +87,7 @@ def _mode_layout(mode: str, n: int) -> tuple[int, int, int, str] | str:
 
 def _launch(argv: list[str], nproc: int, out: Path) -> tuple[dict | None, str]:
     argv = ["generate", *argv, "--out", str(out.with_suffix(".mp4")), "--save-latents", str(out)]
-    cmd = torchrun(nproc, argv) if nproc > 1 else [sys.executable, "-m", "server.cli", *argv]
+    cmd = on_ranks(nproc, argv) if nproc > 1 else [sys.executable, "-m", "server.cli", *argv]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:  # the most telling line: the last error message, else the last line
         lines = (proc.stdout + proc.stderr).strip().splitlines() or [f"exit code {proc.returncode}"]

@@ -73,6 +73,24 @@ class ParallelMesh:
             dist.barrier(group=self.control_group)
 
 
+def _rendezvous(timeout: float) -> dict:
+    """`init_process_group`'s store, rank and world size; empty under torchrun (its `env://`)."""
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ.get("RANK", 0))
+    if world == 1:  # one rank meets no one: an in-memory store spares a TCP store's client its loopback
+        # name lookup (a resolver timeout where no DNS answers; parallel/torchrun.py)
+        return {"store": dist.HashStore(), "rank": 0, "world_size": 1}
+    if "ITHACA_LOCAL_GROUP" not in os.environ:
+        return {}
+    # parallel.local_group: rank 0 serves the store on the socket the launcher bound, the others connect
+    fd = os.environ.get("ITHACA_STORE_FD")
+    if fd is not None:
+        os.set_inheritable(int(fd), False)  # not the encoder's, nor any other process this rank starts
+    address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    store = dist.TCPStore(*address, world, is_master=fd is not None, timeout=timedelta(seconds=timeout),
+                          master_listen_fd=None if fd is None else int(fd))  # fmt: skip
+    return {"store": store, "rank": rank, "world_size": world}
+
+
 _MESHES: dict[tuple, ParallelMesh] = {}  # groups are collective to create: build each mesh once per process
 
 
@@ -92,11 +110,7 @@ def init_parallel(
         timeout = timeout or float(os.environ.get("ITHACA_DIST_TIMEOUT", 600))
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        # one rank meets no one: an in-memory store spares torchrun's TCP store a connection, whose client
-        # looks up a loopback name each time (a resolver timeout where no DNS answers; parallel/torchrun.py)
-        alone = os.environ["WORLD_SIZE"] == "1"
-        store = {"store": dist.HashStore(), "rank": 0, "world_size": 1} if alone else {}
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout), **store)
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout), **_rendezvous(timeout))
     backend = backend or dist.get_backend()
     world, rank = dist.get_world_size(), dist.get_rank()
     u, r, c = fit_degrees(world, ulysses, ring, cfg)

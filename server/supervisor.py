@@ -1,17 +1,17 @@
-"""Runs the worker group as a torchrun child of the API process and keeps it alive.
+"""Runs the worker group as a child of the API process and keeps it alive.
 
-- Launch: `python -m parallel.torchrun --standalone --local-addr 127.0.0.1 --nproc-per-node N -m server.worker
-  <settings>` (torchrun for one machine, without host-name lookups) with a fresh group id in its environment
-  (jobs it claims are tagged `<instance>/<group>/replica<k>`; a reset finds every rank by that id, as torchrun
-  puts each rank in a session of its own).
+- Launch: `python -m parallel.local_group --nproc=N -m server.worker <settings>` (one machine's ranks,
+  without torchrun's agent: no torch imported before the ranks start) with a fresh group id in its environment
+  (jobs it claims are tagged `<instance>/<group>/replica<k>`; a reset finds every rank by that id, as the
+  launcher puts each rank in a session of its own).
 - Across machines (--nnodes > 1): each machine runs `ithaca serve` and launches its own N ranks with
-  `--nnodes M --node-rank R --rdzv-backend c10d --rdzv-endpoint HOST:PORT` instead of `--standalone`; node 0
-  (this class: API, store, supervision) hosts the rendezvous and, by the worker's numbering, the replica
-  leader; the other nodes run `--no-api` (`NodeShare`): they only launch their share again whenever it
-  exits. A rank lost on any machine fails the whole group (its collectives break), so node 0 re-queues the
+  torchrun (`parallel.torchrun`): `--nnodes M --node-rank R --rdzv-backend c10d --rdzv-endpoint HOST:PORT`;
+  node 0 (this class: API, store, supervision) hosts the rendezvous and, by the worker's numbering, the
+  replica leader; the other nodes run `--no-api` (`NodeShare`): they only launch their share again whenever
+  it exits. A rank lost on any machine fails the whole group (its collectives break), so node 0 re-queues the
   job and launches again, and the group forms once every node has joined the new rendezvous.
-- torchrun dies with the API process (parent-death signal, bound to the supervisor thread, which therefore
-  lives as long as the group) and every rank with torchrun, so no group outlives its server.
+- The launcher dies with the API process (parent-death signal, bound to the supervisor thread, which
+  therefore lives as long as the group) and every rank with the launcher, so no group outlives its server.
 - A group that exits (a rank killed, a crash, a reset) has the jobs it was running re-queued (they resume
   from their checkpoints) or, past `max_attempts`, failed with its exit code and first error; it is
   forgotten in the store and started again. Restarts are counted; `restart_budget` groups
@@ -41,7 +41,8 @@ import threading
 import time
 import uuid
 
-from parallel.torchrun import local_torchrun, torchrun
+from parallel.local_group import local_group
+from parallel.torchrun import torchrun
 from server import videos
 from server.config import ServeConfig
 from server.lifetime import die_with_parent
@@ -81,18 +82,18 @@ def _pids_with_env(entry: str) -> list[int]:
     return pids
 
 
-def torchrun_argv(config: ServeConfig) -> list[str]:
-    """torchrun (`parallel.torchrun`) with its options for this machine's share of the group: the whole
-    group, or with --nnodes > 1 one node of a c10d rendezvous that node 0's torchrun hosts at
-    --rdzv-endpoint."""
+def launcher_argv(config: ServeConfig) -> list[str]:
+    """The launcher of this machine's share of the group: the whole group (`parallel.local_group`), or with
+    --nnodes > 1 one node of a c10d rendezvous that node 0's torchrun (`parallel.torchrun`) hosts at
+    --rdzv-endpoint, no restarts (the supervisor restarts the group)."""
     if config.nnodes == 1:
-        return local_torchrun(config.nproc)
+        return local_group(config.nproc)
     host = "1" if config.node_rank == 0 else "0"  # node 0 serves the rendezvous store, the others join it
     return [
         *torchrun(), "--nnodes", str(config.nnodes), "--node-rank", str(config.node_rank), "--nproc-per-node",
         str(config.nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", config.rdzv_endpoint,
         "--rdzv-id", RDZV_ID, "--rdzv-conf", f"is_host={host},join_timeout={config.rdzv_timeout:g}",
-        *(["--local-addr", config.node_addr] if config.node_addr else []),
+        *(["--local-addr", config.node_addr] if config.node_addr else []), "--max-restarts", "0",
     ]  # fmt: skip
 
 
@@ -104,11 +105,10 @@ def compile_cache(config: ServeConfig) -> str:
 
 
 def launch_group(config: ServeConfig, group_id: str) -> subprocess.Popen:
-    """Start this machine's share of the worker group under torchrun, as a child that dies with this thread.
+    """Start this machine's share of the worker group (its launcher), as a child that dies with this thread.
     The ranks learn their node from ITHACA_NODE_RANK (the worker numbers them by it, see
     `parallel.launch.number_ranks_by_node`); ITHACA_GROUP_ID finds them again (`kill_group`)."""
-    cmd = [*torchrun_argv(config), "--max-restarts", "0",
-           "-m", "server.lifetime", "server.worker", *config.worker_argv()]  # fmt: skip
+    cmd = [*launcher_argv(config), "-m", "server.lifetime", "server.worker", *config.worker_argv()]
     log.info("starting worker group %s: %s", group_id, " ".join(cmd))
     env = (
         {"TORCHINDUCTOR_CACHE_DIR": compile_cache(config)}
@@ -129,7 +129,7 @@ def launch_group(config: ServeConfig, group_id: str) -> subprocess.Popen:
 
 
 def kill_group(proc: subprocess.Popen | None, group_id: str | None, sig=signal.SIGKILL) -> None:
-    """Signal torchrun and every rank of this machine (torchrun starts each rank in a session of its own)."""
+    """Signal the launcher and every rank of this machine (each rank is in a session of its own)."""
     if proc is None or proc.poll() is not None:
         return
     for pid in [proc.pid, *_pids_with_env(f"ITHACA_GROUP_ID={group_id}")]:
@@ -186,8 +186,8 @@ class NodeShare:
 
 class Supervisor:
     """Every store call rides out an outage (`PatientStore`, up to --store-outage-grace each); a round that
-    still fails is logged and tried again, so the supervisor thread never ends on an error (torchrun would
-    die with it), and a watchdog starts it again should it end anyway. While the store does not answer,
+    still fails is logged and tried again, so the supervisor thread never ends on an error (the launcher
+    would die with it), and a watchdog starts it again should it end anyway. While the store does not answer,
     /ready is 503 and /health says degraded, with the reason (`outage`)."""
 
     def __init__(self, config: ServeConfig, store: JobStore, on_fatal):
@@ -236,8 +236,8 @@ class Supervisor:
         kill_group(self._proc, self.group_id, sig)
 
     def _watchdog(self) -> None:
-        """Start the supervisor thread again whenever it ends while the server runs: torchrun died with it,
-        so the new thread's first round re-queues the group's job and launches another group."""
+        """Start the supervisor thread again whenever it ends while the server runs: the launcher died with
+        it, so the new thread's first round re-queues the group's job and launches another group."""
         while True:
             self._thread.join()
             if self._stopping.is_set() or self.fatal is not None:
@@ -257,7 +257,7 @@ class Supervisor:
                 log.exception("supervisor: a round failed; trying again")
             self._stopping.wait(0.2)
         if self._proc is not None:
-            self._proc.wait()  # `stop` ends the group; torchrun would die with this thread
+            self._proc.wait()  # `stop` ends the group; the launcher would die with this thread
 
     def _round(self) -> bool:
         """Launch the group, watch it, or deal with its exit; True: the server must end."""

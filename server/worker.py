@@ -1,6 +1,6 @@
-"""Worker group entry point, run on every rank under torchrun:
+"""Worker group entry point, run on every rank (the supervisor launches them, `server.supervisor`):
 
-    python -m torch.distributed.run --nproc-per-node 2 -m server.worker --data-dir ithaca-data --preset tiny
+    python -m parallel.local_group --nproc=2 -m server.worker --data-dir ithaca-data --preset tiny
 
 Each data-parallel replica serves its own jobs. Its leader polls the job store, claims the oldest queued
 job and broadcasts the spec over the replica's gloo control group (an image-to-video job's first frame read
@@ -15,8 +15,8 @@ handed to a thread (`PreviewWriter`) that encodes it as WebP, puts it in place (
 records its step, so a step never waits on it; a newer image replaces one not yet written, and a preview
 that fails is logged and left out. Before every claim the leader checks that its server is alive and has
 not asked it to drain (store flag or SIGTERM): otherwise it sends "stop" and the group exits, leaving queued
-jobs for the next group. Every rank dies with torchrun (parent-death signal). Any failure other than a
-cancel leaves the group's state unknown: every rank exits non-zero, so torchrun ends the group, and the
+jobs for the next group. Every rank dies with its launcher (parent-death signal). Any failure other than a
+cancel leaves the group's state unknown: every rank exits non-zero, so the launcher ends the group, and the
 supervisor re-queues the job (up to --max-attempts) and starts a fresh group; the first rank to fail records
 its error in the store for the supervisor's log and the job's final error.
 
@@ -394,7 +394,7 @@ def _for_other_ranks(message):
 
 
 def main(argv: list[str] | None = None) -> None:
-    die_with_parent()  # torchrun killed (even with SIGKILL): this rank goes too
+    die_with_parent()  # the launcher killed (even with SIGKILL): this rank goes too
     parser = argparse.ArgumentParser(prog="python -m server.worker", description=__doc__.split("\n\n")[0])
     add_arguments(parser, worker_only=True)
     config = from_args(parser.parse_args(argv))

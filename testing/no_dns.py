@@ -1,8 +1,8 @@
-"""A command run as on a box without DNS (tests/test_torchrun.py, bench/startup_dns.py): in new UTS, network
-and mount namespaces, with loopback up, a host name that is in no hosts file, and /etc/resolv.conf pointing
-at a DNS server on 127.0.0.1 that records every question and either refuses it at once or never answers
-(the resolver then waits out its timeout, as where no DNS server can be reached). Needs root, util-linux's
-`unshare` and iproute2's `ip` (`unavailable()` says why not, for a skip)."""
+"""A command run as on a box without DNS (tests/test_local_group.py, bench/startup_dns.py): in new UTS,
+network and mount namespaces, with loopback up, a host name that is in no hosts file, and /etc/resolv.conf
+pointing at a DNS server on 127.0.0.1 that records every question and either refuses it at once or never
+answers (the resolver then waits out its timeout, as where no DNS server can be reached). Needs root,
+util-linux's `unshare` and iproute2's `ip` (`unavailable()` says why not, for a skip)."""
 
 from __future__ import annotations
 

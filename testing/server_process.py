@@ -116,7 +116,7 @@ class ServerProcess:
 
 
 def group_pids(data_dir) -> tuple[list[int], list[int]]:
-    """(torchrun pids, rank pids) of the worker groups serving `data_dir`, found by their command lines."""
+    """(launcher pids, rank pids) of the worker groups serving `data_dir`, found by their command lines."""
     launchers, ranks = [], []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -125,7 +125,8 @@ def group_pids(data_dir) -> tuple[list[int], list[int]]:
         except OSError:
             continue
         if b"server.worker" in argv and str(data_dir).encode() in argv:
-            (launchers if b"parallel.torchrun" in argv else ranks).append(int(pid))
+            launcher = {b"parallel.local_group", b"parallel.torchrun"} & set(argv)
+            (launchers if launcher else ranks).append(int(pid))
     return launchers, ranks
 
 

@@ -1,5 +1,5 @@
 """The `ithaca` console script end to end: `generate` writes a playable MP4, bad input exits 2 with the field
-named, `parity --nproc 2` compares 1 rank with 2 (torchrun subprocesses, gloo on CPU) and prints each row as
+named, `parity --nproc 2` compares 1 rank with 2 (launched ranks, gloo on CPU) and prints each row as
 its run ends; a bad setting is one line and exit code 2 before any rank starts."""
 
 from __future__ import annotations
@@ -256,14 +256,14 @@ def test_serve_on_a_port_in_use_says_so_before_starting_workers(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no data dir: nothing started
 
 
-def test_degrees_are_checked_before_torchrun_starts(monkeypatch, capsys):
+def test_degrees_are_checked_before_any_rank_starts(monkeypatch, capsys):
     import dit.cli
     from server.cli import main
 
-    def no_torchrun(*args, **kwargs):
-        raise AssertionError("torchrun started")
+    def no_launch(*args, **kwargs):
+        raise AssertionError("ranks launched")
 
-    monkeypatch.setattr(dit.cli.subprocess, "call", no_torchrun)
+    monkeypatch.setattr(dit.cli.subprocess, "call", no_launch)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert main(["generate", "a fox", "--nproc", "4", "--ulysses", "3"]) == 2
     assert capsys.readouterr().err.startswith(
@@ -311,9 +311,9 @@ def test_help_of_every_command_and_subcommand_prints():
 
 
 def test_help_and_the_api_import_no_torch():
-    """`ithaca --help` and the API process (all of an API-only box's: `--no-workers`) read settings, presets
-    and layouts only: `import torch` (seconds) is left to what runs a model (`dit`/`parallel` export their
-    names lazily, parallel.lazy)."""
+    """`ithaca --help` and the API app (an API-only box's start, `--no-workers`) read settings, presets and
+    layouts only: `import torch` (seconds) is left to what needs a model (`dit`/`parallel` export their names
+    lazily, parallel.lazy; the prompt tokenizer loads the model's family at the first prompt)."""
     code = (
         "import json, sys, server.app, server.cli\n"
         "try:\n    server.cli.main(['serve', '--help'])\n"

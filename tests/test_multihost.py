@@ -83,20 +83,20 @@ def test_layout_across_nodes_puts_ulysses_inside_a_node_and_the_ring_across():
 
 
 def test_torchrun_joins_node_zeros_rendezvous():
-    from parallel.torchrun import local_torchrun
-    from server.supervisor import torchrun_argv
+    from parallel.local_group import local_group
+    from server.supervisor import launcher_argv
 
-    assert torchrun_argv(_config(["--nproc", "4"])) == local_torchrun(4)
+    assert launcher_argv(_config(["--nproc", "4"])) == local_group(4)  # one machine: no torchrun
     node1 = _config(["--nproc", "2", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "h0:29400",
                      "--node-addr", "h1", "--no-api"])  # fmt: skip
-    argv = torchrun_argv(node1)
+    argv = launcher_argv(node1)
     assert " ".join(argv) == (
         f"{sys.executable} -m parallel.torchrun --nnodes 2 --node-rank 1 --nproc-per-node 2 "
         "--rdzv-backend c10d --rdzv-endpoint h0:29400 --rdzv-id ithaca "
-        "--rdzv-conf is_host=0,join_timeout=600 --local-addr h1"
+        "--rdzv-conf is_host=0,join_timeout=600 --local-addr h1 --max-restarts 0"
     )
     node0 = _config(["--nproc", "2", "--nnodes", "2", "--rdzv-endpoint", "h0:29400", "--rdzv-timeout", "30"])
-    assert "is_host=1,join_timeout=30" in torchrun_argv(node0) and "--local-addr" not in torchrun_argv(node0)
+    assert "is_host=1,join_timeout=30" in launcher_argv(node0) and "--local-addr" not in launcher_argv(node0)
 
 
 def test_a_node_without_the_api_relaunches_with_a_backoff_until_its_budget(monkeypatch):

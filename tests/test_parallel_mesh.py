@@ -76,8 +76,9 @@ def test_world_one_mesh_and_bad_degrees():
 
 def test_one_rank_meets_no_store():
     """A one-rank group (`serve --nproc 1`) makes its process group on an in-memory store: under torchrun
-    the rank would be a client of the launcher's store, but nothing listens at MASTER_ADDR:MASTER_PORT
-    here, and it starts all the same, without a connection whose client would look up a loopback name."""
+    the rank would be a client of the launcher's store (under parallel.local_group, rank 0 would serve one),
+    but nothing listens at MASTER_ADDR:MASTER_PORT here, and it starts all the same, without a connection
+    whose client would look up a loopback name."""
     import os
     import socket
     import subprocess

@@ -2,7 +2,7 @@
 keeps only the checkpoints of jobs that may run again, and a server killed mid-job (API and group together)
 is followed by one that resumes the job (with its LoRA) from its checkpoint and ignores, with a log line, a
 checkpoint made for another request (the same one with another LoRA set included) or malformed. Real
-servers (uvicorn, torchrun, 1 rank) running the FAKE INSTANT PIPELINE (testing/fake_pipeline.py, slowed by
+servers (uvicorn, the launcher, 1 rank) running the FAKE INSTANT PIPELINE (testing/fake_pipeline.py, slowed by
 ITHACA_FAKE_STEP_S); tests/test_server_faults.py kills a rank of the real tiny model and compares the resumed
 video's frames with an uninterrupted run's."""
 

@@ -52,7 +52,7 @@ def test_rank_killed_mid_job_resumes_and_job_time_limit(data_dir):
         group = srv.client.get("/ready").json()["group"]
         pids = group_pids(data_dir)[1]
         assert len(pids) == 2, pids
-        os.kill(max(pids), signal.SIGKILL)  # one rank (not the API, not torchrun)
+        os.kill(max(pids), signal.SIGKILL)  # one rank (not the API, not the launcher)
         group = _wait_new_group(srv, group)
         assert srv.client.get("/ready").json()["restarts"] == 1
         resumed = srv.wait_job(job["id"], timeout=60)

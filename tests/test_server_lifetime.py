@@ -1,7 +1,7 @@
 """Worker groups never outlive their server, SIGTERM stops claiming at once, a cancel after the last step is
-honoured, and job phases and state-change log lines. Real processes (uvicorn, torchrun, 2 gloo ranks) running
-the FAKE INSTANT PIPELINE (testing/fake_pipeline.py: no model work, a slow decode by ITHACA_FAKE_DECODE_S),
-so the test is about processes and the store, not the model."""
+honoured, and job phases and state-change log lines. Real processes (uvicorn, the launcher, 2 gloo ranks)
+running the FAKE INSTANT PIPELINE (testing/fake_pipeline.py: no model work, a slow decode by
+ITHACA_FAKE_DECODE_S), so the test is about processes and the store, not the model."""
 
 from __future__ import annotations
 
@@ -31,48 +31,48 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_killed_torchrun_or_api_takes_its_ranks_along(tmp_path):
+def test_a_killed_launcher_or_api_takes_its_ranks_along(tmp_path):
     srv = ServerProcess(tmp_path, "--pipeline-module", FAKE, restarts=True)
     try:
         srv.wait()
         (launcher,), ranks = group_pids(tmp_path)
         assert len(ranks) == 2
         os.kill(launcher, signal.SIGKILL)
-        took = wait_until(lambda: not any(map(_alive, ranks)), 10, "ranks exit after torchrun is killed")
-        print(f"ranks gone {took:.2f} s after kill -9 of torchrun")
+        took = wait_until(lambda: not any(map(_alive, ranks)), 10, "ranks exit after the launcher is killed")
+        print(f"ranks gone {took:.2f} s after kill -9 of the launcher")
         srv.wait()  # the supervisor starts a fresh group
         launchers, ranks = group_pids(tmp_path)
         os.kill(srv.proc.pid, signal.SIGKILL)
         took = wait_until(
             lambda: not any(map(_alive, launchers + ranks)), 10, "the group exits after the API is killed"
         )
-        print(f"torchrun and ranks gone {took:.2f} s after kill -9 of the API")
+        print(f"launcher and ranks gone {took:.2f} s after kill -9 of the API")
     finally:
         srv.stop()
 
 
-def test_a_rank_goes_with_its_torchrun_even_one_killed_before_the_rank_could_ask():
+def test_a_rank_goes_with_its_launcher_even_one_killed_before_the_rank_could_ask():
     """`python -m server.lifetime MODULE` (how the supervisor starts each rank): with its parent killed, it
-    goes too; with its parent gone before it could ask for the signal (a torchrun killed while its ranks
-    were starting), it does not even start MODULE. `sh` stands for torchrun, this test for the server."""
+    goes too; with its parent gone before it could ask for the signal (a launcher killed while its ranks
+    were starting), it does not even start MODULE. `sh` stands for the launcher, this test for the server."""
     rank = f"{sys.executable} -m server.lifetime timeit -n 1 -r 1 \"print('running', flush=True); " \
            "import time; time.sleep(60)\""  # fmt: skip
     env = os.environ | {"ITHACA_SUPERVISOR_PID": str(os.getpid())}
     for script, starts in ((f"{rank} & echo $!; wait", True), (f"(sleep 0.5; exec {rank}) & echo $!", False)):
-        torchrun = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+        launcher = subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE, text=True, env=env)
         try:
-            pid = int(torchrun.stdout.readline())
+            pid = int(launcher.stdout.readline())
             if starts:
-                assert torchrun.stdout.readline() == "running\n"
-                os.kill(torchrun.pid, signal.SIGKILL)
+                assert launcher.stdout.readline() == "running\n"
+                os.kill(launcher.pid, signal.SIGKILL)
             took = wait_until(lambda p=pid: not _alive(p), 10, "the rank exits")
             print(
                 f"rank gone {took:.2f} s after its parent ({'killed' if starts else 'gone before it asked'})"
             )
-            assert torchrun.stdout.read() == ""  # nothing more: the second one never ran MODULE
+            assert launcher.stdout.read() == ""  # nothing more: the second one never ran MODULE
         finally:
-            torchrun.kill()
-            torchrun.wait()
+            launcher.kill()
+            launcher.wait()
 
 
 @pytest.fixture(scope="module")

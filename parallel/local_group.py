@@ -1,0 +1,164 @@
+"""One machine's ranks without torchrun: `local_group(N) + ["-m", MODULE, ARGS...]` (or a script and its
+arguments) starts N processes joined as torchrun joins them, and ends them all when one fails.
+
+torch's launcher imports torch and sets up an elastic agent before the first rank starts: 2.5 s of wall and
+2.3 s of CPU for a trivial rank on a 2-core CPU box, paid again at every worker group start and restart and
+before every `generate --nproc N`. This launcher imports no torch (0.1 s to a one-rank `python -c pass`, the
+rank included) and gives each rank torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+GROUP_RANK, MASTER_ADDR/PORT; OMP_NUM_THREADS=1 unless set, as torchrun sets it for more than one rank), with
+loopback as the rendezvous address and gloo's interface (GLOO_SOCKET_IFNAME=lo unless set), so nothing looks
+the machine's name up (README, "Start-up without DNS"); it times the loopback-name lookup torch's store client
+makes and warns when no DNS server answers. The rendezvous store is rank 0's: this launcher binds and listens
+on a loopback port the kernel picks and hands the socket to rank 0 (ITHACA_STORE_FD), whose
+`parallel.init_parallel` serves the store on it, so no other process can take the port between its choice and
+its use; the other ranks connect to it (ITHACA_LOCAL_GROUP tells `init_parallel` to). Ranks join through
+`parallel.init_parallel`, not a plain `env://` (which would bind the port again).
+
+Like torchrun: each rank runs in a session of its own; a rank that fails (a non-zero exit, a signal) has the
+others sent SIGTERM, then SIGKILL after TERM_GRACE_S, and the launcher exits 1; SIGTERM, SIGINT or SIGHUP to
+the launcher is passed on to every rank as SIGTERM. A group across machines still uses torchrun's c10d
+rendezvous (`parallel.torchrun`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+LOOPBACK = "127.0.0.1"
+LOOPBACK_INTERFACE = "lo"  # Linux's name for it
+MAPPED_LOOPBACK = "::ffff:127.0.0.1"  # the address whose name torch's store client looks up
+SLOW_LOOKUP_S = 1.0
+TERM_GRACE_S = 30.0  # torchrun's: a rank sent SIGTERM is killed this long after
+POLL_S = 0.05
+
+
+def _say(text: str) -> None:
+    print(f"parallel.local_group: warning: {text}", file=sys.stderr, flush=True)
+
+
+def time_loopback_lookup(warn=_say, slow_s: float = SLOW_LOOKUP_S) -> float:
+    """Look up the name of the loopback address as torch's store client does at every connection, and warn
+    when it took longer than `slow_s` (a DNS server that does not answer); returns the seconds."""
+    start = time.monotonic()
+    try:
+        socket.getnameinfo((MAPPED_LOOPBACK, 0), 0)
+    except OSError:
+        pass  # no name, or no answer: the time is what counts
+    seconds = time.monotonic() - start
+    if seconds > slow_s:
+        warn(f"looking up the name of {MAPPED_LOOPBACK} took {seconds:.1f} s: no DNS server answers here, "
+             "and torch's store client waits as long at every rank's start; add the line "
+             f"'{MAPPED_LOOPBACK} ipv4-loopback' to /etc/hosts (README, 'Start-up without DNS')")  # fmt: skip
+    return seconds
+
+
+def local_group(nproc: int) -> list[str]:
+    """The command that starts `nproc` ranks on this machine; append `-m MODULE ARGS...` or a script."""
+    return [sys.executable, "-m", "parallel.local_group", f"--nproc={nproc}"]
+
+
+def rank_env(rank: int, nproc: int, port: int | None) -> dict[str, str]:
+    """torchrun's variables for `rank` of a one-machine group (port None: one rank, no store to meet at)."""
+    return dict(RANK=str(rank), LOCAL_RANK=str(rank), ROLE_RANK=str(rank), WORLD_SIZE=str(nproc),
+                LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK="0", GROUP_WORLD_SIZE="1", MASTER_ADDR=LOOPBACK,
+                MASTER_PORT=str(port or 0), ITHACA_LOCAL_GROUP="1")  # fmt: skip
+
+
+class Group:
+    """The ranks of one launch: `start()`, then `wait()` for the launcher's exit code."""
+
+    def __init__(self, nproc: int, command: list[str]):
+        self.nproc, self.command = nproc, command
+        self.procs: list[subprocess.Popen] = []
+        self.stopping: int | None = None  # the signal the launcher was asked to stop by
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        # gloo finds the address it listens on by resolving the host name unless given an interface (a
+        # resolver timeout where no DNS answers), even in a one-rank group's groups
+        env.setdefault("GLOO_SOCKET_IFNAME", LOOPBACK_INTERFACE)
+        listener = None
+        if self.nproc > 1:
+            env.setdefault("OMP_NUM_THREADS", "1")
+            listener = socket.create_server((LOOPBACK, 0), backlog=max(128, self.nproc))
+            threading.Thread(target=time_loopback_lookup, name="loopback-lookup", daemon=True).start()
+        port = listener.getsockname()[1] if listener else None
+        try:
+            for rank in range(self.nproc):
+                if self.stopping is not None:  # a signal while starting: start no more
+                    break
+                mine = env | rank_env(rank, self.nproc, port)
+                fds = ()
+                if listener is not None and rank == 0:
+                    fds = (listener.fileno(),)
+                    mine["ITHACA_STORE_FD"] = str(listener.fileno())
+                proc = subprocess.Popen(self.command, env=mine, pass_fds=fds, start_new_session=True)
+                self.procs.append(proc)
+        except BaseException:
+            self.terminate(signal.SIGKILL)
+            raise
+        finally:
+            if listener is not None:
+                listener.close()  # rank 0 holds it now
+        if self.stopping is not None:
+            self.terminate()
+
+    def terminate(self, sig: int = signal.SIGTERM) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.kill(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def stop(self, signum: int, _frame=None) -> None:
+        self.stopping = signum
+        self.terminate()
+
+    def wait(self) -> int:
+        while True:
+            codes = [proc.poll() for proc in self.procs]
+            failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+            if failed or self.stopping is not None:
+                break
+            if all(code == 0 for code in codes):
+                return 0
+            time.sleep(POLL_S)
+        if failed and self.stopping is None:
+            rank, code = failed[0]
+            how = f"signal {-code}" if code < 0 else f"exit code {code}"
+            print(f"parallel.local_group: rank {rank} ended with {how}; stopping the others", file=sys.stderr,
+                  flush=True)  # fmt: skip
+            self.terminate()
+        deadline = time.monotonic() + TERM_GRACE_S
+        while any(proc.poll() is None for proc in self.procs) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        self.terminate(signal.SIGKILL)
+        for proc in self.procs:
+            proc.wait()
+        return 128 + self.stopping if self.stopping is not None else 1
+
+
+USAGE = "usage: python -m parallel.local_group --nproc=N (-m MODULE | SCRIPT) [ARGS...]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    nproc, command = (argv[0].removeprefix("--nproc="), argv[1:]) if argv else ("", [])
+    if not (argv and argv[0].startswith("--nproc=") and nproc.isdigit() and int(nproc) >= 1 and command):
+        print(f"{USAGE}\n{local_group.__doc__}", file=sys.stderr)
+        return 2
+    group = Group(int(nproc), [sys.executable, *command])
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, group.stop)
+    group.start()
+    return group.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""One machine's ranks (parallel.local_group): they meet through rank 0's store on the launcher's socket,
+with torchrun's environment, without looking any host name up (on a box without DNS, testing/no_dns.py: a
+host name in no hosts file, a DNS server that refuses every question at once; torch's own launcher hangs
+there, handing the ranks the unresolvable name); a rank that fails ends the others, and a signal to the
+launcher reaches every rank."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from parallel.local_group import local_group
+from testing.no_dns import HOST, run_without_dns, unavailable
+
+RANK = """
+import os, torch, torch.distributed as dist, parallel
+parallel.init_parallel()
+t = torch.tensor([dist.get_rank() + 1.0])
+dist.all_reduce(t)
+names = "RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE MASTER_ADDR OMP_NUM_THREADS".split()
+with open(os.path.join(os.path.dirname(__file__), f"rank{dist.get_rank()}.txt"), "w") as f:
+    f.write(" ".join(os.environ.get(n, "-") for n in names) + f" {float(t)}")
+dist.destroy_process_group()  # a gloo group left to the interpreter's exit may abort
+"""
+
+
+def test_one_machines_ranks_meet_without_host_name_lookups(tmp_path):
+    if reason := unavailable():
+        pytest.skip(f"a box without DNS cannot be made here: {reason}")
+    (tmp_path / "rank.py").write_text(RANK)
+    run = run_without_dns([*local_group(2), str(tmp_path / "rank.py")], tmp_path, timeout=60)
+    assert run.rc == 0, run.err
+    got = [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)]
+    assert got == [f"{r} {r} 2 2 127.0.0.1 1 3.0" for r in (0, 1)]
+    # torch's C++ store client asks for a loopback address's name (PTR 1.0.0.127.in-addr.arpa): not ours
+    assert not [q for q in run.asked if q[0].split(".")[0] == HOST], run.asked
+    # one rank: no store at all, and gloo told its interface (it would look the host name up otherwise)
+    one = run_without_dns([*local_group(1), str(tmp_path / "rank.py")], tmp_path, timeout=60)
+    assert one.rc == 0 and one.asked == [], (one.err, one.asked)
+    assert (tmp_path / "rank0.txt").read_text().startswith("0 0 1 1 127.0.0.1 ")
+
+
+SLEEPER = """
+import os, signal, sys, time
+rank = int(os.environ["RANK"])
+signal.signal(signal.SIGTERM, lambda *_: (open(f"{sys.argv[1]}/term{rank}", "w").close(), sys.exit(0)))
+open(f"{sys.argv[1]}/up{rank}", "w").close()
+if rank == int(sys.argv[2]):  # once every rank is up (a rank not yet up would die of the SIGTERM)
+    while not all(os.path.exists(f"{sys.argv[1]}/up{r}") for r in range(3)):
+        time.sleep(0.01)
+    sys.exit(3)
+time.sleep(60)
+"""
+
+
+def _start(tmp_path, failing: int) -> subprocess.Popen:
+    (tmp_path / "rank.py").write_text(SLEEPER)
+    return subprocess.Popen([*local_group(3), str(tmp_path / "rank.py"), str(tmp_path), str(failing)],
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def test_a_failed_rank_ends_the_others_and_a_signal_reaches_every_rank(tmp_path):
+    launcher = _start(tmp_path, failing=1)
+    assert launcher.wait(timeout=30) == 1
+    assert "rank 1 ended with exit code 3; stopping the others" in launcher.stderr.read()
+    assert sorted(p.name for p in tmp_path.glob("term*")) == ["term0", "term2"]
+
+    for p in [*tmp_path.glob("term*"), *tmp_path.glob("up*")]:
+        p.unlink()
+    launcher = _start(tmp_path, failing=-1)
+    deadline = time.monotonic() + 30
+    while len(list(tmp_path.glob("up*"))) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    launcher.send_signal(signal.SIGTERM)
+    assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
+    assert sorted(p.name for p in tmp_path.glob("term*")) == ["term0", "term1", "term2"]
+
+
+def test_a_slow_loopback_lookup_is_named_in_the_log(monkeypatch):
+    """The launcher times the lookup torch's store client makes at every rank's start (a DNS server that
+    does not answer makes it wait the resolver's timeout) and says what to add to /etc/hosts."""
+    import socket
+
+    from parallel import local_group as launcher
+
+    said = []
+    monkeypatch.setattr(socket, "getnameinfo", lambda *a: time.sleep(0.2) or ("ipv4-loopback", "0"))
+    assert launcher.time_loopback_lookup(said.append, slow_s=0.1) >= 0.2
+    assert len(said) == 1 and "'::ffff:127.0.0.1 ipv4-loopback' to /etc/hosts" in said[0]
+    monkeypatch.setattr(socket, "getnameinfo", lambda *a: ("ipv4-loopback", "0"))
+    launcher.time_loopback_lookup(said.append, slow_s=0.1)
+    assert len(said) == 1
+
+
+def test_a_bad_command_line_says_how_to_call_it():
+    for argv in ([], ["--nproc=0", "x.py"], ["--nproc=2"], ["--nproc", "2", "x.py"]):
+        proc = subprocess.run([sys.executable, "-m", "parallel.local_group", *argv], capture_output=True,
+                              text=True, timeout=30, env=os.environ)  # fmt: skip
+        assert proc.returncode == 2 and proc.stderr.startswith("usage: python -m parallel.local_group"), argv
