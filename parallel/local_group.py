@@ -5,14 +5,15 @@ torch's launcher imports torch and sets up an elastic agent before the first ran
 2.3 s of CPU for a trivial rank on a 2-core CPU box, paid again at every worker group start and restart and
 before every `generate --nproc N`. This launcher imports no torch (0.1 s to a one-rank `python -c pass`, the
 rank included) and gives each rank torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-GROUP_RANK, MASTER_ADDR/PORT; OMP_NUM_THREADS=1 unless set, as torchrun sets it for more than one rank), with
-loopback as the rendezvous address and gloo's interface (GLOO_SOCKET_IFNAME=lo unless set), so nothing looks
-the machine's name up (README, "Start-up without DNS"); it times the loopback-name lookup torch's store client
-makes and warns when no DNS server answers. The rendezvous store is rank 0's: this launcher binds and listens
-on a loopback port the kernel picks and hands the socket to rank 0 (ITHACA_STORE_FD), whose
-`parallel.init_parallel` serves the store on it, so no other process can take the port between its choice and
-its use; the other ranks connect to it (ITHACA_LOCAL_GROUP tells `init_parallel` to). Ranks join through
-`parallel.init_parallel`, not a plain `env://` (which would bind the port again).
+GROUP_RANK, MASTER_ADDR/PORT; OMP_NUM_THREADS=1 unless set, as torchrun sets it for more than one rank;
+TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless set, as torchrun), with loopback as the rendezvous address and gloo's
+interface (GLOO_SOCKET_IFNAME=lo unless set), so nothing looks the machine's name up (README, "Start-up
+without DNS"); it times the loopback-name lookup torch's store client makes and warns when no DNS server
+answers. The rendezvous store is rank 0's: this launcher binds and listens on a loopback port the kernel picks
+and hands the socket to rank 0 (ITHACA_STORE_FD), whose `parallel.init_parallel` serves the store on it, so no
+other process can take the port between its choice and its use; the other ranks connect to it
+(ITHACA_LOCAL_GROUP tells `init_parallel` to). Ranks join through `parallel.init_parallel`, not a plain
+`env://` (which would bind the port again).
 
 Like torchrun: each rank runs in a session of its own; a rank that fails (a non-zero exit, a signal) has the
 others sent SIGTERM, then SIGKILL after TERM_GRACE_S, and the launcher exits 1; SIGTERM, SIGINT or SIGHUP to
@@ -82,6 +83,8 @@ class Group:
         # gloo finds the address it listens on by resolving the host name unless given an interface (a
         # resolver timeout where no DNS answers), even in a one-rank group's groups
         env.setdefault("GLOO_SOCKET_IFNAME", LOOPBACK_INTERFACE)
+        # as torchrun: an NCCL error or timeout ends the rank (the group then ends, and is started again)
+        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
         listener = None
         if self.nproc > 1:
             env.setdefault("OMP_NUM_THREADS", "1")
