@@ -2,7 +2,7 @@
 
 Spawning a fresh group per test costs seconds of `import torch` (and each rank's later imports and fits);
 the pool starts each world size once and runs module-level functions on every rank, and its ranks fork
-from a server process that imported torch once (see `_context`). The pools of 2 and 4
+from a server process that imported torch once (`parallel.launch.forked_context`). The pools of 2 and 4
 ranks, which most tests take in turns, stay up side by side, with one of any other size beside them. Every
 collective runs under a short gloo timeout, and every call under a wall-clock deadline, so a mismatch fails
 the test instead of hanging it. After any failure the pool is torn down and the next call starts a fresh one,
@@ -12,13 +12,14 @@ so one broken group never poisons later tests.
 from __future__ import annotations
 
 import io
-import multiprocessing as mp
 import os
 import queue
 import socket
 import time
 import traceback
 from datetime import timedelta
+
+from parallel.launch import forked_context
 
 COLLECTIVE_TIMEOUT_S = 15.0
 
@@ -74,20 +75,10 @@ def _worker(rank: int, world_size: int, port: int, tasks, results) -> None:
     dist.destroy_process_group()
 
 
-def _context():
-    """Forkserver, torch preloaded: a fresh single-threaded process that imported torch (safe to fork;
-    nothing in it touched a device or started a thread) instead of a spawn per rank, whose `import torch`
-    cost 2.3 s of CPU each, and the suite starts dozens (tests/test_parallel_attention.py,
-    test_hunyuan_parallel.py and test_wan_parallel.py: 67 s spawned, 26 s forked)."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed"])
-    return ctx
-
-
 class DistPool:
     def __init__(self, world_size: int):
         self.world_size = world_size
-        ctx = _context()
+        ctx = forked_context()
         port = _free_port()
         self._tasks = [ctx.Queue() for _ in range(world_size)]
         self._results = ctx.Queue()
