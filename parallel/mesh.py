@@ -77,7 +77,7 @@ def _rendezvous(timeout: float) -> dict:
     """`init_process_group`'s store, rank and world size; empty under torchrun (its `env://`)."""
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ.get("RANK", 0))
     if world == 1:  # one rank meets no one: an in-memory store spares a TCP store's client its loopback
-        # name lookup (a resolver timeout where no DNS answers; parallel/torchrun.py)
+        # name lookup (a resolver timeout where no DNS answers; parallel/local_group.py)
         return {"store": dist.HashStore(), "rank": 0, "world_size": 1}
     if "ITHACA_LOCAL_GROUP" not in os.environ:
         return {}
