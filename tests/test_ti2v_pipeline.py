@@ -81,8 +81,12 @@ def test_latents_match_diffusers(folder, ours, monkeypatch, guidance, with_image
     rel = ((got - want).abs().max() / want.abs().max()).item()
     print(f"image {with_image}, guidance {guidance}: latents vs diffusers max rel {rel:.2e}")
     assert rel <= 1e-4, rel
-    if with_image:  # the final latents' first frame is the image's, exactly
-        assert torch.equal(got[:, :, :1], want[:, :, :1])
+    if with_image:  # the final latents' first frame is the image's latents exactly, and diffusers' VAE's
+        own = ours.image_condition(ours.validate(req), torch.float32)["first_frame"]
+        assert own.shape == got[:, :, :1].shape and torch.equal(got[:, :, :1], own)
+        first = ((own - want[:, :, :1]).abs().max() / want[:, :, :1].abs().max()).item()
+        print(f"first frame vs diffusers' max rel {first:.2e}")
+        assert first <= 1e-5, first  # the VAEs' RMS norms round apart (dit.wan.vae_layers)
 
 
 def test_the_image_is_heard_and_optional(ours):

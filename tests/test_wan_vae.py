@@ -15,7 +15,7 @@ import torch
 from dit.wan.vae import WAN22_Z_DIM, read_vae, save_vae, tiny_config, tiny_vae
 from testing.wan_vae import diffusers_wan_vae
 
-ATOL = 1e-5  # float32 on outputs in [-1, 1] (measured: equal bit for bit)
+ATOL = 1e-5  # float32 on outputs in [-1, 1] (measured: 1.8e-6 decoded, 3.7e-7 encoded: RMS norm rounding)
 LAYOUTS = [16, WAN22_Z_DIM]  # Wan2.1's tiny layout; Wan2.2's
 
 

@@ -55,7 +55,11 @@ class RMSNorm(nn.Module):
         self.gamma = nn.Parameter(torch.ones(dim, *(1,) * (2 if images else 3)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.normalize(x.float(), dim=1).to(x.dtype) * self.scale * self.gamma
+        # F.normalize's x / max(‖x‖, 1e-12), from the sum of squares: the CPU's norm over the channel dim
+        # took 3-8× as long (the tiny model's decode: 226 → 165 ms); 2.5e-7 from it, relative
+        x32 = x.float()
+        inverse = torch.rsqrt((x32 * x32).sum(1, keepdim=True)).clamp_max(1e12)
+        return (x32 * inverse).to(x.dtype) * self.scale * self.gamma
 
 
 class Resample(nn.Module):
