@@ -3,12 +3,9 @@
 
 from parallel.lazy import lazy_exports
 
-_EXPORTS = {
-    "ModelFamily": "dit.families",
-    "register_family": "dit.families",
-    "build_random": "dit.loading",
-    "load_transformer": "dit.loading",
-    "parallelize": "dit.sequence_parallel",
+_MODULES = {
+    "dit.families": ("ModelFamily", "register_family"),
+    "dit.loading": ("build_random", "load_transformer"),
+    "dit.sequence_parallel": ("parallelize",),
 }
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _MODULES)

@@ -22,6 +22,4 @@ _MODULES = {
     "parallel.probe": ("ProbeResult", "ProbeRow", "probe_comm"),
     "parallel.sharding": ("SequenceShardInfo", "gather_sequence", "real_tokens", "shard_sequence"),
 }
-_EXPORTS = {name: module for module, names in _MODULES.items() for name in names}
-__all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _MODULES)

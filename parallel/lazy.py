@@ -8,9 +8,10 @@ import importlib
 import sys
 
 
-def lazy_exports(package: str, exports: dict[str, str]):
-    """`(__getattr__, __dir__)` for `package`'s `__init__`: `exports` maps a name to the submodule that
-    defines it; any other name is the submodule of that name, as an `__init__` that imported it would have."""
+def lazy_exports(package: str, modules: dict[str, tuple[str, ...]]):
+    """`(__getattr__, __dir__, __all__)` for `package`'s `__init__`: `modules` maps a submodule to the names
+    it exports; any other name is the submodule of that name, as an `__init__` that imported it would have."""
+    exports = {name: module for module, names in modules.items() for name in names}
 
     def __getattr__(name: str):
         module = exports.get(name)
@@ -29,4 +30,4 @@ def lazy_exports(package: str, exports: dict[str, str]):
     def __dir__() -> list[str]:
         return sorted(set(vars(sys.modules[package])) | set(exports))
 
-    return __getattr__, __dir__
+    return __getattr__, __dir__, sorted(exports)
