@@ -20,13 +20,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from parallel.local_group import local_group  # noqa: E402
 from testing.no_dns import run_without_dns, unavailable  # noqa: E402
 
-# torch's launcher: the plain env:// rendezvous; parallel.local_group's ranks join through init_parallel
 RANK = """
-import torch, torch.distributed as dist{mesh}
-dist.init_process_group("gloo") if {plain} else parallel.init_parallel()
+import torch, torch.distributed as dist
+{join}
 dist.all_reduce(torch.ones(1))
 dist.destroy_process_group()  # a gloo group left to the interpreter's exit may abort
 """
+# how each script's ranks meet: torch's launcher, env://; parallel.local_group's, through init_parallel
+JOIN = {"plain": 'dist.init_process_group("gloo")', "rank": "import parallel; parallel.init_parallel()"}
 
 
 def _serve_once(data_dir: str, timeout: float) -> None:
@@ -76,9 +77,9 @@ def main() -> None:
     for name, command in commands.items():
         cells = []
         with tempfile.TemporaryDirectory() as d:
-            for script, plain in (("plain", True), ("rank", False)):
+            for script, join in JOIN.items():
                 with open(f"{d}/{script}.py", "w") as f:
-                    f.write(RANK.format(mesh="" if plain else ", parallel", plain=plain))
+                    f.write(RANK.format(join=join))
             start = time.monotonic()
             try:
                 done = subprocess.run(command(d), capture_output=True, text=True, timeout=args.timeout)
