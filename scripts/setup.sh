@@ -6,15 +6,16 @@ cd "$(dirname "$0")/.."
 [ -d .venv ] || python3 -m venv .venv
 . .venv/bin/activate
 # pip takes torch: it looks in the machine's own wheel folders (the CPU build lies there), uv does not.
-# No bytecode compiled ahead (nor by uv below): a module's is written when it is first imported.
-pip install -q --no-compile "${ITHACA_TORCH_SPEC:-torch==2.13.0}"
+# Bytecode is compiled at install, pip's and uv's (--compile-bytecode) alike: where PYTHONDONTWRITEBYTECODE is
+# set (the project's machines), a module without it is compiled again at every import in every process.
+pip install -q "${ITHACA_TORCH_SPEC:-torch==2.13.0}"
 # The rest from PyPI through uv (the same versions as pip's resolver picks, in a seventh of pip's time), with
 # torch held at the build pip installed, so no dependency can swap it for another.
 pip install -q --no-compile uv
 python -c "from importlib.metadata import version; print('torch==' + version('torch'))" > .venv/torch-constraint.txt
-uv pip install -q -c .venv/torch-constraint.txt -e '.[test]'
+uv pip install -q --compile-bytecode -c .venv/torch-constraint.txt -e '.[test]'
 # CPU torch ships no Triton (a CUDA torch brings its own): the tests run the kernels under Triton 3.9's
 # interpreter, and compile them for Hopper with the GPU image's Triton, 3.6.0, kept apart in .venv/hopper-triton
 # (tests/test_hopper_compile.py).
-python -c "import triton" 2>/dev/null || uv pip install -q triton==3.9.0
-[ -d .venv/hopper-triton/triton ] || uv pip install -q --no-deps --target .venv/hopper-triton triton==3.6.0
+python -c "import triton" 2>/dev/null || uv pip install -q --compile-bytecode triton==3.9.0
+[ -d .venv/hopper-triton/triton ] || uv pip install -q --compile-bytecode --no-deps --target .venv/hopper-triton triton==3.6.0
