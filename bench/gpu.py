@@ -13,12 +13,15 @@ of the device tool with `carry: [".whl"]` and this command:
 Sections run in order, correctness first; each has a time budget and is skipped (with the reason) when it
 would not fit in what is left of --budget (540 s). The budgets add up to about 1000 s, so the whole kit takes
 two device calls (`--only` splits it: SPLIT below, in order; `modelled` reads the forward sections' figures,
-so it stays in their call). gpu.md (a section ready to paste into bench/RESULTS.md)
-and gpu.json are rewritten in --out after every section, so a run cut short still leaves its numbers; the
-Markdown is printed last. A section that leaves the CUDA context unusable (an illegal memory access in a
-kernel) fails alone: the kit goes on with the rest in a fresh process (`--resume`). Without CUDA every
-section says so, unless --cpu-smoke runs them all at toy sizes on the CPU (seconds: the numbers prove the
-code runs, not how fast; tests/test_bench_gpu.py runs it).
+so it stays in their call). A session lent 15 minutes of device time, the machine's start included, makes the
+second call at once, while the machine is warm, with --budget at what `status` says is left less a minute: the
+second call's sections come in the open issues' order, so what does not fit is the least needed (the last H200
+run took 300 s for the 15 sections it had then). gpu.md (a section ready to paste into bench/RESULTS.md) and
+gpu.json are rewritten in --out after every section, so a run cut short still leaves its numbers; the Markdown
+is printed last. A section that leaves the CUDA context unusable (an illegal memory access in a kernel) fails
+alone: the kit goes on with the rest in a fresh process (`--resume`). Without CUDA every section says so,
+unless --cpu-smoke runs them all at toy sizes on the CPU (seconds: the numbers prove the code runs, not how
+fast; tests/test_bench_gpu.py runs it).
 """
 
 from __future__ import annotations
@@ -78,9 +81,19 @@ SECTIONS = (
     Section("wan-14b", "Wan2.1-14B forward, ours vs diffusers, bf16 and FP8", gpu_speed.wan_14b, 180),
     Section("modelled", "MODELLED 8-GPU step time", gpu_modelled.modelled, 1),
     Section("overlap", "overlapped Ulysses, MODELLED exchanges", gpu_modelled.overlap, 10),
+    # the second call: issue 28's sections first (the job by phase, the MP4 after the last frame, the decode),
+    # then what was measured before or belongs to closed issues, so a short call cuts the least needed
     Section("job", "Wan2.1-1.3B job by phase", gpu_speed.job_phases, 40),
+    # ~80 s on an H200: the 40-step CFG row times 2 steps and multiplies (bench/gpu_whole.py)
+    Section("whole-job", "Wan2.1-14B 480p whole job by phase, 1 GPU + MODELLED 8", gpu_whole.whole_job, 100),
     # ~3.3 s per float32 decode (H100), 3 per row: 3 dtypes + 4 rows of settings
     Section("vae", "VAE decode per --vae-dtype and conv setting, 81 frames 480p", gpu_speed.vae_decode, 90),
+    Section(
+        "hunyuan-vae",
+        "HunyuanVideo-1.5 VAE decode, whole video vs a latent frame at a time",
+        gpu_hunyuan_vae.hunyuan_vae,
+        45,
+    ),  # fmt: skip
     Section("text", "text encode (UMT5-XXL)", gpu_speed.text_encode, 30),
     # the 14B's part: building it and copying its ~26 GB of block weights to the host and back a few times
     Section(
@@ -88,15 +101,7 @@ SECTIONS = (
     ),
     # ~45 s on an H100 at the job section's 1.3 s per guided step of 81 frames
     Section("batch", "Wan2.1-1.3B jobs per minute, 1, 2 and 4 jobs per batch", gpu_batch.batch_jobs, 60),
-    # ~80 s on an H200: the 40-step CFG row times 2 steps and multiplies (bench/gpu_whole.py)
-    Section("whole-job", "Wan2.1-14B 480p whole job by phase, 1 GPU + MODELLED 8", gpu_whole.whole_job, 100),
     Section("hunyuan", "HunyuanVideo-1.5 480p forward, ours vs diffusers", gpu_speed.hunyuan, 90),
-    Section(
-        "hunyuan-vae",
-        "HunyuanVideo-1.5 VAE decode, whole video vs a latent frame at a time",
-        gpu_hunyuan_vae.hunyuan_vae,
-        45,
-    ),  # fmt: skip
 )
 
 
@@ -104,7 +109,7 @@ SECTIONS = (
 SPLIT = (
     ("attention", "fp8", "fp8-attention", "models", "pipeline", "serve", "attention-speed", "shard",
      "wan-1.3b", "wan-14b", "modelled", "overlap"),
-    ("job", "vae", "text", "lora", "batch", "whole-job", "hunyuan", "hunyuan-vae"),
+    ("job", "whole-job", "vae", "hunyuan-vae", "text", "lora", "batch", "hunyuan"),
 )  # fmt: skip
 
 
