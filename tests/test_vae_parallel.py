@@ -12,7 +12,7 @@ from torch import nn
 
 from tests.distributed import run_distributed
 
-REL = 1e-5  # float32 against diffusers' decode on the same weights (measured ≤ 2.5e-6 at 1-4 ranks)
+REL = 1e-5  # float32 against diffusers' decode on the same weights (measured ≤ 2.7e-6 at 1-4 ranks)
 # (family, latent channels, latent [frames, rows, cols]); 7 rows split 4+3, 3+2+2 and 2+2+2+1, and 3 rows are
 # fewer than 4 ranks (the leader decodes alone there); 48 channels: Wan2.2's VAE (residual blocks, unpatchify)
 CASES = [("wan", 4, (2, 7, 5)), ("hunyuan", 4, (2, 7, 3)), ("wan", 4, (3, 3, 4)), ("wan", 48, (2, 7, 3))]
@@ -20,9 +20,11 @@ CASES = [("wan", 4, (2, 7, 5)), ("hunyuan", 4, (2, 7, 3)), ("wan", 4, (3, 3, 4))
 
 def same_frames(a: np.ndarray, b: np.ndarray) -> bool:
     """uint8 frames equal but where a value lies within float32 rounding of a level boundary (x.49998 against
-    x.5 rounds either way): measured none at 1-3 ranks, 2-3 values of 34-81 thousand at 4."""
+    x.5 rounds either way). An error of REL of the peak is 1.3e-3 of a level, so at most ~2.6e-3 of evenly
+    spread values may flip; measured 0-4 values of 21-81 thousand (≤ 9.7e-5) at 1-4 ranks (CPU: oneDNN's
+    convolution, `dit.conv3d`, against diffusers' through torch's native one)."""
     diff = np.abs(a.astype(int) - b.astype(int))
-    return diff.max() <= 1 and (diff > 0).mean() <= 1e-4
+    return diff.max() <= 1 and (diff > 0).mean() <= 5e-4
 
 
 def _vae(family: str, channels: int):

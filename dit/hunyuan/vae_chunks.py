@@ -14,7 +14,8 @@ The attention also drops diffusers' `[S, S]` float mask over all S = frames × r
 filled by a Python loop of S steps (at 480p and 121 frames S = 49290: 9.7 GB and 49290 fills a decode, on
 every rank of the band-parallel decode): each frame's queries attend to the keys up to their frame, one call
 per frame, so memory grows linearly in S; in the banded decode each rank runs its own rows' queries only.
-Without a chunk loop (`vae.decode`) the decoder runs as diffusers'.
+Without a chunk loop (`vae.decode`) the decoder runs as diffusers'. Either way its convolutions run on CPUs
+through oneDNN where torch would pick its slow native kernel (`dit.conv3d`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from types import MethodType
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from dit.conv3d import conv3d
 
 
 class _Stream:
@@ -70,12 +73,12 @@ def _causal_conv(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
     `time_causal_padding` (W, W, H, H, k − 1, 0) at each call: the banded decode changes its rows."""
     pad, mode = conv.time_causal_padding, conv.pad_mode
     if conv.stream is None:
-        return conv.conv(F.pad(x, pad, mode=mode))
+        return conv3d(conv.conv, F.pad(x, pad, mode=mode))
     keep, before = pad[4], conv.stream.carried.get(conv)
     timed = F.pad(x, (0, 0, 0, 0, keep, 0), mode=mode) if before is None else torch.cat([before, x], 2)
     if keep:
         conv.stream.carried[conv] = timed[:, :, -keep:].clone()  # not a view: the chunk's tensor may go
-    return conv.conv(F.pad(timed, (*pad[:4], 0, 0), mode=mode))
+    return conv3d(conv.conv, F.pad(timed, (*pad[:4], 0, 0), mode=mode))
 
 
 def _upsample(up: nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -22,13 +22,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from dit import vae_parallel
+from dit.conv3d import conv3d
 
 
 class CausalConv3d(nn.Conv3d):
     """A Conv3d padded 2p frames before (none after) in time and p in space, zeros, given `padding` p. With a
     time kernel over several frames it prepends the last frames of its previous input (`cache`) instead of
     zeros. It pads with F.pad (`pad`, in F.pad's order), not in the kernel: on CPUs, torch's native conv3d
-    (taken for small inputs) runs a third slower padding itself."""
+    (taken for small inputs, `dit.conv3d`) runs a third slower padding itself."""
 
     def __init__(self, in_dim: int, out_dim: int, kernel, stride=1, padding=0):
         super().__init__(in_dim, out_dim, kernel, stride=stride)
@@ -43,7 +44,7 @@ class CausalConv3d(nn.Conv3d):
                 x = torch.cat([self.cache, x], 2)
                 pad[4] -= self.cache.shape[2]
             self.cache = x[:, :, -front:].clone()
-        return super().forward(F.pad(x, pad) if any(pad) else x)
+        return conv3d(self, F.pad(x, pad) if any(pad) else x)
 
 
 class RMSNorm(nn.Module):
