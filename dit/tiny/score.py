@@ -27,18 +27,32 @@ class Scored:
         return self.scene.combo in HELD_OUT
 
 
-def generate_and_read(pipe, scenes: list[Scene], **request) -> list[Scored]:
+def generate_and_read(pipe, scenes: list[Scene], batch: int = 1, **request) -> list[Scored]:
     """One video per scene (its canonical prompt; `request` sets steps, guidance, seed, size…) on a
-    one-rank pipeline, each read back (its live previews kept when the pipeline makes them)."""
+    one-rank pipeline, each read back (its live previews kept when the pipeline makes them). `batch` > 1
+    runs that many scenes a batch (`Pipeline.generate_batch`: each video its solo run's, bit for bit; no step
+    cache), each video's seconds then its batch's share."""
+    from dit.batch import BatchJob
     from dit.pipeline import GenerationRequest
 
     out = []
-    for scene in scenes:
-        start, previews = time.perf_counter(), {}
-        frames = pipe.generate(GenerationRequest(scene.prompt, **request), on_preview=previews.__setitem__)
-        stats = pipe.evaluations
+    for at in range(0, len(scenes), batch):
+        group, start = scenes[at : at + batch], time.perf_counter()
+        previews = [{} for _ in group]
+        jobs = [
+            BatchJob(GenerationRequest(s.prompt, **request), on_preview=p.__setitem__)
+            for s, p in zip(group, previews, strict=True)
+        ]
+        if batch == 1:
+            videos = [pipe.generate(jobs[0].request, on_preview=jobs[0].on_preview)]
+        else:
+            videos = pipe.generate_batch(jobs)
+        seconds, stats = (time.perf_counter() - start) / len(group), pipe.evaluations
         skipped = stats.skipped / (stats.evaluated + stats.skipped)
-        out.append(Scored(scene, read(frames), time.perf_counter() - start, frames, skipped, previews))
+        for scene, frames, shown in zip(group, videos, previews, strict=True):
+            if isinstance(frames, Exception):  # a batch hands back a job's failure
+                raise frames
+            out.append(Scored(scene, read(frames), seconds, frames, skipped, shown))
     return out
 
 
