@@ -44,18 +44,19 @@ def _requires(dist_name: str, extras: set[str]) -> list[Requirement]:
 def pins() -> dict[str, str]:
     """{normalised name: installed version} of everything reached from ithaca[test], torch's tree apart."""
     seen: dict[str, str] = {}
-    todo = [(r, set(r.extras)) for r in _requires("ithaca", {"test"})]
+    walked: set[tuple[str, frozenset[str]]] = set()  # asked for again with other extras: walked again
+    todo = [(r, frozenset(r.extras)) for r in _requires("ithaca", {"test"})]
     while todo:
         req, extras = todo.pop()
         name = _name(req.name)
-        if name in OWN or name in seen:
+        if name in OWN or (name, extras) in walked:
             continue
+        walked.add((name, extras))
         try:
-            dist = distribution(req.name)
+            seen[name] = distribution(req.name).version
         except PackageNotFoundError:
             raise SystemExit(f"{req.name} (as {req}) is not installed: run scripts/setup.sh") from None
-        seen[name] = dist.version
-        todo += [(r, set(r.extras)) for r in _requires(req.name, extras)]
+        todo += [(r, frozenset(r.extras)) for r in _requires(req.name, set(extras))]
     return seen
 
 
