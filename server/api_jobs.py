@@ -60,7 +60,7 @@ _EVENT = {
     "type": "object",
     "required": ["event", "data"],
     "properties": {
-        "event": {"enum": ["progress", "preview", "done"]},
+        "event": {"enum": ["progress", "preview", "done", "deleted"]},
         "data": {
             "type": "string",
             "contentMediaType": "application/json",
@@ -259,25 +259,46 @@ async def generate(request: Request, idempotency_key: Annotated[str | None, Head
         fields = await form_fields(request, "image")
         image = fields.pop("image", None)  # a file's bytes, or a data URL as text
     else:
-        fields = await _json_fields(request)
+        fields = await json_fields(request)
     try:
         body = GenerateBody.model_validate(fields, strict=not form)  # form values are text: "17" is 17
     except ValidationError as e:  # in FastAPI's own shape
         errors = e.errors(include_url=False)
+        if any(err["type"] in _BOUND_ERRORS for err in errors):
+            published = (await run_in_threadpool(svc(request).worker_info)).get("limits", {})
+            errors = [_model_range(err, published) for err in errors]
         raise RequestValidationError([err | {"loc": ("body", *err["loc"])} for err in errors]) from None
     image = image if form else body.image
     return await run_in_threadpool(_generate, svc(request), body, image, idempotency_key)
 
 
-async def _json_fields(request: Request):
-    """The JSON body, parsed off the event loop; unreadable JSON is a 422 as FastAPI words it."""
+_BOUND_ERRORS = ("greater_than_equal", "less_than_equal", "greater_than", "less_than")
+
+
+def _model_range(error: dict, published: dict) -> dict:
+    """A sanity bound's error (height 0: "greater than or equal to 1") in the loaded model's words where it
+    published the field's range ("height=0 is out of range: allowed 16..256 in steps of 16")."""
+    (field, *inner), value = error["loc"], error.get("input")
+    if error["type"] not in _BOUND_ERRORS or inner or field not in published:
+        return error
+    if isinstance(value, str):  # a form's text
+        try:
+            value = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            return error
+    said = dict(limits_mod.check({field: value}, {field: published[field]}))
+    return error | {"msg": said[field]} if field in said else error
+
+
+async def json_fields(request: Request):
+    """The JSON body, parsed off the event loop (images.parse_json: a data URL cut out first); a body that
+    cannot be read is a 400 saying why (both APIs)."""
     try:
         return await run_in_threadpool(images.parse_json, await request.body())
     except json.JSONDecodeError as e:
-        error = {"type": "json_invalid", "loc": ("body", e.pos), "msg": "JSON decode error", "input": {}}
-        raise RequestValidationError([error]) from None
+        raise HTTPException(400, f"the body is not valid JSON: {e.msg} at character {e.pos}") from None
     except (UnicodeDecodeError, RecursionError):  # not UTF-8/16/32, or nested past Python's recursion limit
-        raise HTTPException(400, "There was an error parsing the body") from None
+        raise HTTPException(400, "the body is not readable JSON: not UTF-8, or nested too deeply") from None
 
 
 def _generate(services: Services, body: GenerateBody, image: bytes | str | None, idempotency_key: str | None):
@@ -370,7 +391,8 @@ def _current_view(services: Services, job_id: str) -> dict | None:
 )
 def job_events(request: Request, job_id: str):
     """Server-Sent Events: a `progress` event whenever the job changes, a `preview` event ({"step", "url"})
-    whenever a newer live preview is in place, then one final `done` event."""
+    whenever a newer live preview is in place, then one final `done` event, or `deleted` ({"id",
+    "deleted": true}) when the job is deleted meanwhile."""
     services = svc(request)
     services.job(job_id)  # 404 before the stream starts
 
@@ -382,7 +404,8 @@ def job_events(request: Request, job_id: str):
             except StoreBusy:  # the headers are sent: skip this poll rather than break the stream
                 await asyncio.sleep(SSE_POLL_S)
                 continue
-            if view is None:
+            if view is None:  # deleted (/v1/videos): said, so a client can tell it from a dropped stream
+                yield f"event: deleted\ndata: {render({'id': job_id, 'deleted': True}).decode()}\n\n"
                 return
             terminal = view["status"] in ("completed", "failed", "cancelled")
             if view["preview_step"] is not None and view["preview_step"] != last_preview:

@@ -21,7 +21,6 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
-from server import images
 from server import limits as limits_mod
 from server import loras as loras_mod
 from server.api_jobs import (
@@ -30,6 +29,7 @@ from server.api_jobs import (
     TEXT_PATTERN,
     VIDEO,
     form_fields,
+    json_fields,
     media_type,
     preview_file,
     svc,
@@ -171,10 +171,12 @@ def map_request(fields: dict, info: dict) -> dict:
     if fields.get("size") is not None:
         size = text_field("size", fields["size"], max_chars=11)
         match = _SIZE.fullmatch(size)
-        if not match or 0 in (int(match[1]), int(match[2])):
+        if not match:
             raise unprocessable("size", f"size={shown(size)} must be WIDTHxHEIGHT, e.g. 832x480")
         w, h = int(match[1]), int(match[2])
         lw, lh = limits.get("width", {}), limits.get("height", {})
+        if 0 in (w, h) and not (lw and lh):  # with the model's limits, their message below says more
+            raise unprocessable("size", f"size={size}: width and height must be at least 1")
         if _outside(w, lw) or _outside(h, lh):
             raise unprocessable(
                 "size",
@@ -236,10 +238,7 @@ async def _create_fields(request: Request) -> dict:
     if form:
         fields = await form_fields(request, _IMAGE)
     else:
-        try:  # off the event loop, the data URL cut out (images.parse_json)
-            fields = await run_in_threadpool(images.parse_json, await request.body())
-        except (ValueError, RecursionError):  # RecursionError: nested past Python's recursion limit
-            raise HTTPException(400, "body must be a JSON object (valid JSON, not nested deeply)") from None
+        fields = await json_fields(request)
         if not isinstance(fields, dict):
             raise HTTPException(422, "body must be a JSON object")
     for key in fields:

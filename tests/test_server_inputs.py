@@ -123,6 +123,45 @@ def test_deeply_nested_or_undecodable_json(client, path):
     for body in (b'{"prompt": "fox", "seconds": ' + b"[" * 1000 + b"]" * 1000 + b"}", b"\x80", b"\0" * 9):
         r = _raw(client, path, body)
         assert r.status_code in (400, 422) and r.headers["content-type"] == "application/json", r.text
+    for body in (b'{"prompt": "fox"', b"not json", b""):  # a 400 on both routes, as the README says
+        r = _raw(client, path, body)
+        assert r.status_code == 400 and "the body is not valid JSON" in r.text, r.text
+
+
+def test_a_value_past_a_sanity_bound_hears_the_models_range(client):
+    """Below 1 (or a guidance below 0) fails the body's own bounds before the model's limits are looked at:
+    the message is the limits' all the same."""
+    for field, value in (("height", 0), ("num_frames", 0), ("guidance_scale", -1), ("fps", 0)):
+        r = client.post("/generate", json={"prompt": "fox", field: value})
+        assert r.status_code == 422 and _field(r) == field, r.text
+        assert f"{field}={value} is out of range: allowed" in r.json()["detail"][0]["msg"], r.text
+    form = b'--B\r\nContent-Disposition: form-data; name="prompt"\r\n\r\nfox\r\n'
+    form += b'--B\r\nContent-Disposition: form-data; name="width"\r\n\r\n-16\r\n--B--\r\n'
+    r = _raw(client, "/generate", form, "multipart/form-data; boundary=B")
+    assert r.status_code == 422 and "width=-16 is out of range: allowed" in r.text, r.text
+    r = client.post("/v1/videos", json={"prompt": "fox", "size": "0x0"})
+    assert r.status_code == 422 and "outside the model's limits: width" in r.text, r.text
+
+
+def test_the_event_stream_says_when_its_job_is_deleted(client, monkeypatch):
+    """DELETE /v1/videos/ID while a client follows the job: the stream ends with a `deleted` event, not in
+    silence a client cannot tell from a dropped connection."""
+    job_id = client.post("/generate", json={"prompt": "fox"}).json()["id"]
+    services = client.app.state.services
+    real_get, calls = services.store.get, []
+
+    def get(jid):
+        calls.append(jid)
+        if len(calls) == 2:  # the stream's first look, after its 404 check: deleted just before it
+            services.cancel(jid, delete=True)
+        return real_get(jid)
+
+    monkeypatch.setattr(services.store, "get", get)
+    with client.stream("GET", f"/jobs/{job_id}/events") as r:
+        last = r.read().decode().strip().split("\n\n")[-1].split("\n")
+    assert r.status_code == 200 and last[0] == "event: deleted", last
+    assert json.loads(last[1].removeprefix("data: ")) == {"id": job_id, "deleted": True}
+    assert client.get(f"/jobs/{job_id}").status_code == 404
 
 
 def test_an_unexpected_error_is_a_json_500_in_the_route_shape(client, monkeypatch):

@@ -408,12 +408,14 @@ async function cancel(card) {
 }
 
 // Server-Sent Events read with fetch (EventSource cannot send the key): `progress` and `done` carry the job,
-// `preview` the step and URL of a newer preview. A dropped stream is opened again while the job runs.
+// `preview` the step and URL of a newer preview, `deleted` that the job is gone (through /v1/videos). A
+// dropped stream is opened again while the job runs.
 async function follow(card) {
   const controller = new AbortController();
   card.stream = controller;
   try {
     const response = await api(`/jobs/${card.id}/events`, { signal: controller.signal });
+    if (response.status === 404) return deleted(card); // deleted before the stream opened: nothing to retry
     if (!response.ok) throw new Error(await errorText(response));
     const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
     let buffer = "";
@@ -447,6 +449,13 @@ function handleEvent(card, block) {
   const payload = JSON.parse(data.join("\n"));
   if (name === "preview") showPreview(card, payload.step, payload.url);
   else if (name === "progress" || name === "done") update(card, payload);
+  else if (name === "deleted") deleted(card);
+}
+
+function deleted(card) {
+  card.dropped = true; // no stream is opened again
+  card.cancel.hidden = true;
+  card.state.textContent = "Deleted: the job and its files are gone.";
 }
 
 function start() {
