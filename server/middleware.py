@@ -68,7 +68,7 @@ class GuardMiddleware:
     ):
         self.app, self.max_body_bytes, self.public_paths = app, max_body_bytes, frozenset(public_paths)
         self.upload_bytes, self.upload_paths = upload_bytes, frozenset(upload_paths)
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.expected = api_key.encode() if api_key else None
 
     def _limit(self, scope) -> int:
         upload = scope["method"] == "POST" and scope["path"].rstrip("/") in self.upload_paths
@@ -79,7 +79,9 @@ class GuardMiddleware:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         if self.expected is not None and scope["path"] not in self.public_paths:
-            if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+            scheme, _, key = headers.get(b"authorization", b"").partition(b" ")
+            # the scheme's name is case-insensitive (RFC 9110 §11.1): "bearer KEY" is as good
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(key.lstrip(b" "), self.expected):
                 return await _send_json(
                     scope,
                     send,

@@ -134,8 +134,11 @@ def test_api_key(server):
         ("GET", "/v1/videos"),
     ]:
         assert bare.request(method, path).status_code == 401
-    assert bare.get("/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
-    assert bare.get("/jobs", headers={"Authorization": f"Bearer {server.api_key}"}).status_code == 200
+    key = server.api_key
+    for wrong in ("Bearer wrong", f"Basic {key}", f"Bearer{key}", f"Bearer {key}x", key):
+        assert bare.get("/jobs", headers={"Authorization": wrong}).status_code == 401, wrong
+    for right in (f"Bearer {key}", f"bearer {key}", f"BEARER  {key}"):  # the scheme in any case (RFC 9110)
+        assert bare.get("/jobs", headers={"Authorization": right}).status_code == 200, right
 
 
 def _malformed(job_id: str):
