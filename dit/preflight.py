@@ -44,7 +44,8 @@ def preflight(
     from parallel.kernels import BACKENDS
     from parallel.plan import AUTO, check_fixed, needs_model
 
-    model = model_path or settings.pop("preset", None)
+    preset = settings.pop("preset", None)  # not a field: the model by name, which a folder overrides
+    model = model_path or preset
     config = replace(config or PipelineConfig(), **settings, **({"model": model} if model else {}))
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"--nproc must be a positive integer, got {nproc!r}")

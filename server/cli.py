@@ -138,13 +138,16 @@ def _layout(config: config_mod.ServeConfig):
 def plan(args: argparse.Namespace) -> int:
     """Print every layout of --nproc ranks with its bytes and modelled step time, marking auto's choice."""
     from dit.preflight import preflight
+    from dit.request import GenerationRequest
     from dit.shape import model_shape
     from parallel import plan as plan_mod
 
     node = args.nproc_per_node or args.nproc
     try:
         args.model_path = local_model(args.model_path)
-        preflight(model_path=args.model_path, preset=args.preset, device="cpu", nproc=args.nproc)
+        video = GenerationRequest("", num_frames=args.frames, height=args.height, width=args.width,
+                                  guidance_scale=args.guidance)  # fmt: skip
+        preflight(model_path=args.model_path, preset=args.preset, device="cpu", nproc=args.nproc, request=video)
         if args.nproc % node:
             raise ValueError(f"--nproc-per-node {node} does not divide --nproc {args.nproc}")
         shape = model_shape(args.model_path or args.preset, frames=args.frames, height=args.height,
