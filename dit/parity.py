@@ -27,9 +27,12 @@ MODES = ("alltoall", "fp8", "p2p", "ring", "hybrid", "cfg")
 # Parity tolerances on the final latents, relative to their largest magnitude (max |a - b| / max |ref|).
 # fp32 exact modes differ only by summation order (ring's online softmax, kernel blocking): measured ≤ 1e-6 on
 # tiny, 1e-4 leaves room for longer runs. bf16/fp16 round every layer, so reordering shows up ~100× larger.
-# FP8 all-to-all quantizes q/k/v at every layer and step (e4m3 round trip ≈ 2.6 % per element).
+# FP8 all-to-all quantizes q/k/v at every layer and step (e4m3 round trip ≈ 2.6 % per element), and guidance
+# amplifies it: 1e-2 on random weights, but 0.16-0.29 on the trained tiny model (the default), whose sharper
+# attention feels the 3-bit mantissa (2-core box, 2026-11-22 and -28). 0.5 still catches a broken exchange
+# (garbage is ~1); that FP8 videos show what was asked is tests/test_tiny_model.py's check, not this one.
 EXACT_TOL = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 1e-2}
-FP8_TOL = 0.1
+FP8_TOL = 0.5
 FRAME_TOL_EXACT = 2  # uint8 levels: a latent difference of 1e-6 may still flip a rounding boundary
 
 

@@ -147,7 +147,8 @@ def plan(args: argparse.Namespace) -> int:
         args.model_path = local_model(args.model_path)
         video = GenerationRequest("", num_frames=args.frames, height=args.height, width=args.width,
                                   guidance_scale=args.guidance)  # fmt: skip
-        preflight(model_path=args.model_path, preset=args.preset, device="cpu", nproc=args.nproc, request=video)
+        preflight(model_path=args.model_path, preset=args.preset, device="cpu", nproc=args.nproc,
+                  request=video)  # fmt: skip
         if args.nproc % node:
             raise ValueError(f"--nproc-per-node {node} does not divide --nproc {args.nproc}")
         shape = model_shape(args.model_path or args.preset, frames=args.frames, height=args.height,
