@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import socket
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from dit import settings
 from dit.image import ImageLimits
 from dit.settings import PipelineConfig
+from server import logs
 from parallel.plan import parse_degree
 
 
@@ -32,10 +34,37 @@ def _checkpoint_every(text: str) -> str:
     return text
 
 
-def _positive(number: int) -> int:
-    if number < 1:
-        raise ValueError(f"must be 1 or more, not {number}")
-    return number
+def _at_least(low, high=None):
+    """A parse that refuses a number below `low` (or above `high`): a timeout of -1 or a queue of -5 would
+    start a server that fails every job, or refuses every one."""
+
+    def parse(number):
+        if number < low or (high is not None and number > high):
+            raise ValueError(f"must be {low} to {high}, not {number}" if high is not None
+                             else f"must be {low} or more, not {number}")  # fmt: skip
+        return number
+
+    return parse
+
+
+def _one_of(*choices: str):
+    def parse(text: str) -> str:
+        if text.lower() not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}, not {text!r}")
+        return text.lower()
+
+    return parse
+
+
+def _above(low: float):
+    """A parse for a duration that must be longer than `low` seconds."""
+
+    def parse(number: float) -> float:
+        if number <= low:
+            raise ValueError(f"must be more than {low}, not {number}")
+        return number
+
+    return parse
 
 
 def _store_url(text: str) -> str:
@@ -47,7 +76,7 @@ def _store_url(text: str) -> str:
 @dataclass
 class ServeConfig:
     host: str = _opt("127.0.0.1", "address the HTTP API listens on")
-    port: int = _opt(8000, "HTTP port")
+    port: int = _opt(8000, "HTTP port", parse=_at_least(0, 65535))
     data_dir: str = _opt("ithaca-data", "folder holding the job database and the videos", worker=True)
     db: str | None = _opt(None, "job database path (default DATA_DIR/jobs.db)", worker=True)
     store: str | None = _opt(
@@ -61,7 +90,9 @@ class ServeConfig:
     # the model, by name or as a folder (the folder's when both are given): `pipeline.model`
     preset: str = _opt("tiny", settings.PRESET_HELP, worker=True)
     model_path: str | None = _opt(None, settings.MODEL_PATH_HELP, worker=True)
-    nproc: int = _opt(2, "ranks in the worker group on this machine (its GPUs on a GPU box; per node)")
+    nproc: int = _opt(
+        2, "ranks in the worker group on this machine (its GPUs on a GPU box; per node)", parse=_at_least(1)
+    )
     # degrees: an integer or "auto" (parallel.plan's rule); none given: all auto, else the others not given
     # are ulysses: what remains, ring 1, cfg 1
     ulysses: str | int | None = _opt(
@@ -82,34 +113,44 @@ class ServeConfig:
     )
     allow_lossy_comm: bool = _opt(False, "--comm auto may pick an FP8 exchange (lossy)", worker=True)
     comm_probe_timeout: float = _opt(
-        60.0, "--comm auto: seconds one exchange's probe may take before it is ruled out", worker=True
+        60.0,
+        "--comm auto: seconds one exchange's probe may take before it is ruled out",
+        worker=True,
+        parse=_above(0),
     )
     api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on every route but /health")
-    max_queue: int = _opt(64, "queued jobs beyond this are refused with 429")
+    max_queue: int = _opt(64, "queued jobs beyond this are refused with 429", parse=_at_least(1))
     lora_patience: float = _opt(
         60.0,
         "--lora-dir: a replica takes a queued job of the LoRA set it has applied before older jobs of other "
         "sets while none has waited this many seconds, saving a switch (0: strictly the oldest first)",
         worker=True,
+        parse=_at_least(0),
     )
     max_batch: int = _opt(
         1,
         "a replica runs up to this many queued jobs that can share every forward (dit.batch.batch_key) as "
         "one batch (1: one job at a time)",
         worker=True,
-        parse=_positive,
+        parse=_at_least(1),
     )
-    max_body_bytes: int = _opt(65536, "larger request bodies are refused with 413")
+    max_body_bytes: int = _opt(65536, "larger request bodies are refused with 413", parse=_at_least(1))
     max_image_bytes: int = _opt(
-        ImageLimits.max_bytes, "image-to-video: larger input images are refused with 413", worker=True
+        ImageLimits.max_bytes,
+        "image-to-video: larger input images are refused with 413",
+        worker=True,
+        parse=_at_least(1),
     )
     max_image_pixels: int = _opt(
         ImageLimits.max_pixels,
         "image-to-video: input images of more pixels are refused with 413, before they are decoded",
         worker=True,
+        parse=_at_least(1),
     )
     store_busy_timeout: float = _opt(
-        2.0, "seconds a request waits for another process's lock on the job store before it answers 503"
+        2.0,
+        "seconds a request waits for another process's lock on the job store before it answers 503",
+        parse=_above(0),
     )
     store_outage_grace: float = _opt(
         60.0,
@@ -117,9 +158,14 @@ class ServeConfig:
         "restarting or unreachable, connections cut, a lock held) before a call gives up; a running job "
         "waits meanwhile",
         worker=True,
+        parse=_at_least(0),
     )
-    job_timeout: float = _opt(3600.0, "seconds a job may run before it fails and the group is reset")
-    shutdown_grace: float = _opt(300.0, "seconds the running job may take to finish after SIGTERM")
+    job_timeout: float = _opt(
+        3600.0, "seconds a job may run before it fails and the group is reset", parse=_above(0)
+    )
+    shutdown_grace: float = _opt(
+        300.0, "seconds the running job may take to finish after SIGTERM", parse=_at_least(0)
+    )
     instance: str = _opt(socket.gethostname(), "name of this server in a shared job store", worker=True)
     workers: bool = _opt(
         True, "start and supervise the worker group (--no-workers: attach to one started apart)"
@@ -139,18 +185,25 @@ class ServeConfig:
         True, "serve the HTTP API (--no-api: a node other than 0, which only runs its share of the group)"
     )
     rdzv_timeout: float = _opt(
-        600.0, "with --nnodes > 1: seconds a launch of the group waits for every machine to join it"
+        600.0,
+        "with --nnodes > 1: seconds a launch of the group waits for every machine to join it",
+        parse=_above(0),
     )
     relaunch_backoff: float = _opt(
         1.0,
         "--no-api: seconds before this node launches its share again after it exited, doubled after each "
         "exit in a row that came within a minute of its launch (up to 60)",
+        parse=_at_least(0),
     )
     relaunch_budget: int = _opt(
-        5, "--no-api: exits in a row, each within a minute of its launch, before this node gives up (exit 1)"
+        5,
+        "--no-api: exits in a row, each within a minute of its launch, before this node gives up (exit 1)",
+        parse=_at_least(1),
     )
     max_attempts: int = _opt(
-        2, "runs a job interrupted by a crash or a restart may get before it is failed (each resumes)"
+        2,
+        "runs a job interrupted by a crash or a restart may get before it is failed (each resumes)",
+        parse=_at_least(1),
     )
     checkpoint_every: str = _opt(
         "auto",
@@ -159,20 +212,31 @@ class ServeConfig:
         worker=True,
         parse=_checkpoint_every,
     )
-    restart_budget: int = _opt(3, "consecutive worker-group failures before the server exits")
+    restart_budget: int = _opt(
+        3, "consecutive worker-group failures before the server exits", parse=_at_least(0)
+    )
     orphan_timeout: float = _opt(
-        60.0, "seconds without a worker heartbeat before its running job is re-queued (any server's)"
+        60.0,
+        "seconds without a worker heartbeat before its running job is re-queued (any server's)",
+        parse=_above(0),
     )
     poll_interval: float = _opt(
         0.005,
         "seconds between a worker's queue polls in its first second without a job (then 50 ms)",
         worker=True,
+        parse=_above(0),
     )
     pipeline_module: str = _opt(
         "dit.pipeline", "module providing load_pipeline (tests use a fake)", worker=True
     )
-    log_level: str = _opt("info", "log level (debug, info, warning, error)", worker=True)
-    log_format: str = _opt("text", "text, or json: one JSON object per line for log collectors", worker=True)
+    log_level: str = _opt(
+        "info", "log level (debug, info, warning, error)", worker=True,
+        parse=_one_of("debug", "info", "warning", "error", "critical"),
+    )  # fmt: skip
+    log_format: str = _opt(
+        "text", "text, or json: one JSON object per line for log collectors", worker=True,
+        parse=_one_of(*logs.FORMATS),
+    )  # fmt: skip
     # every other pipeline setting (device, dtype, comm, sampler, ...), read as `config.device` too; its
     # model is `model_path or preset`
     pipeline: PipelineConfig = field(default_factory=lambda: serve_pipeline())
@@ -318,14 +382,17 @@ def _convert(f: dataclasses.Field, raw: str):
         raise argparse.ArgumentTypeError(f"{raw!r} is not a boolean (1/0, true/false, yes/no, on/off)")
     if raw == "" and "None" in kind:
         return None  # compose's `${VAR:-}` sets an empty value: the same as unset
+    text = raw
     try:
         if kind.startswith("int"):
             raw = int(raw)
         elif kind.startswith("float"):
             raw = float(raw)
+            if not math.isfinite(raw):  # nan passes every comparison
+                raise ValueError
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"{raw!r} is not {'an integer' if kind.startswith('int') else 'a number'}"
+            f"{text!r} is not {'an integer' if kind.startswith('int') else 'a finite number'}"
         ) from None
     if f.metadata["parse"] is None:
         return raw
