@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from dit import settings
 from dit.image import ImageLimits
 from dit.settings import PipelineConfig
-from server import logs
 from parallel.plan import parse_degree
+from server import logs
 
 
 def _opt(default, help: str, *, worker: bool = False, parse=None):

@@ -50,8 +50,10 @@ def test_a_bad_value_names_its_variable_or_flag(capsys):
         ({"ITHACA_POLL_INTERVAL": "0"}, "ITHACA_POLL_INTERVAL: must be more than 0, not 0.0"),
         ({"ITHACA_MAX_QUEUE": "-5"}, "ITHACA_MAX_QUEUE: must be 1 or more, not -5"),
         ({"ITHACA_PORT": "70000"}, "ITHACA_PORT: must be 0 to 65535, not 70000"),
-        ({"ITHACA_LOG_LEVEL": "verbose"}, "ITHACA_LOG_LEVEL: must be one of debug, info, warning, error, "
-         "critical, not 'verbose'"),
+        (
+            {"ITHACA_LOG_LEVEL": "verbose"},
+            "ITHACA_LOG_LEVEL: must be one of debug, info, warning, error, critical, not 'verbose'",
+        ),
         (
             {"ITHACA_WORKERS": "maybe"},
             "ITHACA_WORKERS: 'maybe' is not a boolean (1/0, true/false, yes/no, on/off)",
