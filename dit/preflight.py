@@ -9,6 +9,7 @@ mistake, a request's included, is reported in about the time torch takes to impo
 from __future__ import annotations
 
 import importlib.util
+import math
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -77,6 +78,9 @@ def preflight(
     from dit.presets import resolve
     from dit.sampling import SAMPLERS
 
+    shift = config.flow_shift
+    if shift is not None and not (math.isfinite(shift) and shift > 0):  # 0 or less: no noise schedule at all
+        raise ValueError(f"--flow-shift must be a number above 0 (Wan 480p: 3, 720p: 5), got {shift!r}")
     _check_choice("--dtype", config.dtype, DTYPES)
     _check_choice("--vae-dtype", config.vae_dtype, DTYPES)
     _check_choice("--quant", config.quant, QUANTS)

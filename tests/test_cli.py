@@ -213,6 +213,8 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
                                    "size 4; valid ulysses x ring x cfg for world size 4: 1x1x1, 2x1x1"),
         (dict(nproc=6, ring=4), "do not fit --nproc 6: ring=4 x cfg=1 does not divide world size 6"),
         (dict(warmup=((64, 64, 9), (63, 64, 9))), "--warmup 63x64x9: height must be a multiple of 16"),
+        (dict(flow_shift=-1.0), "--flow-shift must be a number above 0 (Wan 480p: 3, 720p: 5), got -1.0"),
+        (dict(flow_shift=float("nan")), "--flow-shift must be a number above 0"),
     ]  # fmt: skip
     for settings, message in cases:
         line = _preflight_error(**settings)
