@@ -7,6 +7,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import nullcontext
 from dataclasses import replace
@@ -85,11 +86,34 @@ def read_image(path: str):
         raise ValueError(f"--image {path}: {e}") from None
 
 
+def check_out(path: str) -> None:
+    """ValueError for an --out the MP4 writer cannot write, found before the model loads rather than after
+    the whole run. Its folder is made here, as the writer would make it."""
+    out = Path(path)
+    if out.suffix.lower() != ".mp4":
+        raise ValueError(f"--out {path}: the video is an MP4; give a file name ending in .mp4")
+    if out.is_dir():
+        raise ValueError(f"--out {path} is a folder; give a file name ending in .mp4")
+    above = next(folder for folder in out.parents if folder.exists())
+    if not above.is_dir():
+        raise ValueError(f"--out {path}: {above} is a file, not a folder")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out.parent).close()
+    except OSError as e:
+        raise ValueError(f"--out {path}: cannot write in {out.parent}: {e.strerror or e}") from None
+
+
 def run_generate(args) -> int:
     if not found_model(args, "generate"):
         return 2
     config = pipeline_config(args)
     if not checked(args, "generate", config, ulysses=args.ulysses, ring=args.ring, cfg=args.cfg):
+        return 2
+    try:
+        check_out(args.out)
+    except ValueError as e:
+        print(f"ithaca generate: error: {e}", file=sys.stderr)
         return 2
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         return subprocess.call(on_ranks(args.nproc, sys.argv[1:]))  # the ranks see WORLD_SIZE: no re-launch
@@ -153,9 +177,10 @@ def run_generate(args) -> int:
             stats, cached = pipe.evaluations, ""
             if req.cache != "off":
                 cached = f", {stats.skipped} of {stats.evaluated + stats.skipped} evaluations skipped"
+            plural = "s" if mesh.world_size > 1 else ""
             print(
                 f"wrote {args.out}: {n} frames {w}x{h} @ {req.fps} fps, "
-                f"{req.num_inference_steps} steps{cached}, {layout} ({mesh.world_size} ranks), "
+                f"{req.num_inference_steps} steps{cached}, {layout} ({mesh.world_size} rank{plural}), "
                 f"{seconds:.1f} s"
             )
         return 0

@@ -67,6 +67,20 @@ def test_a_video_that_cannot_be_made_is_one_line_exit_1_and_no_file(tmp_path, mo
     assert not out.exists()
 
 
+def test_an_out_the_writer_cannot_write_is_refused_before_the_model_loads(tmp_path, capsys):
+    from server.cli import main
+
+    (tmp_path / "folder.mp4").mkdir()
+    (tmp_path / "file").write_text("x")
+    for out, says in (
+        ("video", "--out video: the video is an MP4; give a file name ending in .mp4"),
+        (tmp_path / "folder.mp4", "folder.mp4 is a folder"),
+        (tmp_path / "file" / "v.mp4", f"{tmp_path / 'file'} is a file, not a folder"),
+    ):
+        assert main(["generate", "a red circle", "--out", str(out)]) == 2
+        assert says in capsys.readouterr().err
+
+
 def test_generate_rejects_bad_input(tmp_path):
     proc = _run("generate", "a fox", "--frames", "8", cwd=tmp_path)
     assert proc.returncode == 2
