@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
+import signal
 import sys
 import tempfile
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import replace
@@ -19,9 +20,9 @@ from dit.cli_args import (
     add_request_args,
     checked,
     found_model,
-    on_ranks,  # fmt: skip
     pipeline_config,
     request,
+    run_on_ranks,  # fmt: skip
 )
 from dit.parity import add_parity
 from parallel.plan import parse_degree
@@ -116,7 +117,27 @@ def run_generate(args) -> int:
         print(f"ithaca generate: error: {e}", file=sys.stderr)
         return 2
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
-        return subprocess.call(on_ranks(args.nproc, sys.argv[1:]))  # the ranks see WORLD_SIZE: no re-launch
+        return run_on_ranks(args.nproc, sys.argv[1:]).returncode  # the ranks see WORLD_SIZE: no re-launch
+    # a rank: its launcher passes Ctrl-C on as SIGTERM, which then cleans up as Ctrl-C does
+    ranked = "WORLD_SIZE" in os.environ and threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _interrupt) if ranked else None
+    try:
+        return _generate(args, config)
+    except KeyboardInterrupt:  # the partial video is gone (Mp4Writer); no traceback for a Ctrl-C
+        if os.environ.get("RANK", "0") == "0":
+            print("ithaca generate: interrupted; no video written", file=sys.stderr)
+        return 130
+    finally:
+        if ranked:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
+
+
+def _interrupt(_signum, _frame):
+    raise KeyboardInterrupt
+
+
+def _generate(args, config) -> int:
+    """One rank's run of `generate` (all of it on one rank)."""
 
     import torch
     import torch.distributed as dist
@@ -162,8 +183,12 @@ def run_generate(args) -> int:
             bar.close()
             # every rank decodes a band; rank 0 gets the frames and encodes each chunk as it comes (a
             # failure removes the file)
-            with Mp4Writer(args.out, req.height, req.width, req.fps) if leader else nullcontext() as writer:
+            # under a hidden name until done: a run that fails or is stopped leaves the --out it found
+            partial = Path(args.out).with_name(f".{Path(args.out).stem}.partial.mp4")
+            with Mp4Writer(partial, req.height, req.width, req.fps) if leader else nullcontext() as writer:
                 frames = pipe.decode(latents, writer.write if leader else None)
+            if leader:
+                os.replace(partial, args.out)
         except GenerationFailed as e:
             if leader:
                 print(f"ithaca generate: error: {e}", file=sys.stderr)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
 import sys
 
 from dit.settings import MODEL_PATH_HELP, PRESET_HELP, PipelineConfig, flag, options
@@ -171,3 +173,20 @@ def checked(args, command: str, config: PipelineConfig, *, ulysses=None, ring=1,
 def on_ranks(nproc: int, argv: list[str]) -> list[str]:
     """`ithaca ARGV` on `nproc` ranks of this machine."""
     return [*local_group(nproc), "-m", "server.cli", *argv]
+
+
+def run_on_ranks(nproc: int, argv: list[str], capture: bool = False) -> subprocess.CompletedProcess:
+    """`ithaca ARGV` on `nproc` ranks of this machine, waited for (`capture`: its output as text). SIGINT,
+    SIGTERM and SIGHUP to this process go on to the launcher, which stops every rank and waits for them, so
+    no rank outlives the command (subprocess.run would SIGKILL the launcher on Ctrl-C, and the ranks, each
+    in a session of its own, would run on)."""
+    pipe = subprocess.PIPE if capture else None
+    with subprocess.Popen(on_ranks(nproc, argv), stdout=pipe, stderr=pipe, text=True) as launcher:
+        forward = lambda signum, _frame: launcher.send_signal(signum)  # noqa: E731
+        before = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            out, err = launcher.communicate()
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
+    return subprocess.CompletedProcess(launcher.args, launcher.returncode, out, err)

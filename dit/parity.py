@@ -17,10 +17,10 @@ from dit.cli_args import (
     add_request_args,
     checked,
     found_model,
-    on_ranks,
     pipeline_argv,
     pipeline_config,  # fmt: skip
     request_argv,
+    run_on_ranks,
 )
 
 MODES = ("alltoall", "fp8", "p2p", "ring", "hybrid", "cfg")
@@ -90,8 +90,10 @@ def _mode_layout(mode: str, n: int) -> tuple[int, int, int, str] | str:
 
 def _launch(argv: list[str], nproc: int, out: Path) -> tuple[dict | None, str]:
     argv = ["generate", *argv, "--out", str(out.with_suffix(".mp4")), "--save-latents", str(out)]
-    cmd = on_ranks(nproc, argv) if nproc > 1 else [sys.executable, "-m", "server.cli", *argv]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if nproc > 1:
+        proc = run_on_ranks(nproc, argv, capture=True)
+    else:
+        proc = subprocess.run([sys.executable, "-m", "server.cli", *argv], capture_output=True, text=True)
     if proc.returncode != 0:  # the most telling line: the last error message, else the last line
         lines = (proc.stdout + proc.stderr).strip().splitlines() or [f"exit code {proc.returncode}"]
         return None, next((ln for ln in reversed(lines) if "rror" in ln), lines[-1]).strip()

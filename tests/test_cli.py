@@ -81,6 +81,43 @@ def test_an_out_the_writer_cannot_write_is_refused_before_the_model_loads(tmp_pa
         assert says in capsys.readouterr().err
 
 
+def test_a_stopped_generate_leaves_no_rank_and_the_out_it_found(tmp_path):
+    """SIGTERM to `ithaca generate --nproc 2` alone (not its process group): the launcher is told, every rank
+    stops and cleans up (none runs on to write the video), and the --out that was there stays as it was."""
+    import signal
+    import time
+
+    out = tmp_path / "kept.mp4"
+    out.write_bytes(b"an earlier video")
+    argv = [ITHACA, "generate", "a red circle moving right", "--nproc", "2", "--steps", "50",
+            "--frames", "33", "--height", "256", "--width", "256", "--out", str(out)]  # fmt: skip
+    parent = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def ranks() -> list[str]:  # this test's ranks, by their --out in the command line
+        pids = [pid for pid in os.listdir("/proc") if pid.isdigit() and int(pid) != parent.pid]
+        found = []
+        for pid in pids:
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(out).encode() in cmdline and b"local_group" not in cmdline:
+                found.append(pid)
+        return found
+
+    deadline = time.monotonic() + 60
+    while len(ranks()) < 2 and parent.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # the ranks past their start, into the model's load or the steps
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=60) == 128 + signal.SIGTERM, parent.stderr.read()
+    deadline = time.monotonic() + 10
+    while ranks() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ranks() == [] and out.read_bytes() == b"an earlier video"
+    assert [p.name for p in tmp_path.iterdir()] == ["kept.mp4"]
+
+
 def test_generate_rejects_bad_input(tmp_path):
     proc = _run("generate", "a fox", "--frames", "8", cwd=tmp_path)
     assert proc.returncode == 2
@@ -279,7 +316,7 @@ def test_degrees_are_checked_before_any_rank_starts(monkeypatch, capsys):
     def no_launch(*args, **kwargs):
         raise AssertionError("ranks launched")
 
-    monkeypatch.setattr(dit.cli.subprocess, "call", no_launch)
+    monkeypatch.setattr(dit.cli, "run_on_ranks", no_launch)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert main(["generate", "a fox", "--nproc", "4", "--ulysses", "3"]) == 2
     assert capsys.readouterr().err.startswith(
