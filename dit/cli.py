@@ -20,6 +20,7 @@ from dit.cli_args import (
     add_request_args,
     checked,
     found_model,
+    in_flags,
     pipeline_config,
     request,
     run_on_ranks,  # fmt: skip
@@ -174,7 +175,7 @@ def _generate(args, config) -> int:
             req = pipe.validate(req)
         except ValueError as e:
             if leader:
-                print(f"ithaca generate: error: {e}", file=sys.stderr)
+                print(f"ithaca generate: error: {in_flags(str(e))}", file=sys.stderr)
             return 2
         bar = tqdm(total=req.num_inference_steps, desc="denoising", unit="step", disable=not leader)
         start_s = time.perf_counter()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,15 @@ from parallel.local_group import local_group
 REQUEST = {"negative_prompt": "negative_prompt", "frames": "num_frames", "height": "height", "width": "width",
            "steps": "num_inference_steps", "guidance": "guidance_scale", "guidance_2": "guidance_scale_2",
            "seed": "seed", "fps": "fps", "cache": "cache"}  # fmt: skip
+
+
+def in_flags(message: str) -> str:
+    """A request check's message (it names GenerationRequest's fields, as the HTTP API's body does) in the
+    command line's words where they differ: num_frames → --frames, guidance_scale → --guidance."""
+    for dest, name in REQUEST.items():
+        if name != dest:
+            message = re.sub(rf"(?<![-\w]){name}\b", "--" + dest.replace("_", "-"), message)
+    return message
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -148,7 +158,7 @@ def found_model(args, command: str) -> bool:
         args.model_path = local_model(args.model_path)
     except ValueError as e:
         if os.environ.get("RANK", "0") == "0":
-            print(f"ithaca {command}: error: {e}", file=sys.stderr)
+            print(f"ithaca {command}: error: {in_flags(str(e))}", file=sys.stderr)
         return False
     return True
 
@@ -165,7 +175,7 @@ def checked(args, command: str, config: PipelineConfig, *, ulysses=None, ring=1,
                   cfg=cfg, request=request(args))  # fmt: skip
     except ValueError as e:
         if os.environ.get("RANK", "0") == "0":
-            print(f"ithaca {command}: error: {e}", file=sys.stderr)
+            print(f"ithaca {command}: error: {in_flags(str(e))}", file=sys.stderr)
         return False
     return True
 

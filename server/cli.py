@@ -137,6 +137,7 @@ def _layout(config: config_mod.ServeConfig):
 
 def plan(args: argparse.Namespace) -> int:
     """Print every layout of --nproc ranks with its bytes and modelled step time, marking auto's choice."""
+    from dit.cli_args import in_flags
     from dit.preflight import preflight
     from dit.request import GenerationRequest
     from dit.shape import model_shape
@@ -154,7 +155,7 @@ def plan(args: argparse.Namespace) -> int:
         shape = model_shape(args.model_path or args.preset, frames=args.frames, height=args.height,
                             width=args.width, guidance=args.guidance)  # fmt: skip
     except ValueError as e:
-        print(f"ithaca plan: error: {e}", file=sys.stderr)
+        print(f"ithaca plan: error: {in_flags(str(e))}", file=sys.stderr)
         return 2
     links = plan_mod.Links()
     choice = plan_mod.choose(args.nproc, shape, node=node, links=links)

@@ -121,7 +121,7 @@ def test_a_stopped_generate_leaves_no_rank_and_the_out_it_found(tmp_path):
 def test_generate_rejects_bad_input(tmp_path):
     proc = _run("generate", "a fox", "--frames", "8", cwd=tmp_path)
     assert proc.returncode == 2
-    assert "num_frames must be 4k+1 between 5 and 33, got 8" in proc.stderr
+    assert "--frames must be 4k+1 between 5 and 33, got 8" in proc.stderr
     assert not (tmp_path / "video.mp4").exists()
 
 
@@ -148,10 +148,10 @@ assert not loaded, loaded
                           timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines() == [
-        "ithaca generate: error: num_frames must be 4k+1 between 5 and 33, got 8",
+        "ithaca generate: error: --frames must be 4k+1 between 5 and 33, got 8",
         "ithaca generate: error: height and width must be multiples of 16 between 16 and 256, got 70 and 90",
-        "ithaca generate: error: num_frames must be 4k+1 between 5 and 33, got 37",  # the copy's own card
-        "ithaca generate: error: num_inference_steps must be an integer between 1 and 50, got 51",
+        "ithaca generate: error: --frames must be 4k+1 between 5 and 33, got 37",  # the copy's own card
+        "ithaca generate: error: --steps must be an integer between 1 and 50, got 51",
     ]
 
 

@@ -115,4 +115,4 @@ def test_the_cli_takes_guidance_2(tmp_path, capsys):
     assert main([*argv, "--preset", "tiny-moe-random", "--guidance-2", "2", "--out", str(out)]) == 0
     assert out.is_file()
     assert main([*argv, "--preset", "tiny-random", "--guidance-2", "2", "--out", str(out)]) == 2
-    assert "guidance_scale_2 is for two-expert models" in capsys.readouterr().err
+    assert "--guidance-2 is for two-expert models" in capsys.readouterr().err

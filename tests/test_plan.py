@@ -123,7 +123,7 @@ def test_ithaca_plan_prints_the_table_and_marks_the_choice(capsys):
     assert main(["plan", "--nproc", "2", "--model-path", str(SHIPPED["tiny"])]) == 0  # a folder, not a name
     assert "17 frames 64×64: 80 tokens, 4 heads × 32, 4 layers, guided; 2 ranks" in capsys.readouterr().out
     assert main(["plan", "--nproc", "2", "--frames", "-5"]) == 2  # the video against the model's limits
-    assert "num_frames must be 4k+1 between 5 and 33, got -5" in capsys.readouterr().err
+    assert "--frames must be 4k+1 between 5 and 33, got -5" in capsys.readouterr().err
 
 
 def _parse(argv, env=None) -> ServeConfig:

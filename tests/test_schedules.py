@@ -260,7 +260,7 @@ def test_the_cli_takes_the_schedule(tmp_path, capsys):
     out = tmp_path / "v.mp4"
     common = ["generate", "a red circle moving right", "--frames", "9", "--out", str(out), *argv[1:]]
     assert main([*common, "--steps", "8"]) == 2
-    assert "num_inference_steps must be 4: the model's fixed schedule" in capsys.readouterr().err
+    assert "--steps must be 4: the model's fixed schedule" in capsys.readouterr().err
     assert main(common) == 0 and out.is_file()
     assert ", 4 steps," in capsys.readouterr().out
 
