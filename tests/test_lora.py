@@ -277,7 +277,7 @@ def test_a_lora_that_does_not_fit_stops_the_launch_in_one_line(tmp_path, monkeyp
     def no_launch(*args, **kwargs):
         raise AssertionError("ranks started")
 
-    monkeypatch.setattr(dit.cli.subprocess, "call", no_launch)
+    monkeypatch.setattr(dit.cli, "run_on_ranks", no_launch)
     monkeypatch.setattr(dit.cli, "load_pipeline", no_launch, raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     path = tmp_path / "other.safetensors"
