@@ -117,6 +117,10 @@ def run_parity(args) -> int:
                 f"ithaca parity: error: unknown mode {m!r}; choose from {', '.join(MODES)}", file=sys.stderr
             )
             return 2
+    why = _nothing_to_compare(modes, args)
+    if why:  # found before the model's runs, not as "0 of 0 modes" after them
+        print(f"ithaca parity: error: {why}", file=sys.stderr)
+        return 2
     if not found_model(args, "parity") or not checked(args, "parity", pipeline_config(args)):
         return 2
     exact_tol = args.tol if args.tol is not None else EXACT_TOL[args.dtype]
@@ -167,6 +171,20 @@ def run_parity(args) -> int:
         report = {"ok": not bad, "dtype": args.dtype, "reference_seconds": reference.seconds}
         print(json.dumps({**report, "rows": [asdict(r) for r in rows]}, indent=2))
     return 1 if bad else 0
+
+
+def _nothing_to_compare(modes: list[str], args) -> str | None:
+    """Why the run would check nothing (no mode, none that runs on --nproc, a negative tolerance), or None."""
+    if not modes:
+        return f"--modes names no mode; choose from {', '.join(MODES)}"
+    skipped = {mode: _mode_layout(mode, args.nproc) for mode in modes}
+    if all(isinstance(why, str) for why in skipped.values()):
+        reasons = "; ".join(f"{mode} {why}" for mode, why in skipped.items())
+        return f"no mode of --modes runs on --nproc {args.nproc}: {reasons}"
+    for flag, tol in (("--tol", args.tol), ("--fp8-tol", args.fp8_tol)):
+        if tol is not None and not tol >= 0:
+            return f"{flag} must be 0 or more, got {tol}"
+    return None
 
 
 class _Table:

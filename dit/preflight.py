@@ -90,7 +90,8 @@ def preflight(
     if model_path is None:
         _check_choice("--preset", config.model, model_names())
     elif not Path(model_path).is_dir():
-        raise ValueError(f"--model-path {model_path}: no such folder")
+        what = "a file, not a model folder" if Path(model_path).exists() else "no such folder"
+        raise ValueError(f"--model-path {model_path}: {what}")
     else:
         try:
             model_family(model_path)

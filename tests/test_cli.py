@@ -284,6 +284,10 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
         (["generate", "a fox", "--nproc", "4", "--ulysses", "3"], {}, "--ulysses/--ring/--cfg do not fit"),
         (["generate", "a fox", "--model-path", "nowhere"], {}, "--model-path nowhere: no such folder"),
         (["parity", "--device", "cuda:99"], {}, "ithaca parity: error: --device cuda:99: "),
+        (["parity", "--modes", "hybrid", "--nproc", "3"], {}, "no mode of --modes runs on --nproc 3: hybrid "
+                                                              "needs an even --nproc of at least 4"),
+        (["serve"], {"ITHACA_PORT": "70000"}, "ithaca serve: error: ITHACA_PORT: must be 0 to 65535"),
+        (["generate", "a fox", "--out", "video"], {}, "--out video: the video is an MP4"),
         (["serve", "--attn-backend", "fast"], {}, "ithaca serve: error: --attn-backend 'fast' is not one of"),
         (["serve"], {"ITHACA_NPROC": "abc"}, "ithaca serve: error: ITHACA_NPROC: 'abc' is not an integer"),
         (["serve"], {"ITHACA_WARMUP": "480x832"}, "ITHACA_WARMUP: '480x832' is not HEIGHTxWIDTHxFRAMES"),
