@@ -183,3 +183,16 @@ def test_every_shipped_model_gets_a_layout_on_1_to_8_ranks():
             layout = plan_layout(model, n).layout
             assert n % (layout.sp * layout.cfg) == 0 and layout.ulysses <= heads, (model, n, layout)
             preflight(preset=model, device="cpu", nproc=n, comm="auto")
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """`ithaca plan ... | head -1`: the rest of the table meets a closed pipe."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ithaca = shutil.which("ithaca") or str(Path(sys.executable).parent / "ithaca")
+    proc = subprocess.run(f"'{ithaca}' plan --nproc 8 --preset wan2.1-14b | head -c 1", shell=True, text=True,
+                          capture_output=True, timeout=60)  # fmt: skip
+    assert proc.stdout == "w" and proc.stderr == "", proc.stderr
