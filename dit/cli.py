@@ -20,10 +20,10 @@ from dit.cli_args import (
     add_request_args,
     checked,
     found_model,
-    in_flags,
     pipeline_config,
     request,
-    run_on_ranks,  # fmt: skip
+    run_on_ranks,
+    say_error,  # fmt: skip
 )
 from dit.parity import add_parity
 from parallel.plan import parse_degree
@@ -116,7 +116,7 @@ def run_generate(args) -> int:
         if os.environ.get("RANK", "0") == "0":  # the one that writes (across machines, node 0's)
             check_out(args.out)
     except ValueError as e:
-        print(f"ithaca generate: error: {e}", file=sys.stderr)
+        say_error("generate", e)
         return 2
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         return run_on_ranks(args.nproc, sys.argv[1:]).returncode  # the ranks see WORLD_SIZE: no re-launch
@@ -162,8 +162,7 @@ def _generate(args, config) -> int:
                 config, args.ulysses, args.ring, args.cfg, node_rank=args.node_rank, report=report
             )
         except ValueError as e:
-            if os.environ.get("RANK", "0") == "0":
-                print(f"ithaca generate: error: {e}", file=sys.stderr)
+            say_error("generate", e)
             return 2
         mesh, pipe = started.mesh, started.pipe
         leader = mesh.rank == 0
@@ -175,8 +174,7 @@ def _generate(args, config) -> int:
                 req = replace(req, image=read_image(args.image))
             req = pipe.validate(req)
         except ValueError as e:
-            if leader:
-                print(f"ithaca generate: error: {in_flags(str(e))}", file=sys.stderr)
+            say_error("generate", e)
             return 2
         bar = tqdm(total=req.num_inference_steps, desc="denoising", unit="step", disable=not leader)
         start_s = time.perf_counter()

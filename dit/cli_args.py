@@ -29,6 +29,13 @@ def in_flags(message: str) -> str:
     return message
 
 
+def say_error(command: str, e: Exception) -> None:
+    """`e` as the command's one error line on stderr, in the command line's words, from global rank 0 alone
+    (each launched rank meets the same mistake)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"ithaca {command}: error: {in_flags(str(e))}", file=sys.stderr)
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Every option's help ends with its default, except where the help says what leaving it out does (default
     None) and for off-by-default switches."""
@@ -157,8 +164,7 @@ def found_model(args, command: str) -> bool:
     try:
         args.model_path = local_model(args.model_path)
     except ValueError as e:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"ithaca {command}: error: {in_flags(str(e))}", file=sys.stderr)
+        say_error(command, e)
         return False
     return True
 
@@ -174,8 +180,7 @@ def checked(args, command: str, config: PipelineConfig, *, ulysses=None, ring=1,
                   local_nproc=int(os.environ.get("LOCAL_WORLD_SIZE", nproc)), ulysses=ulysses, ring=ring,
                   cfg=cfg, request=request(args))  # fmt: skip
     except ValueError as e:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"ithaca {command}: error: {in_flags(str(e))}", file=sys.stderr)
+        say_error(command, e)
         return False
     return True
 
