@@ -111,13 +111,7 @@ def _compare(ref: dict, got: dict) -> tuple[float, float, int, float]:
 
 def run_parity(args) -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    for m in modes:
-        if m not in MODES:
-            print(
-                f"ithaca parity: error: unknown mode {m!r}; choose from {', '.join(MODES)}", file=sys.stderr
-            )
-            return 2
-    why = _nothing_to_compare(modes, args)
+    why = _refused(modes, args)
     if why:  # found before the model's runs, not as "0 of 0 modes" after them
         print(f"ithaca parity: error: {why}", file=sys.stderr)
         return 2
@@ -173,8 +167,12 @@ def run_parity(args) -> int:
     return 1 if bad else 0
 
 
-def _nothing_to_compare(modes: list[str], args) -> str | None:
-    """Why the run would check nothing (no mode, none that runs on --nproc, a negative tolerance), or None."""
+def _refused(modes: list[str], args) -> str | None:
+    """Why the run cannot go or would check nothing (an unknown mode, none, none that runs on --nproc, a
+    negative tolerance), or None."""
+    unknown = next((mode for mode in modes if mode not in MODES), None)
+    if unknown is not None:
+        return f"unknown mode {unknown!r}; choose from {', '.join(MODES)}"
     if not modes:
         return f"--modes names no mode; choose from {', '.join(MODES)}"
     skipped = {mode: _mode_layout(mode, args.nproc) for mode in modes}
