@@ -46,7 +46,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         logs.setup(config.log_level, config.log_format)
         app = create_app(config, on_fatal=lambda: setattr(holder["server"], "should_exit", True))
-    except (ValueError, StoreError) as e:  # a bad log setting; a jobs.db that is damaged or not ours
+    except (ValueError, StoreError) as e:  # a store URL of no known kind; a jobs.db damaged or not ours
         print(f"ithaca serve: error: {e}", file=sys.stderr)
         return 2
     if choice is not None:  # once the store opened: a damaged one ends serve with its one line alone
@@ -90,11 +90,7 @@ def _serve_node_share(config: config_mod.ServeConfig, choice) -> int:
 
     from server.supervisor import NodeShare
 
-    try:
-        logs.setup(config.log_level, config.log_format)
-    except ValueError as e:
-        print(f"ithaca serve: error: {e}", file=sys.stderr)
-        return 2
+    logs.setup(config.log_level, config.log_format)  # both checked as they were read (server.config)
     log.info("%s", choice.line())
     log.info("node %d of %d: %d ranks of the group, rendezvous at %s (no API on this node)",
              config.node_rank, config.nnodes, config.nproc, config.rdzv_endpoint)  # fmt: skip

@@ -230,9 +230,8 @@ class ServeConfig:
         "dit.pipeline", "module providing load_pipeline (tests use a fake)", worker=True
     )
     log_level: str = _opt(
-        "info", "log level (debug, info, warning, error)", worker=True,
-        parse=_one_of("debug", "info", "warning", "error", "critical"),
-    )  # fmt: skip
+        "info", f"log level ({', '.join(logs.LEVELS)})", worker=True, parse=_one_of(*logs.LEVELS)
+    )
     log_format: str = _opt(
         "text", "text, or json: one JSON object per line for log collectors", worker=True,
         parse=_one_of(*logs.FORMATS),

@@ -9,6 +9,7 @@ import logging
 import time
 
 FORMATS = ("text", "json")
+LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 class JsonFormatter(logging.Formatter):
