@@ -25,6 +25,7 @@ from dit.cache_config import CacheConfig
 from server import images, videos
 from server import limits as limits_mod
 from server import loras as loras_mod
+from server.file_response import ConditionalFile
 from server.jsonsafe import SafeJSONResponse, render, shown
 from server.openai_errors import responses
 from server.services import MAX_PROMPT_CHARS, Services, unprocessable
@@ -343,14 +344,14 @@ def cancel_job(request: Request, job_id: str):
     return job_view(services, services.cancel(job_id))
 
 
-def video_file(request: Request, job_id: str) -> FileResponse:
+def video_file(request: Request, job_id: str) -> ConditionalFile:
     """The finished MP4 of a job (404 until completed); both APIs serve it this way."""
     services = svc(request)
     job = services.job(job_id)
     config = services.config
     if job.status == "completed" and job.video and not os.path.isfile(videos.video_file(config, job)):
         raise HTTPException(404, videos.missing_video(config, job))  # e.g. another box's, not shared
-    return FileResponse(services.video_path(job), media_type="video/mp4", filename=f"{job.id}.mp4")
+    return ConditionalFile(services.video_path(job), media_type="video/mp4", filename=f"{job.id}.mp4")
 
 
 _VIDEO_ROUTE = {"response_class": FileResponse, "responses": VIDEO | responses(401, 404, 503)}

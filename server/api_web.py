@@ -12,10 +12,10 @@ import os
 
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel
-from starlette.responses import FileResponse
 
 from dit.request import MAX_LORA_STRENGTH
 from server.api_jobs import svc
+from server.file_response import ConditionalFile
 from server.openai_errors import NativeError, responses
 
 router = APIRouter()
@@ -59,8 +59,8 @@ class LorasView(BaseModel):
 def _page_file(path: str):
     name, media_type = PAGE_FILES[path]
 
-    def serve() -> FileResponse:
-        return FileResponse(os.path.join(WEB_DIR, name), media_type=media_type, headers=_HEADERS)
+    def serve() -> ConditionalFile:
+        return ConditionalFile(os.path.join(WEB_DIR, name), media_type=media_type, headers=_HEADERS)
 
     return serve
 

@@ -1,6 +1,7 @@
 """The OpenAPI document tells the truth: the responses, media types and limits it declares, every operation
-fuzzed against it (schemathesis), 405s naming the path's methods, HEAD on videos, and /v1's patterns taking
-exactly what the route takes. In-process: the ASGI app with the tiny model's limits published."""
+fuzzed against it (schemathesis), 405s naming the path's methods, HEAD and conditional GETs on files, and
+/v1's patterns taking exactly what the route takes. In-process: the ASGI app with the tiny model's limits
+published."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
+from starlette.applications import Starlette
+from starlette.routing import Route
 
 from dit.pipeline import TINY_LIMITS
+from server.file_response import ConditionalFile
 from testing.published import LORA_CATALOGUE, TINY_RANDOM_TOKENS, tiny_random_app
 
 
@@ -106,6 +110,36 @@ def test_a_video_answers_head(client, tmp_path):
         assert r.status_code == 200 and r.headers["content-length"] == "300" and r.content == b"", url
         assert r.headers["content-type"] == "video/mp4" and client.get(url).content == b"mp4" * 100
     assert client.head(f"/jobs/{'b' * 32}/video").status_code == 404
+
+
+def test_a_file_held_is_not_sent_again(client, tmp_path):
+    """If-None-Match naming the ETag: 304, no body, the validators kept (RFC 9110 §13.1.2, §15.4.5); a
+    Range in another unit is ignored (§14.2), one in bytes still honoured; a file deleted meanwhile: 404."""
+    store = client.app.state.services.store
+    job, _ = store.create({"prompt": "fox"})
+    store.claim("w", "box")
+    (tmp_path / "videos").mkdir(exist_ok=True)
+    video = tmp_path / "videos" / f"{job.id}.mp4"
+    video.write_bytes(bytes(range(200)))
+    store.finish(job.id, "w", "completed", video=f"{job.id}.mp4")
+    for url in (f"/jobs/{job.id}/video", f"/v1/videos/{job.id}/content", "/web/app.js"):
+        first = client.get(url)
+        etag = first.headers["etag"]
+        for held in (etag, f'"other", W/{etag}', "*"):
+            again = client.get(url, headers={"If-None-Match": held})
+            assert again.status_code == 304 and again.content == b"", (url, held)
+            assert again.headers["etag"] == etag and "content-length" not in again.headers
+        assert client.get(url, headers={"If-None-Match": '"other"'}).content == first.content, url
+    app_js = client.get("/web/app.js", headers={"If-None-Match": client.get("/web/app.js").headers["etag"]})
+    assert app_js.headers["cache-control"] == "no-cache"  # kept on the 304: the page revalidates every time
+    url = f"/jobs/{job.id}/video"
+    assert client.get(url, headers={"Range": "items=0-9"}).content == bytes(range(200))
+    part = client.get(url, headers={"Range": "bytes=10-19"})
+    assert part.status_code == 206 and part.content == bytes(range(10, 20))
+    gone = Starlette(routes=[Route("/", lambda request: ConditionalFile(video))])  # found, then deleted
+    video.unlink()
+    with TestClient(gone) as raced:
+        assert raced.get("/").status_code == 404
 
 
 def test_the_document_describes_what_the_routes_take(client):
