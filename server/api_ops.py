@@ -22,7 +22,11 @@ async def health(request: Request):  # no store: it answers while another proces
     return {"status": "ok"} if reason is None else {"status": "degraded", "reason": reason}
 
 
-@router.get("/ready", responses={503: {"description": "Not ready (the same body)"}} | responses(401))
+_READY = {"responses": {503: {"description": "Not ready (the same body)"}} | responses(401)}
+
+
+@router.get("/ready", **_READY)
+@router.head("/ready", **_READY)  # a load balancer's probe: the status alone
 def ready(request: Request):
     services = svc(request)
     ok = services.ready()

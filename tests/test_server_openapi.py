@@ -50,6 +50,8 @@ def test_openapi_tells_the_truth(client):
     assert frames["maximum"] == TINY_LIMITS.max_frames and frames["minimum"] == TINY_LIMITS.min_frames
     assert f"at most {TINY_RANDOM_TOKENS} tokens" in fields["prompt"]["description"]
     assert client.head("/health").status_code == 200
+    probe = client.head("/ready")  # a load balancer's: the status alone
+    assert probe.status_code == client.get("/ready").status_code == 200 and probe.content == b""
 
 
 @pytest.mark.slow  # hundreds of requests
