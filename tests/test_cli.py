@@ -81,6 +81,17 @@ def test_an_out_the_writer_cannot_write_is_refused_before_the_model_loads(tmp_pa
         assert says in capsys.readouterr().err
 
 
+def test_a_node_rank_that_numbers_no_machine_is_refused(monkeypatch, capsys):
+    from server.cli import main
+
+    for node, says in (("1", "--node-rank 1: this run is one machine (node 0)"), ("-1", "--node-rank -1: ")):
+        assert main(["generate", "a red circle", "--node-rank", node]) == 2
+        assert says in capsys.readouterr().err
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")  # torchrun --nnodes 2
+    assert main(["generate", "a red circle", "--node-rank", "2"]) == 2
+    assert "--node-rank 2 is not one of the 2 machines, 0 to 1" in capsys.readouterr().err
+
+
 def test_a_stopped_generate_leaves_no_rank_and_the_out_it_found(tmp_path):
     """SIGTERM to `ithaca generate --nproc 2` alone (not its process group): the launcher is told, every rank
     stops and cleans up (none runs on to write the video), and the --out that was there stays as it was."""
