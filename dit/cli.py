@@ -106,27 +106,16 @@ def check_out(path: str) -> None:
         raise ValueError(f"--out {path}: cannot write in {out.parent}: {e.strerror or e}") from None
 
 
-def check_node_rank(node_rank: int) -> None:
-    """ValueError for a --node-rank that numbers no machine of this group (torchrun's GROUP_WORLD_SIZE
-    machines; one without torchrun, or under --nproc): on one machine it would be ignored without a word."""
-    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
-    if nodes == 1 and node_rank != 0:
-        raise ValueError(
-            f"--node-rank {node_rank}: this run is one machine (node 0); --node-rank numbers the machines "
-            "of a run across machines, under torchrun --nnodes 2 or more"
-        )
-    if not 0 <= node_rank < nodes:
-        raise ValueError(f"--node-rank {node_rank} is not one of the {nodes} machines, 0 to {nodes - 1}")
-
-
 def run_generate(args) -> int:
+    from parallel.launch import check_node_rank
+
     if not found_model(args, "generate"):
         return 2
     config = pipeline_config(args)
     if not checked(args, "generate", config, ulysses=args.ulysses, ring=args.ring, cfg=args.cfg):
         return 2
     try:
-        check_node_rank(args.node_rank)
+        check_node_rank(args.node_rank)  # before the model loads; the ranks are numbered by it later
         if os.environ.get("RANK", "0") == "0":  # the one that writes (across machines, node 0's)
             check_out(args.out)
     except ValueError as e:

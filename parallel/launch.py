@@ -46,6 +46,20 @@ def spawn_local(fn, nproc: int, *args) -> None:
     mp.start_processes(_entry, args=(nproc, port, fn, args), nprocs=nproc, start_method="forkserver")
 
 
+def check_node_rank(node_rank: int, environ=os.environ) -> int:
+    """The number of machines of this torchrun group (1 without torchrun, or on one machine); ValueError for
+    a node rank that numbers none of them, which on one machine would be ignored without a word."""
+    nodes = int(environ.get("GROUP_WORLD_SIZE", "1"))
+    if nodes == 1 and node_rank != 0:
+        raise ValueError(
+            f"--node-rank {node_rank}: this run is one machine (node 0); --node-rank numbers the machines "
+            "of a run across machines, under torchrun --nnodes 2 or more"
+        )
+    if not 0 <= node_rank < nodes:
+        raise ValueError(f"--node-rank {node_rank} is not one of the {nodes} machines, 0 to {nodes - 1}")
+    return nodes
+
+
 def number_ranks_by_node(
     node_rank: int, agree: dict | None = None, environ=os.environ, timeout: float = 300.0
 ) -> None:
@@ -63,7 +77,7 @@ def number_ranks_by_node(
     hang until a timeout), as do machines running different numbers of ranks or a node number out of range.
     One machine: nothing to do.
     """
-    nodes = int(environ.get("GROUP_WORLD_SIZE", "1"))
+    nodes = check_node_rank(node_rank, environ)
     if nodes == 1 or "LOCAL_RANK" not in environ:
         return
     local, world = int(environ["LOCAL_WORLD_SIZE"]), int(environ["WORLD_SIZE"])
@@ -72,8 +86,6 @@ def number_ranks_by_node(
             f"the {nodes} machines of the group run different numbers of ranks ({world} in all, {local} "
             "here): give every machine the same --nproc"
         )
-    if not 0 <= node_rank < nodes:
-        raise ValueError(f"node rank {node_rank} is not one of the {nodes} machines, 0 to {nodes - 1}")
     _check_nodes(node_rank, agree or {}, environ, timeout)
     rank = str(node_rank * local + int(environ["LOCAL_RANK"]))
     environ.update(RANK=rank, GROUP_RANK=str(node_rank), ROLE_RANK=rank)

@@ -181,7 +181,7 @@ def test_ranks_are_numbered_by_node_and_the_machines_checked_before_the_group_fo
     assert one["RANK"] == "1"  # one machine: untouched
     with pytest.raises(ValueError, match="give every machine the same --nproc"):
         number_ranks_by_node(0, environ=env | {"WORLD_SIZE": "3"})
-    with pytest.raises(ValueError, match="node rank 2 is not one of the 2 machines"):
+    with pytest.raises(ValueError, match="--node-rank 2 is not one of the 2 machines"):
         number_ranks_by_node(2, environ=env)
 
 
