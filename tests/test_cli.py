@@ -50,6 +50,17 @@ def test_generate_writes_the_mp4_as_asked(tmp_path):
     assert warning in proc.stderr  # the tiny model declares its vocabulary (dit/tiny/model/vocabulary.json)
 
 
+def test_the_readmes_python_block_makes_the_clis_video(tmp_path, monkeypatch, capsys):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("### From Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, "README.md", "exec"), {})
+    assert "step 12/12" in capsys.readouterr().out
+    proc = _run("generate", "a yellow triangle moving up", "--seed", "7", "--out", "cli.mp4", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (read_mp4(tmp_path / "video.mp4").frames == read_mp4(tmp_path / "cli.mp4").frames).all()
+
+
 def test_a_video_that_cannot_be_made_is_one_line_exit_1_and_no_file(tmp_path, monkeypatch, capsys):
     from dit import vae_frames
     from dit.failures import GenerationFailed
