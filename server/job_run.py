@@ -22,6 +22,7 @@ class JobRun:
         self.job_id, self.spec = message["id"], message["spec"]
         self.step_times: list[float] = []
         self.phases = PhaseClock()
+        self.recorded = "encoding"  # the phase the claim recorded (server.store.runs)
         self.start = self._last = time.perf_counter()
         self.video = StreamedVideo(worker.config.videos_dir, self.job_id, self.spec["fps"])
 
@@ -35,7 +36,9 @@ class JobRun:
         self.phases.enter(phase)
         if phase == "denoising":
             self._last = time.perf_counter()  # the first step's time leaves the text encoding out
-        self.worker.store.set_phase(self.job_id, self.worker.name, phase, self.phases.timings)
+        if phase != self.recorded:  # one store write, and one log line, a change
+            self.recorded = phase
+            self.worker.store.set_phase(self.job_id, self.worker.name, phase, self.phases.timings)
 
     def batch_job(self, request) -> BatchJob:
         """This job in a batch (`Pipeline.generate_batch`), its callbacks this run's."""
