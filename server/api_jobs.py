@@ -214,6 +214,10 @@ async def form_fields(request: Request, file_field: str) -> dict:
             item = await item.read()
         parts.append((key, item))
     parts, loras = loras_mod.form_items(parts)  # a repeated field: one part per LoRA
+    keys = [key for key, _ in parts]
+    for key in keys:  # any other given twice: which one was meant is not for the server to guess
+        if keys.count(key) > 1:
+            raise unprocessable(key, f"{shown(key)} is given {keys.count(key)} times; give it once")
     return dict(parts) | ({} if loras is None else {loras_mod.FIELD: loras})
 
 

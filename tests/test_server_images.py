@@ -297,6 +297,9 @@ def test_multipart_fields_are_checked_as_json_ones(i2v):
     assert r.status_code == 422 and _error(r) == ("prompt", "'prompt' cannot be a file; only image can")
     r = i2v.post("/generate", files={"prompt": (None, "fox"), "image": (None, data_url(PNG))})  # a text part
     assert r.status_code == 202 and r.json()["request"]["image"] == DESCRIBED
+    for url in ("/generate", "/v1/videos"):  # which of two was meant is not for the server to guess
+        r = i2v.post(url, files=[("prompt", (None, "fox")), ("prompt", (None, "owl")), ("seed", (None, "1"))])
+        assert r.status_code == 422 and _error(r) == ("prompt", "'prompt' is given 2 times; give it once")
 
 
 def test_openai_input_reference(i2v, tmp_path):
