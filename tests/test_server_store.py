@@ -19,6 +19,7 @@ from server.store import (
     QueueFull,
     StoreBusy,
     StoreError,
+    StoreFull,
     lora_set,
     open_store,
 )
@@ -271,6 +272,29 @@ def test_a_locked_store_fails_fast_with_store_busy(tmp_path):
     finally:
         holder.execute("ROLLBACK")
     assert store.create({"prompt": "after"})[1]
+
+
+def test_a_full_disk_is_an_outage_and_a_failed_commit_keeps_no_lock(tmp_path, caplog):
+    """SQLite's "database or disk is full" is `StoreFull` (a 503, an outage the workers ride out), reads go
+    on, and writes once there is room; a COMMIT that fails (on a full disk, or here a deferred foreign key)
+    leaves neither its transaction nor the write lock behind for every other connection to wait on."""
+    store = JobStore(str(tmp_path / "jobs.db"), busy_timeout=0.3)
+    other = JobStore(str(tmp_path / "jobs.db"), busy_timeout=0.3)
+    first, _ = store.create({"prompt": "before"})
+    db = store._db
+    db.execute(f"PRAGMA max_page_count = {db.execute('PRAGMA page_count').fetchone()[0]}")  # no room
+    with caplog.at_level(logging.INFO, logger="ithaca.jobs"), pytest.raises(StoreFull, match="disk is full"):
+        store.create({"prompt": "x" * 100_000})
+    assert not caplog.records  # nothing logged as queued that was not
+    assert store.get(first.id).status == "queued"
+    db.execute("PRAGMA max_page_count = 1073741823")
+    assert store.create({"prompt": "room again"})[1]
+    db.execute("PRAGMA foreign_keys = ON")
+    db.execute("CREATE TEMP TABLE parent (id INTEGER PRIMARY KEY)")
+    db.execute("CREATE TEMP TABLE child (p INTEGER REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED)")
+    with pytest.raises(sqlite3.IntegrityError), store._write() as txn:
+        txn.execute("INSERT INTO child VALUES (1)")  # fails at COMMIT
+    assert other.create({"prompt": "after"})[1] and store.create({"prompt": "and here"})[1]
 
 
 def test_phases_progress_and_a_cancel_after_the_last_step(store):

@@ -84,8 +84,15 @@ class _WriteTxn:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
-            self.db.execute("COMMIT")
+            try:
+                self.db.execute("COMMIT")
+            except BaseException:  # SQLite keeps the transaction, and its write lock, after a failed
+                self._rollback()  # COMMIT (a full disk): every other connection would wait on it for good
+                raise
             return
+        self._rollback()
+
+    def _rollback(self) -> None:
         try:
             self.db.execute("ROLLBACK")
         except Exception:  # a lost connection takes its transaction with it; the first error tells

@@ -60,7 +60,7 @@ class JobQueue(Connections):
                     lora_set(spec.get("loras")),
                 ),
             ).fetchone()
-            return log_change(job_from_row(row)), True
+        return log_change(job_from_row(row)), True  # once committed: a failed commit queued nothing
 
     def get(self, job_id: str, *, include_deleted: bool = False) -> Job | None:
         deleted = "" if include_deleted else " AND deleted = 0"
