@@ -8,9 +8,18 @@ _FIX = "move it aside (or restore a backup) and start again; a new, empty store 
 
 class StoreBusy(RuntimeError):
     """The store did not answer in time: "locked" (another process held SQLite's write lock past the busy
-    timeout), "busy" (a PostgreSQL lock wait or deadlock) or "unreachable" (no connection to PostgreSQL), as
-    its message says; the API answers 503 with it, the supervisor and the workers retry
-    (server/store/retry.py)."""
+    timeout), "busy" (a PostgreSQL lock wait or deadlock), "unreachable" (no connection to PostgreSQL) or
+    "full" (its disk: nothing can be written until space is freed), as its message says; the API answers 503
+    with it, the supervisor and the workers retry (server/store/retry.py)."""
+
+
+class StoreFull(StoreBusy):
+    """The store's disk is full: an outage like the others (the writes go on once space is freed), said so
+    instead of a 500 and a worker group that looks as if it were still loading. Reads still answer."""
+
+
+def disk_full(detail: str) -> StoreFull:
+    return StoreFull(f"the job store's disk is full ({detail}); free space there and the store carries on")
 
 
 class StoreError(RuntimeError):

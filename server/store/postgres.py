@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import re
 
-from server.store.errors import StoreBusy, StoreError
+from server.store.errors import StoreBusy, StoreError, disk_full
 
 _FIX = "check the URL, that the PostgreSQL server runs and that this user may connect and create tables"
 
@@ -120,6 +120,8 @@ class Connection:
         errors = self._psycopg.errors
         if isinstance(error, errors.LockNotAvailable | errors.DeadlockDetected | errors.SerializationFailure):
             return StoreBusy(f"the job store is busy ({_one_line(error)}); retry shortly")
+        if isinstance(error, errors.DiskFull):
+            return disk_full(_one_line(error))
         if isinstance(error, self._psycopg.OperationalError) and self.broken:
             return StoreBusy(f"the job store is unreachable ({_one_line(error)}); retry shortly")
         return error

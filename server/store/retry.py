@@ -1,4 +1,5 @@
-"""Riding out a job-store outage: a PostgreSQL restart, connections cut, an SQLite lock held too long.
+"""Riding out a job-store outage: a PostgreSQL restart, connections cut, an SQLite lock held too long, a
+full disk.
 
 `StoreOutage` is one process side's view of its store (the supervisor's, a worker leader's): since when its
 calls have failed with `StoreBusy` and why (None while the store answers), logged once when the store stops
@@ -17,11 +18,14 @@ import logging
 import threading
 import time
 
-from server.store.errors import StoreBusy
+from server.store.errors import StoreBusy, StoreFull
 
 log = logging.getLogger("ithaca.store")
 FIRST_RETRY_S = 0.1
 MAX_RETRY_S = 2.0  # a store that returns is noticed within this
+# a full disk still answers reads: it is back once no write has failed for this long (a worker's heartbeat
+# writes every second)
+FULL_SETTLE_S = 3.0
 
 
 class StoreOutage:
@@ -30,6 +34,7 @@ class StoreOutage:
         self.since: float | None = None  # time.time() of the first failure in a row
         self.reason: str | None = None
         self.back_at = -float("inf")  # time.monotonic() when the store last answered again after failing
+        self.full_at = -float("inf")  # time.monotonic() of the last write a full disk refused
         self._lock = threading.Lock()
 
     def describe(self, *, detail: bool = True) -> str | None:
@@ -46,11 +51,13 @@ class StoreOutage:
             if first:
                 self.since = time.time()
             self.reason = str(error)
+            if isinstance(error, StoreFull):
+                self.full_at = time.monotonic()
         if first:
             log.warning("%s: %s (each call is retried for up to %g s)", self.who, error, self.grace)
 
     def answered(self) -> None:
-        if self.since is None:
+        if self.since is None or time.monotonic() - self.full_at < FULL_SETTLE_S:
             return
         with self._lock:
             since, self.since, self.reason = self.since, None, None

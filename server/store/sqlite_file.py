@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sqlite3
 
-from server.store.errors import StoreBusy, StoreError
+from server.store.errors import StoreBusy, StoreError, disk_full
 from server.store.job import OUR_COLUMNS
 
 
@@ -35,6 +35,8 @@ def _busy_or(error: sqlite3.OperationalError) -> Exception:
     message = str(error)
     if "locked" in message or "busy" in message:
         return StoreBusy(f"the job store is locked by another process ({message}); retry shortly")
+    if getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:  # one raised by SQLite itself
+        return disk_full(message)
     return error
 
 
