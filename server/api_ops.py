@@ -50,8 +50,7 @@ def ready(request: Request):
 
 
 def _unready_reason(supervisor) -> str:
-    outage = supervisor and (supervisor.fatal or supervisor.outage.describe())
-    return outage or "the worker group is not serving (loading, or starting again after it exited)"
+    return supervisor.unready() if supervisor else "no worker group of this job store serves (--no-workers)"
 
 
 @router.get("/metrics", response_class=PlainTextResponse, responses=responses(401, 503))

@@ -59,14 +59,19 @@ RELAUNCH_MAX_S = 60.0  # the longest pause of its backoff
 
 def group_ready(store: JobStore, *, group_id: str | None = None) -> bool:
     """Every replica of the group (or, attached, of any group) has a fresh heartbeat and is serving."""
-    workers = [
-        w
-        for w in store.workers(group_id=group_id)
+    return serving(store.workers(group_id=group_id), whole=group_id is not None)
+
+
+def serving(workers: list[dict], *, whole: bool) -> bool:
+    """`workers` (rows of `JobStore.workers`) have fresh heartbeats and serve; `whole`: all of one group's
+    replicas."""
+    fresh = [
+        w for w in workers
         if w["state"] in ("ready", "busy") and time.time() - w["heartbeat_at"] < FRESH_HEARTBEAT_S
-    ]
-    if not workers:
+    ]  # fmt: skip
+    if not fresh:
         return False
-    return group_id is None or len(workers) == workers[0]["info"].get("dp_size", 1)
+    return not whole or len(fresh) == fresh[0]["info"].get("dp_size", 1)
 
 
 def _pids_with_env(entry: str) -> list[int]:
@@ -201,6 +206,7 @@ class Supervisor:
         self._proc: subprocess.Popen | None = None
         self._group_ready = False  # as the last round found it: every replica of the group serving
         self._was_ready = False  # the running group was ready once
+        self._heard_at: float | None = None  # its newest heartbeat (time.time())
         self._failures_in_a_row = 0
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="supervisor", daemon=True)
@@ -216,6 +222,19 @@ class Supervisor:
     def ready(self) -> bool:
         proc = self._proc
         return proc is not None and proc.poll() is None and self._group_ready and self.outage.since is None
+
+    def unready(self) -> str:
+        """Why the server does not serve now (while `ready()` is False), for /ready."""
+        outage = self.fatal or self.outage.describe()
+        if outage:
+            return outage
+        silent = None if self._heard_at is None else time.time() - self._heard_at
+        if self._was_ready and silent is not None and silent >= FRESH_HEARTBEAT_S:
+            return (
+                f"the worker group sent no heartbeat for {silent:.0f} s: it cannot write to the job store "
+                "(a full disk? its log says) or it is stuck"
+            )
+        return "the worker group is not serving (loading, or starting again after it exited)"
 
     def degraded(self) -> str | None:
         """Why the server cannot do its work now (None: it can), for /health: no secrets, no store URL."""
@@ -270,7 +289,9 @@ class Supervisor:
         return False
 
     def _watch_group(self) -> None:
-        self._group_ready = group_ready(self.store, group_id=self.group_id)
+        workers = self.store.workers(group_id=self.group_id)
+        self._group_ready = serving(workers, whole=True)
+        self._heard_at = max((w["heartbeat_at"] for w in workers), default=None)
         if self._group_ready and not self._was_ready:
             self._was_ready, self._failures_in_a_row = True, 0
             log.info("worker group %s is ready", self.group_id)

@@ -193,3 +193,39 @@ def test_the_supervisor_thread_outlives_any_error_and_a_watchdog_starts_it_again
     assert group.poll() is None and supervisor.restarts == 0  # the same group, supervised again
     supervisor.stop(grace=0)
     assert group.poll() is not None
+
+
+def test_ready_says_why_a_ready_group_went_quiet_and_a_full_disk_ends_once_writes_land(tmp_path, monkeypatch):
+    """A group that was ready and stops heartbeating (its writes fail: a full disk) is named as such by
+    /ready's reason, not as "loading". A full disk's outage is not ended by a read that answers (reads do on
+    a full disk), only by FULL_SETTLE_S without a failed write."""
+    from server import supervisor as supervisor_mod
+    from server.config import ServeConfig
+    from server.store import StoreFull
+    from server.store import retry as retry_mod
+    from testing.server_process import wait_until
+
+    monkeypatch.setattr(supervisor_mod, "launch_group", lambda *_: subprocess.Popen(["sleep", "60"]))
+    monkeypatch.setattr(supervisor_mod, "FRESH_HEARTBEAT_S", 0.5)
+    config = ServeConfig(data_dir=str(tmp_path))
+    store = JobStore(config.db_path)
+    supervisor = supervisor_mod.Supervisor(config, store, on_fatal=lambda: None)
+    supervisor.start()
+    try:
+        wait_until(lambda: supervisor.group_id is not None, 10, "the group's launch")
+        beat = dict(instance=config.instance, group_id=supervisor.group_id, state="ready", info={})
+        store.heartbeat(f"{config.instance}/{supervisor.group_id}/replica0", **beat)
+        wait_until(supervisor.ready, 10, "ready")
+        wait_until(lambda: not supervisor.ready(), 10, "the heartbeat gone stale")
+        assert "sent no heartbeat for" in supervisor.unready() and "full disk" in supervisor.unready()
+    finally:
+        supervisor.stop(grace=0)
+
+    monkeypatch.setattr(retry_mod, "FULL_SETTLE_S", 0.3)
+    outage = retry_mod.StoreOutage(60, "worker")
+    outage.failed(StoreFull("the job store's disk is full (database or disk is full)"))
+    outage.answered()  # a read
+    assert outage.describe().startswith("the job store's disk is full")
+    time.sleep(0.35)
+    outage.answered()  # writes have landed for FULL_SETTLE_S
+    assert outage.describe() is None
