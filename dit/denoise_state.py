@@ -26,6 +26,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 import torch
 
 from dit.cache import malformed_states
+from dit.files import written
 
 FORMAT = 1
 _PLAIN = (torch.Tensor, int, float, bool, str, type(None))
@@ -142,11 +143,9 @@ def _copy(name: str, value, device=None):
 def save_file(path: str, state: DenoiseState, key: dict) -> None:
     """Write `state` with its `key` to `path` through a temporary file and a rename: a crash mid-write leaves
     the previous checkpoint."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     root, ext = os.path.splitext(path)
-    tmp = f"{root}.partial{ext}"  # a crash leaves a name of the same kind, for a sweep to find
-    torch.save({"format": FORMAT, "key": json.dumps(key, sort_keys=True), "state": asdict(state)}, tmp)
-    os.replace(tmp, path)
+    with written(path, f"{root}.partial{ext}") as tmp:  # a crash leaves a name of the same kind, for a sweep
+        torch.save({"format": FORMAT, "key": json.dumps(key, sort_keys=True), "state": asdict(state)}, tmp)
 
 
 def load_file(path: str, key: dict, expected: Expected) -> tuple[DenoiseState | None, str | None]:

@@ -25,6 +25,7 @@ import contextlib
 import logging
 import os
 
+from dit.files import written
 from server.store import Job, JobStore
 
 PARTIAL_SUFFIX = ".partial.mp4"
@@ -104,10 +105,8 @@ def remove_checkpoint(videos_dir: str, job_id: str) -> None:
 
 def _write_atomic(path: str, tmp: str, data: bytes) -> None:
     """`data` into `path` through `tmp` and a rename, so no reader ever sees part of it."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(tmp, "wb") as f:
+    with written(path, tmp) as name, open(name, "wb") as f:
         f.write(data)
-    os.replace(tmp, path)
 
 
 def _remove(path: str) -> None:

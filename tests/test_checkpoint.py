@@ -148,3 +148,21 @@ def test_auto_saves_whenever_the_steps_took_a_hundred_times_the_cost():
         auto = Checkpointing(0, saved.append, share=share, write_cost=lambda w=write_s: w)
         pipe.denoise(req, checkpoints=auto)
         assert [s.step for s in saved] == want, write_s
+
+
+def test_a_checkpoint_that_cannot_be_written_leaves_the_last_one_and_no_partial(tmp_path, monkeypatch):
+    """A full disk mid-write (torch.save's ENOSPC): the previous checkpoint stays, and the partial file goes
+    rather than fill the disk further (it kept a job's server from recovering once space was freed)."""
+    path, key = str(tmp_path / "job.pt"), {"model": "tiny"}
+    state = DenoiseState(step=1, latents=torch.zeros(1, 4, 2, 4, 4), scheduler={}, generator=None)
+    save_file(path, state, key)
+    before = open(path, "rb").read()
+
+    def full(obj, name):
+        open(name, "wb").write(b"half a file")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(OSError, match="No space"):
+        save_file(path, replace(state, step=2), key)
+    assert open(path, "rb").read() == before and [p.name for p in tmp_path.iterdir()] == ["job.pt"]
