@@ -150,7 +150,7 @@ def _generate(args, config) -> int:
 
     from dit.failures import GenerationFailed
     from dit.startup import start
-    from dit.video import Mp4Writer
+    from dit.video import Mp4Writer, VideoNotWritten
     from dit.vocabulary import prompt_warnings, read_vocabulary
 
     def report(choice) -> None:  # global rank 0, before the model loads
@@ -192,7 +192,7 @@ def _generate(args, config) -> int:
                 frames = pipe.decode(latents, writer.write if leader else None)
             if leader:
                 os.replace(partial, args.out)
-        except GenerationFailed as e:
+        except (GenerationFailed, VideoNotWritten) as e:
             if leader:
                 print(f"ithaca generate: error: {e}", file=sys.stderr)
             return 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,12 +13,20 @@ import numpy as np
 # 81 frames of 480×832, veryfast took 0.41 s for 0.72 MB where the default (medium) took 1.02 s for 0.74 MB
 # (2-core CPU box, 2026-11-25; bench/RESULTS.md)
 PRESET = "veryfast"
+NEARLY_FULL_BYTES = 16 << 20  # a write that failed with less than this free failed for want of space
+
+
+class VideoNotWritten(OSError):
+    """The MP4 could not be written; the message says why in one line (ffmpeg's own error reaches us only as
+    a broken pipe, and its command line and output are no message for a user)."""
 
 
 class Mp4Writer:
     """An H.264 yuv420p MP4 written as frames come: ffmpeg encodes in its own process while the caller makes
-    the next ones (a decode chunk by chunk), so the file is closed soon after the last frame. A with-block
-    that ends in an exception removes the partial file."""
+    the next ones (a decode chunk by chunk), so the file is closed soon after the last frame. A write that
+    fails (ffmpeg gone, the disk full) is kept and raised by `close` as `VideoNotWritten`: the caller's decode
+    goes on meanwhile, as the other ranks decoding with it would wait for this one. A with-block that ends in
+    an exception, its own or the close's, removes the partial file."""
 
     def __init__(self, path: str | Path, height: int, width: int, fps: int, preset: str = PRESET):
         if height % 2 or width % 2:
@@ -35,6 +44,7 @@ class Mp4Writer:
         )
         self._writer.send(None)  # start ffmpeg
         self.frames = 0
+        self.error: VideoNotWritten | None = None
 
     def write(self, frames: np.ndarray) -> None:
         """uint8 frames `[n, H, W, 3]` at the size given."""
@@ -42,20 +52,47 @@ class Mp4Writer:
         if frames.ndim != 4 or frames.shape[1:] != self.shape:
             height, width, _ = self.shape
             raise ValueError(f"frames must be uint8 [n, {height}, {width}, 3], got {frames.shape}")
-        for frame in frames:
-            self._writer.send(frame)
+        if self.error is not None:
+            return
+        try:
+            for frame in frames:
+                self._writer.send(frame)
+        except Exception as e:
+            self.error = self._not_written(e)
         self.frames += len(frames)
 
     def close(self) -> Path:
-        """Wait for ffmpeg to finish the file."""
-        self._writer.close()
+        """Wait for ffmpeg to finish the file; VideoNotWritten when it could not."""
+        try:
+            self._writer.close()
+        except Exception as e:
+            self.error = self.error or self._not_written(e)
+        if self.error is not None:
+            raise self.error
         return self.path
+
+    def _not_written(self, error: Exception) -> VideoNotWritten:
+        free = shutil.disk_usage(self.path.parent).free
+        if free < NEARLY_FULL_BYTES:
+            why = f"its disk is full ({free >> 10} KiB free in {self.path.parent})"
+        else:
+            first = (str(error).strip().splitlines() or [""])[0]  # not the ffmpeg command and output after it
+            why = f"ffmpeg stopped ({type(error).__name__}: {first})"
+        not_written = VideoNotWritten(f"the MP4 was not written: {why}")
+        not_written.__cause__ = error
+        return not_written
 
     def __enter__(self) -> Mp4Writer:
         return self
 
     def __exit__(self, kind, error, trace) -> None:
-        self.close()
+        try:
+            self.close()
+        except VideoNotWritten:
+            self.path.unlink(missing_ok=True)
+            if kind is None:
+                raise
+            return  # the block's own error is the one to tell
         if kind is not None:
             self.path.unlink(missing_ok=True)
 

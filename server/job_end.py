@@ -10,6 +10,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+from dit.video import VideoNotWritten
 from server import metrics, videos
 from server.phases import job_timings
 from server.store import JobStore
@@ -71,8 +72,11 @@ class JobEnd:
             os.replace(run.video.close(frames), path)  # readers never see a half-written file
         except Exception as e:
             run.video.drop()
-            log.error("job %s: its MP4 was not written: %s: %s", job_id, type(e).__name__, e)
-            self.finish(run, "failed", error=f"the MP4 was not written: {type(e).__name__}: {e}")
+            error = f"the MP4 was not written: {type(e).__name__}: {e}"
+            if isinstance(e, VideoNotWritten):  # its one line says why (a full disk)
+                error = str(e)
+            log.error("job %s: %s", job_id, error)
+            self.finish(run, "failed", error=error)
             self.drop_files(job_id, image)
             return
         counts = {"evaluated": evaluations.evaluated, "skipped": evaluations.skipped}

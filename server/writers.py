@@ -13,6 +13,7 @@ fails is logged and left out: previews and checkpoints are worth having, never w
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -26,7 +27,7 @@ import numpy as np
 from PIL import Image
 
 from dit.denoise_state import Checkpointing, DenoiseState, save_file
-from dit.video import Mp4Writer, write_mp4
+from dit.video import Mp4Writer, VideoNotWritten, write_mp4
 from server import videos
 from server.store import JobStore
 
@@ -137,8 +138,9 @@ class StreamedVideo:
     """`frames(chunk)` as the decode's `on_frames`: the first chunk opens `<job id>.partial.mp4` (what
     `videos.sweep` removes if the process dies), each is encoded as it comes. `close()` finishes the file and
     returns its path; `drop()` removes it (a cancel or a failure mid-decode). A write that fails (ffmpeg gone,
-    the disk full) is kept for `close` to raise: the decode goes on meanwhile, since the group's other ranks
-    are in it too and would wait for this one, and the close's failure fails the job (`JobEnd`)."""
+    the disk full; the writer keeps it, `Mp4Writer`) or a writer that cannot start is raised by `close`: the
+    decode goes on meanwhile, since the group's other ranks are in it too and would wait for this one, and
+    the close's failure fails the job (`JobEnd`)."""
 
     def __init__(self, videos_dir: str, job_id: str, fps: int):
         os.makedirs(videos_dir, exist_ok=True)
@@ -152,7 +154,7 @@ class StreamedVideo:
             if self._writer is None:
                 self._writer = Mp4Writer(self.path, chunk.shape[1], chunk.shape[2], self.fps)
             self._writer.write(chunk)
-        except Exception as e:
+        except Exception as e:  # ffmpeg could not start
             self._error = e
 
     def close(self, frames: np.ndarray) -> str:
@@ -168,10 +170,8 @@ class StreamedVideo:
         writer, self._writer = self._writer, None
         try:
             if writer is not None:
-                writer.close()
-        except Exception:
-            if self._error is None:  # a writer that failed may fail its close too: that is known already
-                raise
+                with contextlib.suppress(VideoNotWritten):  # the file goes: why it could not be is moot
+                    writer.close()
         finally:
             Path(self.path).unlink(missing_ok=True)
 

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -76,6 +77,18 @@ def test_a_video_that_cannot_be_made_is_one_line_exit_1_and_no_file(tmp_path, mo
         "ithaca generate: error: the VAE decode in float16 gave non-finite values" in capsys.readouterr().err
     )
     assert not out.exists()
+    monkeypatch.undo()
+
+    def full(path, *args, **kwargs):  # ffmpeg died of a full disk: a broken pipe, then the disk says why
+        yield
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("imageio_ffmpeg.write_frames", full)
+    monkeypatch.setattr("shutil.disk_usage", lambda folder: SimpleNamespace(free=0))
+    assert main(["generate", "a red circle", "--out", str(out), "--steps", "2", "--frames", "5"]) == 1
+    said = capsys.readouterr().err.splitlines()[-1].removeprefix("ithaca generate: error: ")
+    assert said == f"the MP4 was not written: its disk is full (0 KiB free in {tmp_path})"
+    assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
 def test_an_out_the_writer_cannot_write_is_refused_before_the_model_loads(tmp_path, capsys):

@@ -127,6 +127,25 @@ def test_an_mp4_written_chunk_by_chunk_is_the_whole_one(tmp_path):
         writer.write(frames[:, :16])
 
 
+def test_an_mp4_that_cannot_be_written_is_one_line_at_the_close_and_no_file(tmp_path, monkeypatch):
+    """ffmpeg gone mid-write reaches the writer as a broken pipe: `write` keeps it (a decode goes on, its
+    other ranks with it), the close raises VideoNotWritten in one line, and the file goes."""
+    from dit import video as video_mod
+
+    def broken(path, *args, **kwargs):
+        open(path, "wb").write(b"part of an MP4")
+        yield
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(video_mod.imageio_ffmpeg, "write_frames", broken)
+    frames = np.zeros((5, 32, 48, 3), np.uint8)
+    with pytest.raises(video_mod.VideoNotWritten) as e, Mp4Writer(tmp_path / "v.mp4", 32, 48, 8) as writer:
+        writer.write(frames[:1])
+        writer.write(frames[1:])  # the decode's next chunk: nothing raised mid-decode
+    assert str(e.value) == "the MP4 was not written: ffmpeg stopped (BrokenPipeError: [Errno 32] Broken pipe)"
+    assert not (tmp_path / "v.mp4").exists()
+
+
 def test_tiny_text_encoder_pads_like_wan(pipe):
     enc = pipe.text_encoder
     emb = enc.encode("  a   cat ")  # cleaned to "a cat": 5 bytes + end token

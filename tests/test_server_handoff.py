@@ -15,7 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from dit.video import Mp4Writer, read_mp4
+from dit import video as video_mod
+from dit.video import read_mp4
 from server import videos
 from server.config import ServeConfig
 from server.store import JobStore
@@ -130,18 +131,22 @@ def test_a_close_that_fails_fails_its_job_and_the_worker_goes_on(served):
 def test_a_write_that_fails_mid_decode_fails_its_job_at_the_close_and_the_worker_goes_on(served, monkeypatch):
     s = served
     broken, _ = s.store.create(SPEC)
-    real_write = Mp4Writer.write
+    real_ffmpeg = video_mod.imageio_ffmpeg.write_frames
 
-    def write(writer, frames):  # ffmpeg's pipe breaks after the first chunk (the disk filled up)
-        if broken.id in str(writer.path) and writer.frames:
-            raise OSError(28, "No space left on device")
-        return real_write(writer, frames)
+    def ffmpeg(path, *args, **kwargs):  # its pipe breaks after the first frame: ffmpeg died of a full disk
+        def full():
+            yield
+            yield
+            raise BrokenPipeError(32, "Broken pipe")
 
-    monkeypatch.setattr(Mp4Writer, "write", write)
+        return full() if broken.id in path else real_ffmpeg(path, *args, **kwargs)
+
+    monkeypatch.setattr(video_mod.imageio_ffmpeg, "write_frames", ffmpeg)
+    monkeypatch.setattr(video_mod.shutil, "disk_usage", lambda folder: SimpleNamespace(free=4096))
     after, _ = s.store.create(SPEC)
     s.gate.set()
     failed = _at(s, broken.id, "failed")  # the decode went on: no group to restart, no other attempt
-    assert failed.error == "the MP4 was not written: OSError: [Errno 28] No space left on device"
+    assert failed.error == f"the MP4 was not written: its disk is full (4 KiB free in {s.config.videos_dir})"
     assert failed.attempts == 1 and _files(s.config, broken.id) == []
     _at(s, after.id, "completed")
     assert _files(s.config, after.id) == [f"{after.id}.mp4"]
