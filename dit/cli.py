@@ -7,7 +7,6 @@ import argparse
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 from contextlib import nullcontext
@@ -25,6 +24,7 @@ from dit.cli_args import (
     run_on_ranks,
     say_error,  # fmt: skip
 )
+from dit.files import check_folder
 from dit.parity import add_parity
 from parallel.plan import parse_degree
 
@@ -96,14 +96,7 @@ def check_out(path: str) -> None:
         raise ValueError(f"--out {path}: the video is an MP4; give a file name ending in .mp4")
     if out.is_dir():
         raise ValueError(f"--out {path} is a folder; give a file name ending in .mp4")
-    above = next(folder for folder in out.parents if folder.exists())
-    if not above.is_dir():
-        raise ValueError(f"--out {path}: {above} is a file, not a folder")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=out.parent).close()
-    except OSError as e:
-        raise ValueError(f"--out {path}: cannot write in {out.parent}: {e.strerror or e}") from None
+    check_folder(f"--out {path}", out.parent)
 
 
 def run_generate(args) -> int:

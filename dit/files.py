@@ -1,12 +1,14 @@
 """Files written whole or not at all: under a temporary name beside the target, renamed into place once
 complete, so a reader never sees part of one; a write that fails (a full disk) removes its temporary file
-rather than leave it to fill the disk further."""
+rather than leave it to fill the disk further. And the folders they go to, checked at start."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 
 @contextlib.contextmanager
@@ -21,3 +23,17 @@ def written(path: str, tmp: str) -> Iterator[str]:
             os.remove(tmp)
         raise
     os.replace(tmp, path)
+
+
+def check_folder(label: str, folder: str | Path) -> None:
+    """ValueError starting with `label` (the option and its value) when `folder` cannot be made or written
+    in (a file in the way, no permission): found at start, not when the first file is due. Makes it."""
+    folder = Path(folder)
+    above = next(path for path in (folder, *folder.parents) if path.exists())
+    if not above.is_dir():
+        raise ValueError(f"{label}: {above} is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise ValueError(f"{label}: cannot write in {folder}: {e.strerror or e}") from None

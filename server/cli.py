@@ -37,6 +37,7 @@ def serve(args: argparse.Namespace) -> int:
             choice = _layout(config)
             layout = choice.layout  # the workers get the degrees resolved, not "auto"
             config = dataclasses.replace(config, ulysses=layout.ulysses, ring=layout.ring, cfg=layout.cfg)
+        config.check_folders()  # last: it makes them, and a mistake above leaves no folder behind
     except ValueError as e:
         print(f"ithaca serve: error: {e}", file=sys.stderr)
         return 2

@@ -16,6 +16,7 @@ import socket
 from dataclasses import dataclass, field
 
 from dit import settings
+from dit.files import check_folder
 from dit.image import ImageLimits
 from dit.settings import PipelineConfig
 from parallel.plan import parse_degree
@@ -281,6 +282,14 @@ class ServeConfig:
     def world_size(self) -> int:
         """Ranks in the worker group: --nproc on each of --nnodes machines."""
         return self.nproc * self.nnodes
+
+    def check_folders(self) -> None:
+        """ValueError (one line naming the option) for a data, results or job-store folder that cannot be
+        made or written in: found at start, not as a traceback as the store opens or the first MP4 is due."""
+        check_folder(f"--data-dir {self.data_dir}", self.data_dir)
+        check_folder(f"--results-dir {self.videos_dir}", self.videos_dir)
+        if self.store_url.startswith("sqlite:///"):
+            check_folder(f"the job store {self.db_path}", os.path.dirname(os.path.abspath(self.db_path)))
 
     def check_nodes(self) -> None:
         """ValueError (one line naming the option) for node settings that cannot form one group."""

@@ -326,6 +326,7 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
         (["serve", "--attn-backend", "fast"], {}, "ithaca serve: error: --attn-backend 'fast' is not one of"),
         (["serve"], {"ITHACA_NPROC": "abc"}, "ithaca serve: error: ITHACA_NPROC: 'abc' is not an integer"),
         (["serve"], {"ITHACA_WARMUP": "480x832"}, "ITHACA_WARMUP: '480x832' is not HEIGHTxWIDTHxFRAMES"),
+        (["serve", "--data-dir", "/dev/null/d"], {}, "--data-dir /dev/null/d: /dev/null is a file, not a"),
     ],
 )  # fmt: skip
 def test_a_mistake_is_one_line_and_exit_code_2(tmp_path, argv, env, says):
