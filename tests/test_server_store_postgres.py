@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from server.store import StoreBusy, open_store
+from server.store import StoreBusy, StoreFull, open_store
 
 
 def test_a_locked_postgres_store_fails_fast_with_store_busy(postgres_cluster):
@@ -34,6 +34,15 @@ def test_a_lost_postgres_connection_is_busy_once_then_connects_again(postgres_cl
     with pytest.raises(StoreBusy, match="unreachable"):
         store.get(job.id)
     assert store.get(job.id).id == job.id
+
+
+def test_a_full_postgres_disk_is_store_full(postgres_cluster):
+    """PostgreSQL's disk_full (SQLSTATE 53100) is the outage SQLite's full disk is: 503 with the reason."""
+    store = open_store(postgres_cluster.new_database())
+    full = "DO $$ BEGIN RAISE EXCEPTION 'could not extend file' USING ERRCODE = 'disk_full'; END $$"
+    with pytest.raises(StoreFull, match=r"the job store's disk is full \(could not extend file"):
+        store._db.execute(full)
+    assert store.create({"prompt": "after"})[1]
 
 
 def _claim_all(url: str, worker: str, out) -> None:
