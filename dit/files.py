@@ -14,15 +14,15 @@ from pathlib import Path
 @contextlib.contextmanager
 def written(path: str, tmp: str) -> Iterator[str]:
     """`with written(path, tmp) as name:` write the whole file to `name` (`tmp`); it becomes `path` when the
-    block ends, and is removed if the block raises."""
+    block ends, and is removed if the block or the rename raises."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     try:
         yield tmp
+        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
         raise
-    os.replace(tmp, path)
 
 
 def check_folder(label: str, folder: str | Path) -> None:

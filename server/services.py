@@ -4,6 +4,7 @@ queue cap, cancel, the video path)."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -160,7 +161,14 @@ class Services:
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
         job_id, created = uuid.uuid4().hex, False
         if image is not None:  # in place before the job exists, so no worker claims it without its image
-            videos.write_input(self.config.videos_dir, job_id, data, media_type)
+            try:
+                videos.write_input(self.config.videos_dir, job_id, data, media_type)
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                raise HTTPException(  # as a full job store is: the server cannot take a job now
+                    503, "the results folder's disk is full; free space there", headers={"Retry-After": "1"}
+                ) from None
         try:
             job, created = self.store.create(
                 spec, meta=meta, idempotency_key=key, request_hash=digest, job_id=job_id,

@@ -285,6 +285,24 @@ def test_before_any_worker_published_an_image_is_taken_if_it_decodes_within_the_
         assert bare.post("/generate", json={"prompt": "fox", "image": data_url(WIDE)}).status_code == 413
 
 
+def test_a_first_frame_that_finds_the_disk_full_is_a_503_and_leaves_nothing(i2v, tmp_path, monkeypatch):
+    from dit import files
+
+    real = files.os.replace
+
+    def full(src, dst):  # the input's bytes are in, its rename finds no room (an inode, a directory block)
+        if "inputs" in str(dst):
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", full)
+    for url, field in (("/generate", "image"), ("/v1/videos", "input_reference")):
+        r = i2v.post(url, data={"prompt": "fox"}, files={field: ("a.png", PNG)})
+        assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+        assert "the results folder's disk is full" in r.text
+    assert _inputs(tmp_path) == [] and i2v.get("/jobs").json()["data"] == []
+
+
 def test_multipart_fields_are_checked_as_json_ones(i2v):
     files = {"image": ("a.png", PNG)}
     r = i2v.post("/generate", data={"prompt": "fox", "num_frames": "many"}, files=files)
