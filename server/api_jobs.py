@@ -234,6 +234,7 @@ def job_view(services: Services, job: Job) -> dict:
         "created_at": job.created_at,
         "started_at": job.started_at,
         "finished_at": job.finished_at,
+        "expires_at": services.expires_at(job),  # --keep-hours deletes the job then; null: kept
         "timings": job.timings,
         "attempts": job.attempts,
         "resumed_from_step": job.resumed_from_step,

@@ -218,7 +218,7 @@ def video_view(services: Services, job: Job) -> dict:
         "progress": job.progress,
         "created_at": int(job.created_at),
         "completed_at": int(job.finished_at) if job.status == "completed" else None,
-        "expires_at": None,
+        "expires_at": services.expires_at(job),  # --keep-hours
         "prompt": job.spec.get("prompt"),
         # "" until a worker has published the model's defaults (a request that left the size out)
         "size": f"{value('width')}x{value('height')}" if value("width") and value("height") else "",

@@ -12,6 +12,7 @@ from server import api_jobs, api_openai, api_ops, api_web, images, openai_errors
 from server.config import ServeConfig
 from server.jsonsafe import SafeJSONResponse
 from server.middleware import GuardMiddleware
+from server.retention import Retention
 from server.services import Services
 from server.store import open_store
 from server.supervisor import Supervisor
@@ -32,7 +33,11 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
         threading.Thread(target=services.prompt_tokenizer, name="tokenizer", daemon=True).start()
         if supervisor is not None:
             supervisor.start()
+        if retention is not None:
+            retention.start()
         yield
+        if retention is not None:
+            retention.stop()
         if supervisor is not None:
             log.info(
                 "shutting down: no new jobs; the running job has %.0f s to finish", config.shutdown_grace
@@ -46,6 +51,7 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
         default_response_class=SafeJSONResponse,
     )
     app.state.services = services = Services(config, store, supervisor)
+    retention = Retention(services, config.keep_hours) if config.keep_hours else None
     for module in (api_ops, api_jobs, api_openai, api_web):
         app.include_router(module.router)
     openai_errors.install(app)

@@ -164,6 +164,12 @@ class ServeConfig:
     job_timeout: float = _opt(
         3600.0, "seconds a job may run before it fails and the group is reset", parse=_above(0)
     )
+    keep_hours: float = _opt(
+        0.0,
+        "hours a finished job is kept, then deleted with its video, preview and input image as DELETE "
+        "/v1/videos/ID deletes them (0: until a client deletes it)",
+        parse=_at_least(0),
+    )
     shutdown_grace: float = _opt(
         300.0, "seconds the running job may take to finish after SIGTERM", parse=_at_least(0)
     )

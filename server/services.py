@@ -85,6 +85,11 @@ class Services:
         trained tiny model's; none for a model that declares none), as the workers published it."""
         return prompt_warnings(job.spec.get("prompt"), self.worker_info().get("vocabulary"))
 
+    def expires_at(self, job: Job) -> int | None:
+        """When --keep-hours deletes the job (server/retention.py); None: kept until a client deletes it."""
+        keep = self.config.keep_hours
+        return int(job.finished_at + keep * 3600) if keep and job.terminal and job.finished_at else None
+
     def ready(self) -> bool:
         return self.supervisor.ready() if self.supervisor is not None else group_ready(self.store)
 

@@ -144,6 +144,37 @@ def test_a_file_held_is_not_sent_again(client, tmp_path):
         assert raced.get("/").status_code == 404
 
 
+def test_keep_hours_deletes_what_finished_before_and_says_when(tmp_path):
+    """--keep-hours: a finished job's views say when it goes (`expires_at`); a sweep past that deletes it as
+    DELETE /v1/videos/ID does, its MP4 and preview with it; a running job and a newer one stay."""
+    from server import videos
+    from server.retention import Retention
+
+    with TestClient(tiny_random_app(tmp_path, keep_hours=2.0), raise_server_exceptions=False) as client:
+        services = client.app.state.services
+        store = services.store
+        old, new, running = (store.create({"prompt": p})[0] for p in ("old", "new", "running"))
+        (tmp_path / "videos").mkdir(exist_ok=True)
+        for job in (old, new):
+            store.claim("w", "box")
+            (tmp_path / "videos" / f"{job.id}.mp4").write_bytes(b"mp4")
+            videos.write_preview(str(tmp_path / "videos"), job.id, b"webp")
+            store.finish(job.id, "w", "completed", video=f"{job.id}.mp4")
+        store.claim("w", "box")
+        finished = store.get(old.id).finished_at
+        assert client.get(f"/jobs/{old.id}").json()["expires_at"] == int(finished + 7200)
+        assert client.get(f"/v1/videos/{old.id}").json()["expires_at"] == int(finished + 7200)
+        assert client.get(f"/jobs/{running.id}").json()["expires_at"] is None
+        assert Retention(services, 2.0).sweep(now=(finished + store.get(new.id).finished_at) / 2 + 7200) == 1
+        assert client.get(f"/jobs/{old.id}").status_code == 404
+        left = sorted(path.name for path in (tmp_path / "videos").rglob("*.*"))
+        assert left == [f"{new.id}.mp4", f"{new.id}.webp"]
+        assert client.get(f"/jobs/{running.id}").json()["status"] == "in_progress"
+    with TestClient(tiny_random_app(tmp_path / "kept"), raise_server_exceptions=False) as client:
+        job, _ = client.app.state.services.store.create({"prompt": "x"})
+        assert client.get(f"/jobs/{job.id}").json()["expires_at"] is None  # 0, the default: kept
+
+
 def test_the_document_describes_what_the_routes_take(client):
     """A form has no null; a text-to-video model's bodies have no image; /v1's seconds and size patterns
     take exactly what the route does."""

@@ -297,6 +297,19 @@ def test_a_full_disk_is_an_outage_and_a_failed_commit_keeps_no_lock(tmp_path, ca
     assert other.create({"prompt": "after"})[1] and store.create({"prompt": "and here"})[1]
 
 
+def test_expired_are_the_jobs_over_before_a_time_not_yet_deleted(store):
+    a, b, running, gone = (store.create({"prompt": p})[0] for p in "abcd")
+    for _ in range(4):
+        store.claim("w", "box")
+    store.finish(a.id, "w", "completed", video=f"{a.id}.mp4")
+    store.finish(b.id, "w", "failed", error="boom")
+    store.finish(gone.id, "w", "completed", video=f"{gone.id}.mp4")
+    store.cancel(gone.id, delete=True)
+    cutoff = time.time() + 1
+    assert [j.id for j in store.expired(cutoff)] == [a.id, b.id] and store.expired(cutoff, 1)[0].id == a.id
+    assert store.expired(store.get(a.id).finished_at) == []
+
+
 def test_phases_progress_and_a_cancel_after_the_last_step(store):
     job, _ = store.create({"prompt": "a"})
     assert store.claim("w", "box").phase == "encoding"

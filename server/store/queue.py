@@ -96,6 +96,16 @@ class JobQueue(Connections):
             "SELECT COUNT(*) FROM jobs WHERE status = 'queued' AND seq < ?", (job.seq,)
         ).fetchone()[0]
 
+    def expired(self, finished_before: float, limit: int = 500) -> list[Job]:
+        """Up to `limit` jobs over (completed, failed or cancelled) and not deleted that finished before
+        `finished_before` (time.time()), oldest first: what --keep-hours deletes (server/retention.py)."""
+        rows = self._db.execute(
+            "SELECT * FROM jobs WHERE deleted = 0 AND status IN ('completed', 'failed', 'cancelled') "
+            "AND finished_at < ? ORDER BY seq LIMIT ?",
+            (finished_before, limit),
+        ).fetchall()
+        return [job_from_row(row) for row in rows]
+
     def counts(self) -> dict[str, int]:
         """Jobs by state; deleted jobs (the /v1 DELETE) are gone for every reader, metrics included."""
         rows = self._db.execute(
