@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+NEARLY_FULL_BYTES = 16 << 20  # a write that failed with less than this free failed for want of space
 
 
 @contextlib.contextmanager
@@ -37,3 +40,16 @@ def check_folder(label: str, folder: str | Path) -> None:
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as e:
         raise ValueError(f"{label}: cannot write in {folder}: {e.strerror or e}") from None
+
+
+def full_disk(folder: str | Path | None) -> str | None:
+    """`its disk is full (N KiB free in FOLDER)` when a write into `folder` just failed for want of space;
+    None otherwise. Said so because the error itself often hides it: a dying ffmpeg reaches us as a broken
+    pipe, torch.save's as "unexpected pos"."""
+    if folder is None:
+        return None
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return None
+    return f"its disk is full ({free >> 10} KiB free in {folder})" if free < NEARLY_FULL_BYTES else None

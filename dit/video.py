@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import imageio_ffmpeg
 import numpy as np
 
+from dit.files import full_disk
+
 # x264's preset at CRF 18 (quality fixed, so a preset trades seconds for bytes), chosen by bench/mp4.py: on
 # 81 frames of 480×832, veryfast took 0.41 s for 0.72 MB where the default (medium) took 1.02 s for 0.74 MB
 # (2-core CPU box, 2026-11-25; bench/RESULTS.md)
 PRESET = "veryfast"
-NEARLY_FULL_BYTES = 16 << 20  # a write that failed with less than this free failed for want of space
 
 
 class VideoNotWritten(OSError):
@@ -72,12 +72,8 @@ class Mp4Writer:
         return self.path
 
     def _not_written(self, error: Exception) -> VideoNotWritten:
-        free = shutil.disk_usage(self.path.parent).free
-        if free < NEARLY_FULL_BYTES:
-            why = f"its disk is full ({free >> 10} KiB free in {self.path.parent})"
-        else:
-            first = (str(error).strip().splitlines() or [""])[0]  # not the ffmpeg command and output after it
-            why = f"ffmpeg stopped ({type(error).__name__}: {first})"
+        first = (str(error).strip().splitlines() or [""])[0]  # not the ffmpeg command and output after it
+        why = full_disk(self.path.parent) or f"ffmpeg stopped ({type(error).__name__}: {first})"
         not_written = VideoNotWritten(f"the MP4 was not written: {why}")
         not_written.__cause__ = error
         return not_written

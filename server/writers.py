@@ -27,6 +27,7 @@ import numpy as np
 from PIL import Image
 
 from dit.denoise_state import Checkpointing, DenoiseState, save_file
+from dit.files import full_disk
 from dit.video import Mp4Writer, VideoNotWritten, write_mp4
 from server import videos
 from server.store import JobStore
@@ -42,6 +43,7 @@ class LatestWriter:
 
     what = "item"
     keep_all = False
+    videos_dir: str | None = None  # where it writes: a failed write names a full disk there
 
     def __init__(self):
         self._cond = threading.Condition()
@@ -78,8 +80,8 @@ class LatestWriter:
                 self.write(job_id, step, item)
                 self.write_s = time.perf_counter() - start
             except Exception as e:
-                log.warning("%s of job %s at step %d not written: %s: %s", self.what, job_id, step,
-                            type(e).__name__, e)  # fmt: skip
+                why = full_disk(self.videos_dir) or f"{type(e).__name__}: {e}"
+                log.warning("%s of job %s at step %d not written: %s", self.what, job_id, step, why)
             finally:
                 with self._cond:
                     self._busy = False

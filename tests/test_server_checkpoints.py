@@ -138,3 +138,24 @@ def test_a_killed_server_resumes_its_job_and_ignores_a_foreign_checkpoint(tmp_pa
         assert not os.path.exists(videos.checkpoint_path(folder, running["id"]))
     finally:
         second.stop()
+
+
+def test_a_checkpoint_the_full_disk_refused_is_logged_as_that(tmp_path, monkeypatch, caplog):
+    """torch.save's own error on a full disk is "unexpected pos": the warning says the disk is full."""
+    from types import SimpleNamespace
+
+    from server.writers import CheckpointWriter
+
+    def full(obj, name):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 2112 vs 2006")
+
+    monkeypatch.setattr(torch, "save", full)
+    monkeypatch.setattr("shutil.disk_usage", lambda folder: SimpleNamespace(free=0))
+    writer = CheckpointWriter(str(tmp_path))
+    state = DenoiseState(step=1, latents=torch.zeros(1), scheduler={}, generator=None)
+    writer.submit("a" * 32, 1, (state, {}))
+    assert writer.flush(10)
+    said = [r.getMessage() for r in caplog.records if "not written" in r.getMessage()]
+    assert said == [
+        f"checkpoint of job {'a' * 32} at step 1 not written: its disk is full (0 KiB free in {tmp_path})"
+    ]

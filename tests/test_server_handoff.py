@@ -142,7 +142,7 @@ def test_a_write_that_fails_mid_decode_fails_its_job_at_the_close_and_the_worker
         return full() if broken.id in path else real_ffmpeg(path, *args, **kwargs)
 
     monkeypatch.setattr(video_mod.imageio_ffmpeg, "write_frames", ffmpeg)
-    monkeypatch.setattr(video_mod.shutil, "disk_usage", lambda folder: SimpleNamespace(free=4096))
+    monkeypatch.setattr("shutil.disk_usage", lambda folder: SimpleNamespace(free=4096))
     after, _ = s.store.create(SPEC)
     s.gate.set()
     failed = _at(s, broken.id, "failed")  # the decode went on: no group to restart, no other attempt
