@@ -4,6 +4,7 @@ queue cap, cancel, the video path)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -222,8 +223,9 @@ class Services:
         if job.status in ("completed", "failed") and not delete:
             raise HTTPException(409, f"job {job_id} already {job.status}; there is nothing to cancel")
         path = self._video_file(job)
-        if delete and path is not None and os.path.isfile(path):
-            os.remove(path)
+        if delete and path is not None:
+            with contextlib.suppress(FileNotFoundError):  # another server sharing the folder took it first
+                os.remove(path)
         if delete and job.terminal:  # a running job may still be re-queued: its worker removes it at the end
             videos.remove_input(self.config.videos_dir, job.id)
         if delete:  # one a running job's worker writes after this goes when the job ends (the worker)
