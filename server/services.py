@@ -9,6 +9,7 @@ import errno
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -89,7 +90,7 @@ class Services:
     def expires_at(self, job: Job) -> int | None:
         """When --keep-hours deletes the job (server/retention.py); None: kept until a client deletes it."""
         keep = self.config.keep_hours
-        return int(job.finished_at + keep * 3600) if keep and job.terminal and job.finished_at else None
+        return math.ceil(job.finished_at + keep * 3600) if keep and job.terminal and job.finished_at else None
 
     def ready(self) -> bool:
         return self.supervisor.ready() if self.supervisor is not None else group_ready(self.store)
