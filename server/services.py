@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import re
+import secrets
 import threading
 import time
 import uuid
@@ -34,6 +35,9 @@ LIMITS_CACHE_S = 1.0
 # Characters a prompt may have before it is tokenized at all (tokens set the real limit, well below this).
 MAX_PROMPT_CHARS = 20_000
 _IMAGE_STATUS = {ImageTooLarge: 413, UnsupportedFormat: 415}  # any other ImageError: 422
+# A job sent without a seed gets one drawn below this: JavaScript's numbers hold it exactly, so the page (and
+# any JSON client) shows it and can send it back to make the same video.
+RANDOM_SEEDS = 2**32
 
 
 def unprocessable(field_name: str, message: str) -> HTTPException:
@@ -149,7 +153,8 @@ class Services:
         """Queue a job for `spec` with its first-frame `image` (a file's bytes or a data URL; errors name
         `image_field`), kept as sent beside the job and described in its request. An Idempotency-Key
         belongs to its route family (`scope`) and to the request `body` (and image) it first came with: the
-        same body replays the job, another one is a 409."""
+        same body replays the job, another one is a 409. A `spec` without a seed gets a random one, kept in
+        the job (its `request.seed`), so a re-run or a resumed job makes the same video."""
         self.check_prompts(spec)
         info = self.worker_info()
         errors = limits_mod.check(spec | {"image": image}, info.get("limits", {}))
@@ -164,6 +169,8 @@ class Services:
         if image is not None:  # decoded only now: cheaper refusals come first
             data, media_type, described = self._input_image(image_field, image)
             spec, body = spec | {"image": described}, body | {"image": described}
+        if spec.get("seed") is None:
+            spec = spec | {"seed": secrets.randbelow(RANDOM_SEEDS)}  # not in `body`: a replay keeps its job's
         key = None if idempotency_key is None else f"{scope}:{idempotency_key}"
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
         job_id, created = uuid.uuid4().hex, False

@@ -63,6 +63,7 @@ def test_multipart_and_data_url_submits_keep_the_image_and_describe_it(i2v, tmp_
         "prompt": "fox",
         "negative_prompt": "",
         "num_frames": 9,
+        "seed": form.json()["request"]["seed"],  # drawn at random (none was sent)
         "image": DESCRIBED,
     }
     as_json = i2v.post("/generate", json={"prompt": "fox", "image": data_url(PNG)})

@@ -249,6 +249,17 @@ def test_idempotency_key_conflict_scope_and_reuse_after_delete(client):
     assert reused.status_code == 200 and reused.json()["id"] != v1.json()["id"]
 
 
+def test_a_job_without_a_seed_gets_a_random_one_kept_in_its_request(client):
+    seeds = [client.post("/generate", json={"prompt": "fox"}).json()["request"]["seed"] for _ in range(3)]
+    v1 = client.post("/v1/videos", json={"prompt": "fox"}).json()["id"]
+    seeds.append(client.get(f"/jobs/{v1}").json()["request"]["seed"])
+    assert len(set(seeds)) == 4 and all(0 <= s < 2**32 for s in seeds)  # within the page's exact integers
+    assert client.post("/generate", json={"prompt": "fox", "seed": 7}).json()["request"]["seed"] == 7
+    key = {"Idempotency-Key": "seedless"}
+    first, again = (client.post("/generate", json={"prompt": "fox"}, headers=key).json() for _ in range(2))
+    assert first["id"] == again["id"] and first["request"]["seed"] == again["request"]["seed"]
+
+
 def test_a_store_from_an_earlier_version_gains_the_hash_column(tmp_path):
     path = str(tmp_path / "jobs.db")
     old = JobStore(path)
@@ -350,7 +361,7 @@ def test_v1_refuses_a_size_or_duration_the_model_cannot_make_and_says_what_it_ro
     assert r.status_code == 200, r.text
     assert (r.json()["size"], r.json()["seconds"]) == ("96x48", "1.0625")
     request = client.get(f"/jobs/{r.json()['id']}").json()["request"]
-    assert request == {"prompt": "fox", "width": 96, "height": 48, "num_frames": 17}
+    assert request == {"prompt": "fox", "width": 96, "height": 48, "num_frames": 17, "seed": request["seed"]}
     for size in ("16x256", "256x16"):  # the bounds themselves are made as asked
         assert client.post("/v1/videos", json={"prompt": "fox", "size": size}).json()["size"] == size
 
