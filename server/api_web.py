@@ -24,6 +24,7 @@ PAGE_FILES = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/web/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/web/style.css": ("style.css", "text/css; charset=utf-8"),
+    "/web/icon.svg": ("icon.svg", "image/svg+xml"),  # named by the page, so no browser asks /favicon.ico
 }
 # Nothing but this server: the page's own script and style, previews and videos as blob: URLs.
 _HEADERS = {

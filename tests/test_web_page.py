@@ -84,11 +84,20 @@ def browser():
 
 @pytest.fixture
 def page(browser):
+    """A page whose console errors (a file that failed to load, a script error) fail the test; a 401 is the
+    page asking for the key."""
     context = browser.new_context(viewport={"width": 960, "height": 720})
     page = context.new_page()
     page.set_default_timeout(WAIT_MS)
+    errors = []
+    page.on(
+        "console",
+        lambda m: m.type == "error" and "(Unauthorized)" not in m.text and errors.append(m.text),
+    )
+    page.on("pageerror", lambda e: errors.append(str(e)))
     yield page
     context.close()
+    assert not errors, errors
 
 
 def _submit(page, prompt: str, **fields) -> None:
@@ -150,6 +159,7 @@ def test_generate_on_the_tiny_model(servers, page, tmp_path):
     assert page.get_by_label("LoRA 1", exact=True).input_value() == "glow"
     # enough steps (the tiny model's are ~0.1 s) that the bar is seen between 0 and 100
     _submit(page, "a red circle moving right", Steps=24, Seed=3, **{"Strength of LoRA 1": 0.5})
+    assert " · seed 3 · " in page.locator("li.job", has_text="a red circle moving right").inner_text()
     shot = tmp_path / "tiny.png"
     seen = _watch_to_the_video(page, "a red circle moving right", shot)
     if os.environ.get("ITHACA_WEB_SCREENSHOT"):  # how docs/web-page.png is made: 64 colours keep it small
@@ -170,13 +180,23 @@ def test_generate_on_the_tiny_model(servers, page, tmp_path):
 
 def test_errors_in_words_and_a_phone_sized_window(servers, browser, tmp_path):
     opened, _ = servers
-    context = browser.new_context(viewport={"width": 375, "height": 740}, is_mobile=True)
+    phone = 375  # px wide; a mobile page widens its layout viewport (innerWidth) to fit what overflows
+    context = browser.new_context(viewport={"width": phone, "height": 740}, is_mobile=True)
     page = context.new_page()
     page.set_default_timeout(WAIT_MS)
     try:
         page.goto(opened.url)
         page.wait_for_function("() => !document.getElementById('generate').disabled")
-        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+        fits = f"document.documentElement.scrollWidth <= {phone}"
+        assert page.evaluate(fits)
+        page.get_by_label("Prompt", exact=True).fill("x" * 150)  # one long unknown word, named in the hint
+        assert "x" * 150 in page.locator("#prompt-hint").inner_text()
+        assert page.evaluate(fits)  # it wraps
+        page.get_by_label("Prompt", exact=True).fill("")
+        seed = page.get_by_label("Seed", exact=True)
+        seed.fill(str(2**53 + 1))  # past the integers a page's numbers hold exactly: the browser refuses it
+        assert seed.evaluate("i => i.validity.rangeOverflow")
+        seed.fill("")
         # keyboard only: type the prompt, Tab to Generate, Enter; a prompt of blanks comes back in words
         page.get_by_label("Prompt", exact=True).focus()
         page.keyboard.type("   ")
@@ -187,6 +207,11 @@ def test_errors_in_words_and_a_phone_sized_window(servers, browser, tmp_path):
         page.keyboard.press("Enter")
         page.get_by_text("Not queued: prompt: ").wait_for()
         assert "must not be empty or blank" in page.locator("#form-status").inner_text()
+        page.get_by_role("button", name="Add LoRA").click()
+        page.get_by_label("Strength of LoRA 1", exact=True).fill("")  # left empty: the server's default, 1
+        with page.expect_request("**/generate") as sent:
+            page.get_by_role("button", name="Generate").click()
+        assert sent.value.post_data_json["loras"] == [{"name": "glow"}]
         page.screenshot(path=tmp_path / "phone.png", full_page=True)
     finally:
         context.close()
@@ -207,8 +232,19 @@ def test_the_page_asks_for_the_key_and_cancels(servers, page, tmp_path):
     page.wait_for_function("() => !document.getElementById('generate').disabled")
     assert page.evaluate("sessionStorage.getItem('ithaca-api-key')") == keyed.api_key
 
+    # a key that stops working (the server's was changed) is asked for again, and the form keeps its values
+    page.get_by_label("Prompt", exact=True).fill("a blue square moving up")
+    page.get_by_label("Steps", exact=True).fill("16")
+    page.evaluate("sessionStorage.setItem('ithaca-api-key', 'stale')")
+    page.get_by_role("button", name="Generate").click()
+    page.get_by_text("The server refused that key").wait_for()
+    key.fill(keyed.api_key)
+    with page.expect_response("**/limits"):
+        key.press("Enter")
+    assert page.get_by_label("Steps", exact=True).input_value() == "16"
+    assert page.get_by_label("Prompt", exact=True).input_value() == "a blue square moving up"
     page.evaluate(RECORDER)
-    _submit(page, "a blue square moving up", Steps=16)
+    page.get_by_role("button", name="Generate").click()
     seen = _watch_to_the_video(page, "a blue square moving up", tmp_path / "keyed.png")
     assert any(0 < v < 100 for v in seen["progress"]) and seen["previews"], seen
     assert page.locator("li.job video").first.evaluate("v => v.src.startsWith('blob:')")
@@ -228,6 +264,13 @@ def test_the_page_asks_for_the_key_and_cancels(servers, page, tmp_path):
     assert jobs[0]["request"]["prompt"] == "a fox to cancel" and jobs[0]["status"] == "cancelled"
     page.screenshot(path=tmp_path / "cancelled.png")
 
+    # the list is read again while the page is open: a job sent elsewhere appears, a deleted one goes
+    small = {"num_frames": 5, "width": 16, "height": 16, "num_inference_steps": 2}
+    assert keyed.client.post("/generate", json={"prompt": "a job from elsewhere", **small}).status_code == 202
+    page.locator("li.job", has_text="a job from elsewhere").wait_for()
+    assert keyed.client.delete(f"/v1/videos/{jobs[0]['id']}").status_code == 200
+    card.wait_for(state="detached")
+
 
 def test_the_page_is_public_and_limits_wait_for_a_worker(tmp_path):
     app = create_app(ServeConfig(workers=False, data_dir=str(tmp_path), api_key=KEY))
@@ -236,7 +279,12 @@ def test_the_page_is_public_and_limits_wait_for_a_worker(tmp_path):
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
         assert "default-src 'self'" in page.headers["content-security-policy"]
         assert client.head("/").status_code == 200
-        for path, kind in (("/web/app.js", "text/javascript"), ("/web/style.css", "text/css")):
+        files = (
+            ("/web/app.js", "text/javascript"),
+            ("/web/style.css", "text/css"),
+            ("/web/icon.svg", "image/svg"),
+        )
+        for path, kind in files:
             assert client.get(path).headers["content-type"].startswith(kind)
         assert client.get("/web/missing.js").status_code == 401  # only the page's files are public
         assert client.get("/limits").status_code == 401

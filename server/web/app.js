@@ -5,6 +5,7 @@
 
 const KEY_STORE = "ithaca-api-key";
 const PAGE_SIZE = 10;
+const REFRESH_MS = 5000; // the job list is read again this often while in view: jobs sent elsewhere appear
 const TERMINAL = new Set(["completed", "failed", "cancelled"]);
 const NUMBERS = ["num_frames", "width", "height", "num_inference_steps", "guidance_scale", "seed"];
 const STATUS_WORDS = {
@@ -107,7 +108,9 @@ function applyLimits({ model, limits, vocabulary: declared, loras }) {
     input.max = spec.max;
     // HTML counts `step` from `min`, as the published multiple is counted
     input.step = spec.multiple_of || (name === "guidance_scale" ? "any" : 1);
-    if (spec.default !== undefined) input.value = spec.default;
+    // read again after a key is entered: a value the user typed stays while the model still takes it
+    const kept = input.value !== "" && input.checkValidity();
+    if (spec.default !== undefined && !kept) input.value = spec.default;
     const every = spec.multiple_of ? ` in steps of ${spec.multiple_of}` : "";
     $(`${name}-hint`).textContent = spec.min === spec.max ? `fixed: ${spec.min}` : `${spec.min}–${spec.max}${every}`;
   }
@@ -161,11 +164,13 @@ $("add-lora").addEventListener("click", () => {
   name.focus();
 });
 
+// A strength left empty is left out: the server's default, 1
 function chosenLoras() {
-  return [...$("lora-rows").querySelectorAll(".lora-row")].map((row) => ({
-    name: row.querySelector("select").value,
-    strength: Number(row.querySelector("input").value),
-  }));
+  return [...$("lora-rows").querySelectorAll(".lora-row")].map((row) => {
+    const strength = row.querySelector("input").value;
+    const name = row.querySelector("select").value;
+    return strength === "" ? { name } : { name, strength: Number(strength) };
+  });
 }
 
 // Under the prompt, for a model that declares its vocabulary: what it draws, its words, and the prompt's
@@ -230,7 +235,10 @@ $("generate-form").addEventListener("submit", async (event) => {
 
 // -- the job list --------------------------------------------------------------------------------------------
 
+let listing = 0; // the latest showPage call: an earlier one answered later is dropped
+
 async function showPage(index) {
+  const ticket = ++listing;
   let response;
   try {
     response = await api(`/jobs?limit=${PAGE_SIZE}` + (cursors[index] ? `&after=${cursors[index]}` : ""));
@@ -243,6 +251,7 @@ async function showPage(index) {
     return;
   }
   const { data, has_more, last_id } = await response.json();
+  if (ticket !== listing) return;
   page = index;
   cursors = cursors.slice(0, index + 1);
   if (has_more) cursors.push(last_id);
@@ -250,9 +259,16 @@ async function showPage(index) {
   for (const [id, card] of cards) {
     if (!shown.has(id)) dropCard(card);
   }
-  // cards already shown keep their stream, preview and video
-  $("jobs").replaceChildren(...data.map((job) => (cards.get(job.id) || makeCard(job)).el));
-  for (const job of data) update(cards.get(job.id), job);
+  // cards already shown keep their stream, preview and video; the list is rebuilt only when it changed, so a
+  // refresh keeps the focus (a card's button) where it is
+  const els = data.map((job) => (cards.get(job.id) || makeCard(job)).el);
+  const list = $("jobs");
+  const changed = els.length !== list.children.length || els.some((el, i) => list.children[i] !== el);
+  if (changed) list.replaceChildren(...els);
+  for (const job of data) {
+    const card = cards.get(job.id);
+    if (!card.stream) update(card, job); // a followed job hears of itself first from its own stream
+  }
   $("jobs-status").textContent = data.length ? "" : "No jobs yet.";
   $("page-number").textContent = `Page ${index + 1}`;
   $("newer").disabled = index === 0;
@@ -261,6 +277,9 @@ async function showPage(index) {
 
 $("newer").addEventListener("click", () => showPage(page - 1));
 $("older").addEventListener("click", () => showPage(page + 1));
+setInterval(() => {
+  if (document.visibilityState === "visible" && $("key-form").hidden) showPage(page);
+}, REFRESH_MS);
 
 function element(tag, attributes = {}, text = "") {
   const el = document.createElement(tag);
@@ -283,9 +302,10 @@ function makeCard(job) {
   };
   const prompt = job.request.prompt;
   const when = new Date(job.created_at * 1000).toLocaleString();
+  const seed = job.request.seed == null ? "" : ` · seed ${job.request.seed}`; // drawn by the server if not sent
   card.el.append(
     element("h3", { id: title }, prompt),
-    element("p", { class: "meta" }, `${job.id.slice(0, 8)} · ${when}`),
+    element("p", { class: "meta" }, `${job.id.slice(0, 8)}${seed} · ${when}`),
   );
   card.state = element("p", { class: "state" });
   card.bar = element("div", {
