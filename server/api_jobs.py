@@ -314,8 +314,13 @@ def _generate(services: Services, body: GenerateBody, image: bytes | str | None,
     job, created = services.submit(
         spec, image=image, idempotency_key=idempotency_key, scope="generate", body=spec
     )
-    view = job_view(services, job)
-    return SafeJSONResponse(view, status_code=202, headers={} if created else {"Idempotent-Replayed": "true"})
+    return submitted(job_view(services, job), created, 202)
+
+
+def submitted(view: dict, created: bool, status: int) -> SafeJSONResponse:
+    """A submit's reply; a job an Idempotency-Key replays says so (both APIs)."""
+    headers = {} if created else {"Idempotent-Replayed": "true"}
+    return SafeJSONResponse(view, status_code=status, headers=headers)
 
 
 @router.get("/jobs", responses=responses(401, 422, 503))

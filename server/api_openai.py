@@ -32,6 +32,7 @@ from server.api_jobs import (
     json_fields,
     media_type,
     preview_file,
+    submitted,
     svc,
     video_file,
 )
@@ -213,7 +214,7 @@ def video_view(services: Services, job: Job) -> dict:
     return {
         "id": job.id,
         "object": "video",
-        "model": job.meta.get("model") or services.config.model,
+        "model": services.served_model(),  # what made the video, whatever model the request named
         "status": "failed" if failed else job.status,
         "progress": job.progress,
         "created_at": int(job.created_at),
@@ -252,21 +253,21 @@ async def _create_fields(request: Request) -> dict:
     return fields
 
 
-def _create(services: Services, fields: dict, idempotency_key: str | None) -> dict:
+def _create(services: Services, fields: dict, idempotency_key: str | None):
     model = fields.get("model")
     if model is not None:
         text_field("model", model, max_chars=MAX_MODEL_CHARS)
     spec = map_request(fields, services.worker_info())
-    job, _ = services.submit(
+    job, created = services.submit(
         spec,
         image=fields.get(_IMAGE),
         image_field=_IMAGE,
-        meta={"model": model},
+        meta={"model": model},  # the model the client named, for the record: the reply names the served one
         idempotency_key=idempotency_key,
         scope="v1",
         body={k: v for k, v in fields.items() if k != _IMAGE},  # the image counts by its hash (`submit`)
     )
-    return video_view(services, job)
+    return submitted(video_view(services, job), created, 200)
 
 
 @router.post(

@@ -105,11 +105,15 @@ class Services:
             raise HTTPException(404, f"no job {shown(job_id)}")
         return job
 
+    def served_model(self) -> str:
+        """The model the workers run, as they published it (the server's own setting before they have)."""
+        return self.worker_info().get("model") or self.config.model
+
     def prompt_tokenizer(self):
         """The model's prompt tokenizer, loaded on first use (importing `dit` takes seconds; the API starts
         without it). None where this process cannot load it (a model folder only the workers see): the
         workers still check every prompt, as a failed job."""
-        model = self.worker_info().get("model") or self.config.model
+        model = self.served_model()
         with self._tokenizer_lock:
             if model not in self._tokenizers:
                 try:

@@ -240,8 +240,14 @@ def test_idempotency_key_conflict_scope_and_reuse_after_delete(client):
     other = client.post("/generate", json={"prompt": "cat"}, headers=key)
     assert other.status_code == 409 and first.json()["id"] in other.json()["detail"]
 
+    assert "idempotent-replayed" not in first.headers and again.headers["idempotent-replayed"] == "true"
     v1 = client.post("/v1/videos", json={"prompt": "fox"}, headers=key)  # another route family: another job
     assert v1.status_code == 200 and v1.json()["id"] != first.json()["id"]
+    v1_again = client.post("/v1/videos", json={"prompt": "fox"}, headers=key)
+    assert v1_again.json()["id"] == v1.json()["id"] and v1_again.headers["idempotent-replayed"] == "true"
+    assert "idempotent-replayed" not in v1.headers
+    named = client.post("/v1/videos", json={"prompt": "fox", "model": "sora-2"})
+    assert named.json()["model"] == v1.json()["model"] == "tiny-random"  # what makes the video
     conflict = client.post("/v1/videos", json={"prompt": "cat"}, headers=key)
     assert conflict.status_code == 409 and conflict.json()["error"]["type"] == "invalid_request_error"
     assert client.delete(f"/v1/videos/{v1.json()['id']}").status_code == 200
