@@ -323,7 +323,7 @@ def submitted(view: dict, created: bool, status: int) -> SafeJSONResponse:
     return SafeJSONResponse(view, status_code=status, headers=headers)
 
 
-@router.get("/jobs", responses=responses(401, 422, 503))
+@router.get("/jobs", responses=responses(401, 404, 422, 503))
 def list_jobs(
     request: Request,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
@@ -332,7 +332,7 @@ def list_jobs(
     status: Literal["queued", "in_progress", "completed", "failed", "cancelled"] | None = None,
 ):
     services = svc(request)
-    jobs, has_more = services.store.list(limit=limit, after=after, order=order, status=status)
+    jobs, has_more = services.page(limit=limit, after=after, order=order, status=status)
     return {
         "data": [job_view(services, j) for j in jobs],
         "has_more": has_more,

@@ -280,7 +280,7 @@ async def create_video(request: Request, idempotency_key: Annotated[str | None, 
     return await run_in_threadpool(_create, svc(request), fields, idempotency_key)
 
 
-@router.get("", responses=responses(401, 422, 503, openai=True))
+@router.get("", responses=responses(401, 404, 422, 503, openai=True))
 def list_videos(
     request: Request,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
@@ -288,7 +288,7 @@ def list_videos(
     order: Literal["asc", "desc"] = "desc",
 ):
     services = svc(request)
-    jobs, has_more = services.store.list(limit=limit, after=after, order=order)
+    jobs, has_more = services.page(limit=limit, after=after, order=order)
     data = [video_view(services, j) for j in jobs]
     return {
         "object": "list",

@@ -26,7 +26,7 @@ from server import images, loras, videos
 from server import limits as limits_mod
 from server.config import ServeConfig
 from server.jsonsafe import shown
-from server.store import IdempotencyConflict, Job, JobStore, QueueFull
+from server.store import IdempotencyConflict, Job, JobStore, QueueFull, UnknownCursor
 from server.supervisor import Supervisor, group_ready
 
 log = logging.getLogger("ithaca.server")
@@ -226,6 +226,16 @@ class Services:
         count = counters.get("ithaca_job_duration_seconds_count", 0)
         mean = counters.get("ithaca_job_duration_seconds_sum", 0.0) / count if count else 1.0
         return max(1, min(3600, round(mean * max(1, queued - self.config.max_queue + 1))))
+
+    def page(self, *, limit: int, after: str | None, **order) -> tuple[list[Job], bool]:
+        """A page of both APIs' job lists; an `after` that names no job is a 404 saying so (an empty page
+        would read as the end of the list)."""
+        try:
+            return self.store.list(limit=limit, after=after, **order)
+        except UnknownCursor:
+            raise HTTPException(
+                404, f"after={shown(after)} names no job; give the last_id of the page before"
+            ) from None
 
     def cancel(self, job_id: str, *, delete: bool = False) -> Job:
         """Cancel (and with `delete`, hide) a job. The store decides atomically: a job that completed or

@@ -266,6 +266,12 @@ def test_a_job_without_a_seed_gets_a_random_one_kept_in_its_request(client):
     assert first["id"] == again["id"] and first["request"]["seed"] == again["request"]["seed"]
 
 
+@pytest.mark.parametrize("path", ["/jobs", "/v1/videos"])
+def test_a_list_after_no_job_is_a_404_saying_so(client, path):
+    r = client.get(path, params={"after": "nope"})
+    assert r.status_code == 404 and "after='nope' names no job" in r.text, r.text
+
+
 def test_a_store_from_an_earlier_version_gains_the_hash_column(tmp_path):
     path = str(tmp_path / "jobs.db")
     old = JobStore(path)

@@ -20,6 +20,7 @@ from server.store import (
     StoreBusy,
     StoreError,
     StoreFull,
+    UnknownCursor,
     lora_set,
     open_store,
 )
@@ -154,6 +155,10 @@ def test_requeue_then_fail_and_pagination(store):
     rest, more2 = store.list(limit=4, after=page[-1].id)
     assert more and not more2 and len(page) + len(rest) == 6
     assert len({j.id for j in page + rest}) == 6
+    store.cancel(page[-1].id, delete=True)  # a page read after a job deleted meanwhile goes on
+    assert [j.id for j in store.list(limit=4, after=page[-1].id)[0]] == [j.id for j in rest]
+    with pytest.raises(UnknownCursor):  # not an empty page, which would read as the end of the list
+        store.list(limit=4, after="f" * 32)
 
 
 def test_an_earlier_run_of_a_job_claimed_again_does_not_end_it(store):

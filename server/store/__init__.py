@@ -13,13 +13,21 @@ The rooms:
 - queue.py       jobs on the API side: create (idempotency, queue limit), read, list, count, cancel
 - runs.py        jobs on the worker side: claim, steps, phases, previews, finish, re-queue, orphans
 - workers.py     the workers' heartbeats; flags.py: drains and group errors; counters.py: /metrics totals
-- errors.py      `StoreBusy` (`StoreFull`: its disk), `StoreError`, `IdempotencyConflict`, `QueueFull`
+- errors.py      `StoreBusy` (`StoreFull`: its disk), `StoreError`, `IdempotencyConflict`, `QueueFull`,
+                 `UnknownCursor`
 - sqlite.py, sqlite_file.py, postgres.py   the two backends
 - retry.py       riding out an outage of the store (the supervisor and the worker leaders)
 """
 
 from server.store.connections import backend_for
-from server.store.errors import IdempotencyConflict, QueueFull, StoreBusy, StoreError, StoreFull
+from server.store.errors import (
+    IdempotencyConflict,
+    QueueFull,
+    StoreBusy,
+    StoreError,
+    StoreFull,
+    UnknownCursor,
+)
 from server.store.job import (
     ACTIVE,
     DENOISED,
@@ -37,4 +45,4 @@ from server.store.schema import SCHEMA_VERSION
 
 __all__ = ["ACTIVE", "DENOISED", "PHASE_PROGRESS", "PHASE_TIMINGS", "PHASES", "SCHEMA_VERSION", "STATUSES",
            "TERMINAL", "TIMED_PHASES", "IdempotencyConflict", "Job", "JobStore", "QueueFull", "StoreBusy",
-           "StoreError", "StoreFull", "backend_for", "lora_set", "open_store"]  # fmt: skip
+           "StoreError", "StoreFull", "UnknownCursor", "backend_for", "lora_set", "open_store"]  # fmt: skip

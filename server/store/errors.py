@@ -1,5 +1,6 @@
 """What the job store raises for its callers to handle: the store does not answer in time (`StoreBusy`), is
-not a usable job store (`StoreError`), or refuses a new job (`IdempotencyConflict`, `QueueFull`)."""
+not a usable job store (`StoreError`), refuses a new job (`IdempotencyConflict`, `QueueFull`) or a list's
+cursor (`UnknownCursor`)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,11 @@ class StoreError(RuntimeError):
 
 class IdempotencyConflict(ValueError):
     """An idempotency key came back with a different request; `args[0]` is the id of the key's job."""
+
+
+class UnknownCursor(LookupError):
+    """A list's `after` names no job this store ever held (a deleted one's still counts: a page read after it
+    goes on from where it was)."""
 
 
 class QueueFull(Exception):

@@ -8,7 +8,7 @@ import time
 import uuid
 
 from server.store.connections import CREATE_LOCK, Connections
-from server.store.errors import IdempotencyConflict, QueueFull
+from server.store.errors import IdempotencyConflict, QueueFull, UnknownCursor
 from server.store.job import STATUSES, Job, job_from_row, log_change, lora_set
 
 
@@ -72,12 +72,16 @@ class JobQueue(Connections):
         return self._db.execute("SELECT 1 FROM jobs LIMIT 1").fetchone() is None
 
     def list(self, *, limit: int, after: str | None = None, order: str = "desc", status: str | None = None):
-        """A page of jobs ordered by creation, starting after the job `after`; returns (jobs, has_more)."""
+        """A page of jobs ordered by creation, starting after the job `after` (UnknownCursor if there never
+        was one); returns (jobs, has_more)."""
         op, direction = ("<", "DESC") if order == "desc" else (">", "ASC")
         where, args = ["deleted = 0"], []
         if after is not None:
-            where.append(f"seq {op} COALESCE((SELECT seq FROM jobs WHERE id = ?), -1)")
-            args.append(after)
+            row = self._db.execute("SELECT seq FROM jobs WHERE id = ?", (after,)).fetchone()
+            if row is None:
+                raise UnknownCursor(after)
+            where.append(f"seq {op} ?")
+            args.append(row[0])
         if status is not None:
             where.append("status = ?")
             args.append(status)
