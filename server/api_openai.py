@@ -198,12 +198,11 @@ def _range(spec: dict) -> str:
 
 def _seconds(raw) -> float:
     """A duration in (0, 3600]: a number, or a string of ASCII digits ("4", "2.5") as the SDK sends it."""
-    if isinstance(raw, str) and _SECONDS.fullmatch(raw):
-        raw = float(raw)
+    value = float(raw) if isinstance(raw, str) and _SECONDS.fullmatch(raw) else raw
     # bool is an int to Python; a huge JSON integer compares fine but would overflow float()
-    if isinstance(raw, bool) or not isinstance(raw, int | float) or not 0 < raw <= 3600:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
         raise unprocessable("seconds", f'seconds={shown(raw)} must be a number in (0, 3600], e.g. "4"')
-    return float(raw)
+    return float(value)
 
 
 def video_view(services: Services, job: Job) -> dict:

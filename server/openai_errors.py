@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
-from server.jsonsafe import SafeJSONResponse
+from server.jsonsafe import SafeJSONResponse, shown
 from server.store import StoreBusy
 
 log = logging.getLogger("ithaca.server")
@@ -116,9 +116,13 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException):
         headers = exc.headers
+        detail = exc.detail
         if exc.status_code == 405:  # Starlette's Allow names the first route of the path only
             headers = (headers or {}) | {"Allow": _allowed_methods(request)}
-        return error_response(request.scope["path"], exc.status_code, exc.detail, headers)
+        elif exc.status_code == 404 and detail == "Not Found":  # no route: an SDK method this server lacks
+            path = shown(request.scope["path"])
+            detail = f"this server has no {request.method} {path}; /openapi.json lists its routes"
+        return error_response(request.scope["path"], exc.status_code, detail, headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):

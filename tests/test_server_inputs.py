@@ -111,11 +111,23 @@ def test_non_finite_and_huge_numbers_on_generate(client, field, value):
 
 
 @pytest.mark.parametrize(
-    "value", [b"NaN", b"Infinity", b"-1e999", b"1" + b"0" * 400, b"true", b'"nan"', b'"inf"']
+    "value", [b"NaN", b"Infinity", b"-1e999", b"1" + b"0" * 400, b"true", b'"nan"', b'"inf"', b'"0"']
 )
 def test_bad_seconds_on_v1(client, value):
     r = _raw(client, "/v1/videos", b'{"prompt": "fox", "seconds": %s}' % value)
     assert r.status_code == 422 and _field(r) == "seconds", r.text
+    if value == b'"0"':  # quoted as sent
+        assert r.json()["error"]["message"].startswith("seconds='0' must be"), r.text
+
+
+@pytest.mark.parametrize("method,path", [("POST", "/v1/videos/abc/remix"), ("GET", "/nowhere")])
+def test_a_route_the_server_lacks_is_a_404_that_says_so(client, method, path):
+    r = client.request(method, path, json={"prompt": "fox"})
+    message = r.json()["error"]["message"] if path.startswith("/v1") else r.json()["detail"]
+    assert (
+        r.status_code == 404
+        and message == f"this server has no {method} '{path}'; /openapi.json lists its routes"
+    )
 
 
 @pytest.mark.parametrize("path", ["/generate", "/v1/videos"])
