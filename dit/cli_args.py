@@ -22,10 +22,9 @@ REQUEST = {"negative_prompt": "negative_prompt", "frames": "num_frames", "height
 
 def in_flags(message: str) -> str:
     """A request check's message (it names GenerationRequest's fields, as the HTTP API's body does) in the
-    command line's words where they differ: num_frames → --frames, guidance_scale → --guidance."""
+    command line's words: num_frames → --frames, guidance_scale → --guidance, fps → --fps."""
     for dest, name in REQUEST.items():
-        if name != dest:
-            message = re.sub(rf"(?<![-\w]){name}\b", "--" + dest.replace("_", "-"), message)
+        message = re.sub(rf"(?<![-\w]){name}\b", "--" + dest.replace("_", "-"), message)
     return message
 
 

@@ -184,7 +184,8 @@ assert not loaded, loaded
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines() == [
         "ithaca generate: error: --frames must be 4k+1 between 5 and 33, got 8",
-        "ithaca generate: error: height and width must be multiples of 16 between 16 and 256, got 70 and 90",
+        "ithaca generate: error: --height and --width must be multiples of 16 between 16 and 256, got 70 "
+        "and 90",
         "ithaca generate: error: --frames must be 4k+1 between 5 and 33, got 37",  # the copy's own card
         "ithaca generate: error: --steps must be an integer between 1 and 50, got 51",
     ]
