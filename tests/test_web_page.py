@@ -15,8 +15,11 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
+from dit.pipeline import TINY_LIMITS
 from server.app import create_app
 from server.config import ServeConfig
+from server.store import open_store
+from testing.published import publish
 from testing.server_process import ServerProcess
 
 playwright = pytest.importorskip("playwright.sync_api")
@@ -270,6 +273,33 @@ def test_the_page_asks_for_the_key_and_cancels(servers, page, tmp_path):
     page.locator("li.job", has_text="a job from elsewhere").wait_for()
     assert keyed.client.delete(f"/v1/videos/{jobs[0]['id']}").status_code == 200
     card.wait_for(state="detached")
+
+
+def test_a_long_queue_leaves_the_page_connections_to_submit(browser, tmp_path):
+    """A browser opens 6 connections to a server; an event stream per queued job took them all, and the next
+    Generate hung at "Submitting…". An API without workers, the tiny model's limits published: jobs stay
+    queued."""
+    server = ServerProcess(tmp_path, "--no-workers")
+    context = browser.new_context()
+    try:
+        server.wait("/health")
+        config = ServeConfig(workers=False, data_dir=str(tmp_path))
+        store = open_store(config)
+        publish(store, TINY_LIMITS, config.image_limits)
+        store.close()
+        for i in range(8):
+            assert server.client.post("/generate", json={"prompt": f"queued {i}"}).status_code == 202
+        page = context.new_page()
+        page.set_default_timeout(WAIT_MS)
+        page.goto(server.url)
+        page.wait_for_function("() => !document.getElementById('generate').disabled")
+        page.get_by_label("Prompt", exact=True).fill("one more")
+        page.get_by_role("button", name="Generate").click()
+        page.get_by_text("Queued job").wait_for(timeout=10_000)
+        page.locator("li.job", has_text="one more").get_by_text("Queued (position 8)").wait_for()
+    finally:
+        context.close()
+        server.stop()
 
 
 def test_the_page_is_public_and_limits_wait_for_a_worker(tmp_path):

@@ -6,6 +6,9 @@
 const KEY_STORE = "ithaca-api-key";
 const PAGE_SIZE = 10;
 const REFRESH_MS = 5000; // the job list is read again this often while in view: jobs sent elsewhere appear
+// Event streams held at once. A browser opens at most 6 connections to a server (HTTP/1.1), and each stream
+// keeps one: the form, the list and the videos need the rest. The cards beyond hear of their job from the list.
+const MAX_STREAMS = 3;
 const TERMINAL = new Set(["completed", "failed", "cancelled"]);
 const NUMBERS = ["num_frames", "width", "height", "num_inference_steps", "guidance_scale", "seed"];
 const STATUS_WORDS = {
@@ -292,6 +295,7 @@ function makeCard(job) {
   const title = `job-${job.id}-title`;
   const card = {
     id: job.id,
+    created: job.created_at,
     el: element("li", { class: "job", "aria-labelledby": title }),
     status: job.status,
     previewStep: null,
@@ -361,7 +365,22 @@ function update(card, job) {
   if (job.status === "cancelled") showError(card, "Cancelled: no video was made.");
   if (job.preview_step != null) showPreview(card, job.preview_step, job.preview_url);
   if (job.status === "completed") showVideo(card, job);
-  if (!TERMINAL.has(job.status) && !card.stream && !card.dropped) follow(card);
+  followMore();
+}
+
+// Opens streams for the jobs shown, up to MAX_STREAMS: the running ones first, then the oldest queued (next to
+// start).
+function followMore() {
+  const all = [...cards.values()];
+  const waiting = all.filter((card) => !card.stream && !card.dropped && !TERMINAL.has(card.status));
+  const running = (card) => (card.status === "in_progress" ? 0 : 1);
+  waiting.sort((a, b) => running(a) - running(b) || a.created - b.created);
+  let open = all.filter((card) => card.stream).length;
+  for (const card of waiting) {
+    if (open >= MAX_STREAMS) break;
+    follow(card);
+    open += 1;
+  }
 }
 
 function showError(card, text) {
@@ -429,7 +448,7 @@ async function cancel(card) {
 
 // Server-Sent Events read with fetch (EventSource cannot send the key): `progress` and `done` carry the job,
 // `preview` the step and URL of a newer preview, `deleted` that the job is gone (through /v1/videos). A
-// dropped stream is opened again while the job runs.
+// dropped stream is opened again (followMore) while the job runs; a stream that ends frees its place.
 async function follow(card) {
   const controller = new AbortController();
   card.stream = controller;
@@ -455,7 +474,7 @@ async function follow(card) {
   } finally {
     if (card.stream === controller) card.stream = null;
   }
-  if (!card.dropped && !TERMINAL.has(card.status)) setTimeout(() => card.stream || follow(card), 1000);
+  setTimeout(followMore, card.dropped || TERMINAL.has(card.status) ? 0 : 1000);
 }
 
 function handleEvent(card, block) {
