@@ -427,8 +427,8 @@ def job_events(request: Request, job_id: str):
             if key != last:
                 last = key
                 yield f"event: {'done' if terminal else 'progress'}\ndata: {render(view).decode()}\n\n"
-            if terminal or await request.is_disconnected():
-                return
+            if terminal or services.closing.is_set() or await request.is_disconnected():
+                return  # closing: a client opens the stream again where the server comes back
             await asyncio.sleep(SSE_POLL_S)
 
     return StreamingResponse(

@@ -23,6 +23,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from server.app import create_app
+    from server.http_server import ClosingServer
 
     choice = None
     try:
@@ -46,13 +47,14 @@ def serve(args: argparse.Namespace) -> int:
     holder: dict = {}
     try:
         logs.setup(config.log_level, config.log_format)
-        app = create_app(config, on_fatal=lambda: setattr(holder["server"], "should_exit", True))
+        app = create_app(config, on_fatal=lambda: holder["server"].stop())
     except (ValueError, StoreError) as e:  # a store URL of no known kind; a jobs.db damaged or not ours
         print(f"ithaca serve: error: {e}", file=sys.stderr)
         return 2
     if choice is not None:  # once the store opened: a damaged one ends serve with its one line alone
         log.info("%s", choice.line())
-    server = holder["server"] = uvicorn.Server(
+    server = holder["server"] = ClosingServer(
+        app.state.services.closing,
         uvicorn.Config(
             app,
             host=config.host,
@@ -61,7 +63,7 @@ def serve(args: argparse.Namespace) -> int:
             timeout_graceful_shutdown=5,
             access_log=False,
             log_config=None,  # uvicorn's lines go through the handler `logs.setup` installed
-        )
+        ),
     )
     server.run()
     supervisor = app.state.services.supervisor

@@ -75,6 +75,9 @@ class Services:
     _worker_info: tuple[float, dict] = field(default=(0.0, {}))
     _tokenizers: dict = field(default_factory=dict)  # model → its prompt tokenizer (None: cannot load here)
     _tokenizer_lock: threading.Lock = field(default_factory=threading.Lock)
+    # set once the server is asked to stop: the event streams end then, as uvicorn waits for every open
+    # connection before the server stops
+    closing: threading.Event = field(default_factory=threading.Event)
 
     def worker_info(self) -> dict:
         """Limits and request defaults the newest worker published (cached for a second once there are some,

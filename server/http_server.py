@@ -1,0 +1,24 @@
+"""The API's HTTP server: uvicorn's, telling the routes when it is asked to stop."""
+
+from __future__ import annotations
+
+import threading
+
+import uvicorn
+
+
+class ClosingServer(uvicorn.Server):
+    """uvicorn's server that, once asked to stop, sets `closing`, which ends the open event streams: uvicorn
+    waits for every open connection (5 s, then cancels them with an error in the log) before it stops."""
+
+    def __init__(self, closing: threading.Event, config: uvicorn.Config):
+        super().__init__(config)
+        self.closing = closing
+
+    def handle_exit(self, sig, frame) -> None:  # SIGTERM, SIGINT
+        self.closing.set()
+        super().handle_exit(sig, frame)
+
+    def stop(self) -> None:  # the worker group failed for good
+        self.closing.set()
+        self.should_exit = True
