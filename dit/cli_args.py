@@ -22,9 +22,18 @@ REQUEST = {"negative_prompt": "negative_prompt", "frames": "num_frames", "height
 
 def in_flags(message: str) -> str:
     """A request check's message (it names GenerationRequest's fields, as the HTTP API's body does) in the
-    command line's words: num_frames → --frames, guidance_scale → --guidance, fps → --fps."""
-    for dest, name in REQUEST.items():
-        message = re.sub(rf"(?<![-\w]){name}\b", "--" + dest.replace("_", "-"), message)
+    command line's words: the fields it begins with ("fps must be ...", "height and width must be ...") and
+    field names no sentence has (num_frames → --frames, guidance_scale → --guidance) wherever they are; a
+    plain word elsewhere ("the Hugging Face cache") stays."""
+    flags = {name: "--" + dest.replace("_", "-") for dest, name in REQUEST.items()}
+    message = re.sub(
+        r"^\w+(?: and \w+)?(?= )",
+        lambda m: " and ".join(flags.get(word, word) for word in m.group(0).split(" and ")),
+        message,
+    )
+    for name, named in flags.items():
+        if "_" in name:
+            message = re.sub(rf"(?<![-\w]){name}\b", named, message)
     return message
 
 

@@ -191,6 +191,21 @@ assert not loaded, loaded
     ]
 
 
+@pytest.mark.parametrize(
+    "message,said",
+    [
+        ("fps must be an integer between 1 and 60", "--fps must be an integer between 1 and 60"),
+        ("height and width must be multiples of 16", "--height and --width must be multiples of 16"),
+        ("guidance_scale must be between 1.0 and 20.0", "--guidance must be between 1.0 and 20.0"),
+        ("not a folder and not in the Hugging Face cache", "not a folder and not in the Hugging Face cache"),
+    ],
+)
+def test_errors_name_the_flags(message, said):
+    from dit.cli_args import in_flags
+
+    assert in_flags(message) == said
+
+
 def test_a_copied_model_folder_keeps_its_defaults(tmp_path, capsys):
     """A copy of the shipped folder given by --model-path is the tiny model, defaults and limits included
     (its ithaca.json), not a generic Wan folder (81 frames of 480×832)."""
