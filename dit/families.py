@@ -256,9 +256,46 @@ def model_family(model: str) -> ModelFamily:
 
 
 def folder_config(folder: Path | None, component: str, file: str) -> dict:
-    """A diffusers pipeline folder's `component/file` JSON, or {} when absent."""
+    """A diffusers pipeline folder's `component/file` JSON, or {} when absent; ValueError naming the file
+    when it is not JSON."""
     path = folder / component / file if folder is not None else None
-    return json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    if path is None or not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path} is not JSON ({e})") from None
+
+
+# A part whose weights the loader reads from *.safetensors files
+_WEIGHTS = ("transformer", "transformer_2")
+
+
+def check_parts(folder: Path) -> None:
+    """ValueError unless a pipeline folder holds every part its `model_index.json` names, and its
+    transformers their weights: the loader would otherwise put the tiny random VAE or text encoder in the
+    place of a missing one, and make noise, or a video that ignores its prompt."""
+    index = folder / "model_index.json"
+    if not index.is_file():  # a transformer folder alone
+        return
+    try:
+        named = json.loads(index.read_text())
+    except ValueError as e:
+        raise ValueError(f"model_index.json is not JSON ({e})") from None
+    missing = [
+        f"{part}/"
+        for part, spec in named.items()
+        if not part.startswith("_") and isinstance(spec, list) and spec[0] is not None
+        if not (folder / part).is_dir()
+    ]
+    if missing:
+        raise ValueError(
+            f"model_index.json names {' and '.join(missing)}, which the folder lacks: copy the whole "
+            "pipeline folder"
+        )
+    for part in _WEIGHTS:
+        if (folder / part).is_dir() and not any((folder / part).glob("*.safetensors")):
+            raise ValueError(f"{part}/ holds no *.safetensors weights: copy the whole pipeline folder")
 
 
 # A folder's fixed schedule: a list of timesteps under this key (LightX2V's name for it) in its

@@ -27,7 +27,15 @@ from dit.comm_choice import choose_comm
 from dit.compile import compile_blocks
 from dit.denoise_state import Checkpointing, DenoiseState
 from dit.failures import GenerationFailed
-from dit.families import TINY_LIMITS, Limits, ModelFamily, model_family, model_limits, pick_scheduler
+from dit.families import (
+    TINY_LIMITS,
+    Limits,
+    ModelFamily,
+    check_parts,
+    model_family,
+    model_limits,
+    pick_scheduler,
+)
 from dit.first_frame import FirstFrame, with_first_frame
 from dit.fp8_linear import quantise
 from dit.image import fit
@@ -396,6 +404,8 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     model_name = resolve(config.model)
     folder = Path(model_name) if Path(model_name).is_dir() else None
     family = model_family(model_name)
+    if folder is not None:
+        check_parts(folder)
     # the sampler and any fixed schedule, decided before any weights load
     *sampling, schedule = pick_scheduler(family, folder, config.sampler, config.flow_shift, config.timesteps)
 

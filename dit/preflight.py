@@ -72,7 +72,7 @@ def preflight(
             "--attn-backend flash needs a CUDA device and flash-attn installed; use auto or sdpa"
         )
 
-    from dit.families import model_family, model_names, pick_sampling
+    from dit.families import check_parts, model_family, model_names, pick_sampling
     from dit.fp8_linear import QUANTS
     from dit.pipeline import DTYPES
     from dit.presets import resolve
@@ -95,6 +95,7 @@ def preflight(
     else:
         try:
             model_family(model_path)
+            check_parts(Path(model_path))
         except FileNotFoundError:
             raise ValueError(
                 f"--model-path {model_path}: not a model folder (a diffusers pipeline folder with "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -164,6 +165,34 @@ def _copy_of_tiny(tmp_path) -> Path:
     from dit.presets import SHIPPED
 
     return Path(shutil.copytree(SHIPPED["tiny"], tmp_path / "my-tiny"))
+
+
+def test_a_folder_missing_a_part_is_refused_not_stood_in_for(tmp_path, capsys):
+    """A pipeline folder without its vae/ or text_encoder/ made noise, or a video that ignored its prompt:
+    the tiny random stand-ins took their place. Refused before the model loads, and by load_pipeline."""
+    from dit.pipeline import PipelineConfig, load_pipeline
+    from server.cli import main
+
+    def weightless(folder):
+        for weights in (folder / "transformer").glob("*.safetensors"):
+            weights.unlink()
+
+    breaks = {
+        "model_index.json names vae/, which the folder lacks": lambda f: shutil.rmtree(f / "vae"),
+        "names text_encoder/, which": lambda f: shutil.rmtree(f / "text_encoder"),
+        "transformer/ holds no *.safetensors weights": weightless,
+        "scheduler/scheduler_config.json is not JSON": lambda f: (
+            f / "scheduler/scheduler_config.json"
+        ).write_text("{"),
+    }
+    for i, (said, damage) in enumerate(breaks.items()):
+        folder = _copy_of_tiny(tmp_path / str(i))
+        damage(folder)
+        with pytest.raises(ValueError, match=re.escape(said)):
+            load_pipeline(PipelineConfig(model=str(folder), device="cpu"))
+        out = tmp_path / "x.mp4"
+        assert main(["generate", "a red circle", "--model-path", str(folder), "--out", str(out)]) == 2
+        assert said in capsys.readouterr().err and not out.exists()
 
 
 def test_a_request_mistake_is_reported_before_any_model_code_loads(tmp_path):
