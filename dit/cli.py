@@ -99,6 +99,16 @@ def check_out(path: str) -> None:
     check_folder(f"--out {path}", out.parent)
 
 
+def check_latents(path: str | None) -> None:
+    """ValueError for a --save-latents file that cannot be written, found before the run (torch.save would
+    fail after it, and the video with it)."""
+    if path is None:
+        return
+    if Path(path).is_dir():
+        raise ValueError(f"--save-latents {path} is a folder; give a file name")
+    check_folder(f"--save-latents {path}", Path(path).parent)
+
+
 def run_generate(args) -> int:
     from parallel.launch import check_node_rank
 
@@ -111,14 +121,15 @@ def run_generate(args) -> int:
         check_node_rank(args.node_rank)  # before the model loads; the ranks are numbered by it later
         if os.environ.get("RANK", "0") == "0":  # the one that writes (across machines, node 0's)
             check_out(args.out)
+            check_latents(args.save_latents)
     except ValueError as e:
         say_error("generate", e)
         return 2
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         return run_on_ranks(args.nproc, sys.argv[1:]).returncode  # the ranks see WORLD_SIZE: no re-launch
-    # a rank: its launcher passes Ctrl-C on as SIGTERM, which then cleans up as Ctrl-C does
-    ranked = "WORLD_SIZE" in os.environ and threading.current_thread() is threading.main_thread()
-    before = signal.signal(signal.SIGTERM, _interrupt) if ranked else None
+    # SIGTERM (a rank's launcher passes Ctrl-C on as one) cleans up as Ctrl-C does: no partial video left
+    on_main = threading.current_thread() is threading.main_thread()  # where Python runs signal handlers
+    before = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
     try:
         return _generate(args, config)
     except KeyboardInterrupt:  # the partial video is gone (Mp4Writer); no traceback for a Ctrl-C
@@ -126,7 +137,7 @@ def run_generate(args) -> int:
             print("ithaca generate: interrupted; no video written", file=sys.stderr)
         return 130
     finally:
-        if ranked:
+        if on_main:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
 
 

@@ -154,6 +154,38 @@ def test_a_stopped_generate_leaves_no_rank_and_the_out_it_found(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["kept.mp4"]
 
 
+def test_a_stopped_one_rank_generate_leaves_no_partial_video(tmp_path):
+    """SIGTERM to `ithaca generate` on one rank while its MP4 is being written: it killed the process, which
+    left `.NAME.partial.mp4` and said nothing; it ends as Ctrl-C does."""
+    import signal
+    import time
+
+    out, partial = tmp_path / "v.mp4", tmp_path / ".v.partial.mp4"
+    argv = [ITHACA, "generate", "a red circle moving right", "--steps", "2", "--frames", "33",
+            "--height", "256", "--width", "256", "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not partial.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130
+    assert proc.stderr.read().splitlines()[-1] == "ithaca generate: interrupted; no video written"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_save_latents_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys):
+    from server.cli import main
+
+    out = str(tmp_path / "x.mp4")
+    assert main(["generate", "a red circle", "--save-latents", str(tmp_path), "--out", out]) == 2
+    assert f"--save-latents {tmp_path} is a folder; give a file name" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("")
+    assert (
+        main(["generate", "a red circle", "--save-latents", str(tmp_path / "afile/x.pt"), "--out", out]) == 2
+    )
+    assert "afile is a file, not a folder" in capsys.readouterr().err
+
+
 def test_generate_rejects_bad_input(tmp_path):
     proc = _run("generate", "a fox", "--frames", "8", cwd=tmp_path)
     assert proc.returncode == 2
