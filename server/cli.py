@@ -143,13 +143,15 @@ def plan(args: argparse.Namespace) -> int:
     from dit.shape import model_shape
     from parallel import plan as plan_mod
 
-    node = args.nproc_per_node or args.nproc
+    node = args.nproc if args.nproc_per_node is None else args.nproc_per_node
     try:
         args.model_path = local_model(args.model_path)
         video = GenerationRequest("", num_frames=args.frames, height=args.height, width=args.width,
                                   guidance_scale=args.guidance)  # fmt: skip
         preflight(model_path=args.model_path, preset=args.preset, device="cpu", nproc=args.nproc,
                   request=video)  # fmt: skip
+        if node < 1:
+            raise ValueError(f"--nproc-per-node must be a positive integer, got {node}")
         if args.nproc % node:
             raise ValueError(f"--nproc-per-node {node} does not divide --nproc {args.nproc}")
         shape = model_shape(args.model_path or args.preset, frames=args.frames, height=args.height,

@@ -120,6 +120,9 @@ def test_ithaca_plan_prints_the_table_and_marks_the_choice(capsys):
     assert "\n* auto picks layout: ulysses 8 × ring 2 × cfg 1" in out
     assert main(["plan", "--nproc", "6", "--nproc-per-node", "4"]) == 2
     assert "--nproc-per-node 4 does not divide --nproc 6" in capsys.readouterr().err
+    for bad in ("0", "-2"):  # 0 read as "not given", -2 as a divisor: both ran
+        assert main(["plan", "--nproc", "8", "--nproc-per-node", bad]) == 2
+        assert f"--nproc-per-node must be a positive integer, got {bad}" in capsys.readouterr().err
     assert main(["plan", "--nproc", "2", "--model-path", str(SHIPPED["tiny"])]) == 0  # a folder, not a name
     assert "17 frames 64×64: 80 tokens, 4 heads × 32, 4 layers, guided; 2 ranks" in capsys.readouterr().out
     assert main(["plan", "--nproc", "2", "--frames", "-5"]) == 2  # the video against the model's limits
