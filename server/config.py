@@ -429,9 +429,12 @@ def add_arguments(parser: argparse.ArgumentParser, *, worker_only: bool = False)
             parser.add_argument(_flag(option.name), type=convert, metavar=metavar, **kwargs)
 
 
-def from_args(args: argparse.Namespace, environ=os.environ) -> ServeConfig:
+def from_args(args: argparse.Namespace, environ=os.environ, *, worker_only: bool = False) -> ServeConfig:
+    """Each setting from its flag, else its ITHACA_* variable. `worker_only`: the worker group's settings
+    alone (its flags are the server's resolved settings), so a variable of the server's that a flag overrode,
+    or that only the API reads (ITHACA_PORT), is not read again there."""
     values: dict[bool, dict] = {False: {}, True: {}}  # the server's own, the pipeline's
-    for option in _options():
+    for option in _options(worker_only):
         name, env = option.field.name, env_name(option.name)
         flag_value = getattr(args, name, None)
         if flag_value is not None:

@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> None:
     die_with_parent()  # the launcher killed (even with SIGKILL): this rank goes too
     parser = argparse.ArgumentParser(prog="python -m server.worker", description=__doc__.split("\n\n")[0])
     add_arguments(parser, worker_only=True)
-    config = from_args(parser.parse_args(argv))
+    config = from_args(parser.parse_args(argv), worker_only=True)
     logs.setup(config.log_level, config.log_format)
     group_id = os.environ.get("ITHACA_GROUP_ID") or uuid.uuid4().hex[:12]
     try:

@@ -68,6 +68,17 @@ def test_a_bad_value_names_its_variable_or_flag(capsys):
     assert "argument --ring: 'two' is not an integer" in capsys.readouterr().err
 
 
+def test_the_workers_read_no_variable_a_flag_overrode():
+    """`ITHACA_PORT=abc ithaca serve --port 8001`: the server takes the flag; its worker ranks read the
+    environment again for every setting and died three times over (exit 1)."""
+    env = {"ITHACA_PORT": "abc", "ITHACA_KEEP_HOURS": "-1", "ITHACA_NPROC": "abc"}
+    config = _parse(["--port", "8001", "--keep-hours", "1", "--nproc", "1"], env)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, worker_only=True)
+    worker = from_args(parser.parse_args(config.worker_argv()), environ=env, worker_only=True)
+    assert worker.worker_argv() == config.worker_argv()
+
+
 def test_step_cache_default_reaches_the_workers():
     assert _parse([], {}).cache == "off"
     config = _parse([], {"ITHACA_CACHE": "fbcache:0.05"})
