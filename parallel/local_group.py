@@ -16,9 +16,11 @@ other process can take the port between its choice and its use; the other ranks 
 `env://` (which would bind the port again).
 
 Like torchrun: each rank runs in a session of its own; a rank that fails (a non-zero exit, a signal) has the
-others sent SIGTERM, then SIGKILL after TERM_GRACE_S, and the launcher exits 1; SIGTERM, SIGINT or SIGHUP to
-the launcher is passed on to every rank as SIGTERM. A group across machines still uses torchrun's c10d
-rendezvous (`parallel.torchrun`)."""
+others sent SIGTERM, then SIGKILL after TERM_GRACE_S, and the launcher exits 1. Exit code 2 apart: a mistake
+in the command every rank meets (said by rank 0 alone, so once), the others get MISTAKE_GRACE_S to end by
+themselves, and when all end with 2 so does the launcher, with nothing of its own to say. SIGTERM, SIGINT or
+SIGHUP to the launcher is passed on to every rank as SIGTERM. A group across machines still uses torchrun's
+c10d rendezvous (`parallel.torchrun`)."""
 
 from __future__ import annotations
 
@@ -35,6 +37,8 @@ LOOPBACK_INTERFACE = "lo"  # Linux's name for it
 MAPPED_LOOPBACK = "::ffff:127.0.0.1"  # the address whose name torch's store client looks up
 SLOW_LOOKUP_S = 1.0
 TERM_GRACE_S = 30.0  # torchrun's: a rank sent SIGTERM is killed this long after
+MISTAKE = 2  # a rank's exit code for a mistake in the command line (argparse's)
+MISTAKE_GRACE_S = 10.0  # for the other ranks to meet it too, rank 0 saying it
 POLL_S = 0.05
 
 
@@ -123,6 +127,11 @@ class Group:
         self.stopping = signum
         self.terminate()
 
+    def _settle(self, deadline: float) -> None:
+        """Until every rank has ended, or `deadline` (time.monotonic())."""
+        while any(proc.poll() is None for proc in self.procs) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+
     def wait(self) -> int:
         while True:
             codes = [proc.poll() for proc in self.procs]
@@ -132,15 +141,18 @@ class Group:
             if all(code == 0 for code in codes):
                 return 0
             time.sleep(POLL_S)
+        if failed and self.stopping is None and all(code == MISTAKE for _, code in failed):
+            self._settle(time.monotonic() + MISTAKE_GRACE_S)
+            codes = [proc.poll() for proc in self.procs]
+            if all(code == MISTAKE for code in codes):
+                return MISTAKE
         if failed and self.stopping is None:
             rank, code = failed[0]
             how = f"signal {-code}" if code < 0 else f"exit code {code}"
             print(f"parallel.local_group: rank {rank} ended with {how}; stopping the others", file=sys.stderr,
                   flush=True)  # fmt: skip
             self.terminate()
-        deadline = time.monotonic() + TERM_GRACE_S
-        while any(proc.poll() is None for proc in self.procs) and time.monotonic() < deadline:
-            time.sleep(POLL_S)
+        self._settle(time.monotonic() + TERM_GRACE_S)
         self.terminate(signal.SIGKILL)
         for proc in self.procs:
             proc.wait()

@@ -81,6 +81,25 @@ def test_a_failed_rank_ends_the_others_and_a_signal_reaches_every_rank(tmp_path)
     assert sorted(p.name for p in tmp_path.glob("term*")) == ["term0", "term1", "term2"]
 
 
+MISTAKEN = """
+import os, sys, time
+rank = int(os.environ["RANK"])
+time.sleep(0.5 * (rank == 0))  # rank 1 meets the mistake first
+if rank == 0:
+    print("generate: error: the mistake", file=sys.stderr)
+sys.exit(2)
+"""
+
+
+def test_a_mistake_every_rank_meets_is_said_once_with_its_exit_code(tmp_path):
+    """Exit code 2 (a mistake in the command, said by rank 0 alone): the launcher used to stop rank 0 as soon
+    as rank 1 met it, so the one line saying what was wrong never came, and it exited 1."""
+    (tmp_path / "rank.py").write_text(MISTAKEN)
+    launcher = subprocess.run([*local_group(2), str(tmp_path / "rank.py")], capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+    assert (launcher.returncode, launcher.stderr) == (2, "generate: error: the mistake\n")
+
+
 def test_a_slow_loopback_lookup_is_named_in_the_log(monkeypatch):
     """The launcher times the lookup torch's store client makes at every rank's start (a DNS server that
     does not answer makes it wait the resolver's timeout) and says what to add to /etc/hosts."""
