@@ -72,6 +72,12 @@ class ParallelMesh:
         if self.control_group is not None:
             dist.barrier(group=self.control_group)
 
+    def close(self) -> None:
+        """Ends the process group before the interpreter does: a gloo group left to its exit may abort the
+        process ("terminate called without an active exception", signal 6)."""
+        if self.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
 
 def _rendezvous(timeout: float) -> dict:
     """`init_process_group`'s store, rank and world size; empty under torchrun (its `env://`)."""

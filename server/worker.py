@@ -414,6 +414,7 @@ def main(argv: list[str] | None = None) -> None:
             worker.state = "failed"  # /ready turns false now, not when the heartbeat goes stale
             worker._beat()
         _fail(config, group_id, e)
+    worker.mesh.close()
 
 
 def _start(config: ServeConfig, group_id: str) -> Worker:
