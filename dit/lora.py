@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from dit.weights import Resolver, Target
@@ -150,8 +150,11 @@ def _check(module: str, keys: dict[str, str], shapes: dict, targets: dict, param
 
 
 def _plan_file(path: str, strength: float, params: dict, resolve: Resolver) -> Merge:
-    with safe_open(path, framework="pt") as f:
-        shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+    try:
+        with safe_open(path, framework="pt") as f:
+            shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+    except SafetensorError as e:  # a damaged or foreign file: a mistake in the command, said in one line
+        raise ValueError(f"{path} is not a readable safetensors file ({e})") from None
     groups: dict[str, dict[str, str]] = {}  # module path → role → key
     unknown, errors = [], []
     for key in shapes:

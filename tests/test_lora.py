@@ -288,3 +288,7 @@ def test_a_lora_that_does_not_fit_stops_the_launch_in_one_line(tmp_path, monkeyp
         assert err.startswith(f"ithaca {argv[0]}: error: --lora: LoRA {path}: 1 key(s) name no weight"), err
         assert "diffusion_model.blocks.9.self_attn.q.diff" in err and "Traceback" not in err
     assert not (tmp_path / "d").exists()  # serve stopped before its store
+    junk = tmp_path / "junk.safetensors"  # a damaged file: a traceback from safetensors before
+    junk.write_bytes(b"not a safetensors file")
+    assert main(["generate", "a fox", "--lora", str(junk)]) == 2
+    assert f"--lora: {junk} is not a readable safetensors file (" in capsys.readouterr().err
