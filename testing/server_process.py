@@ -109,7 +109,7 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
         self.client.close()
-        # a group that died, or a rank that aborted on its way out (a gloo group left to the interpreter's exit)
+        # a group that died, or a rank that aborted on its way out (a gloo group left to the exit)
         died = re.search(r".*(worker group.* exited with code|ended with signal 6).*", self.log())
         if died and not self.restarts:
             raise AssertionError(f"a worker group died: {died.group(0)}\n{self.log()[-4000:]}")
