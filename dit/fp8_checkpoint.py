@@ -28,11 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from dit.fp8_linear import Fp8Linear, replace_module
-from dit.weights import Resolver, complete_slots
+from dit.weights import Resolver, complete_slots, read_safetensors
 
 MARKER = "scaled_fp8"  # ComfyUI's flag that a file is "fp8 scaled": no weight
 
@@ -70,7 +69,7 @@ class StoredFp8:
         """The float8 weights of `files` from their headers; only the (small) scales are read."""
         headers = {}
         for f in files:
-            with safe_open(str(f), framework="pt") as sf:
+            with read_safetensors(f) as sf:
                 for key in sf.keys():
                     view = sf.get_slice(key)
                     headers[key] = (str(f), view.get_dtype(), view.get_shape())
@@ -138,5 +137,5 @@ class StoredFp8:
 
 
 def _read(path: str, key: str) -> torch.Tensor:
-    with safe_open(path, framework="pt") as sf:
+    with read_safetensors(path) as sf:
         return sf.get_tensor(key)

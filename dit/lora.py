@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from dit.weights import Resolver, Target
+from dit.weights import Resolver, Target, read_safetensors
 
 Lora = tuple[str | Path, float]  # (safetensors file, strength)
 
@@ -150,11 +149,8 @@ def _check(module: str, keys: dict[str, str], shapes: dict, targets: dict, param
 
 
 def _plan_file(path: str, strength: float, params: dict, resolve: Resolver) -> Merge:
-    try:
-        with safe_open(path, framework="pt") as f:
-            shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
-    except SafetensorError as e:  # a damaged or foreign file: a mistake in the command, said in one line
-        raise ValueError(f"{path} is not a readable safetensors file ({e})") from None
+    with read_safetensors(path) as f:
+        shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
     groups: dict[str, dict[str, str]] = {}  # module path → role → key
     unknown, errors = [], []
     for key in shapes:
@@ -221,7 +217,7 @@ def _merge_module(get: Callable[[str], torch.Tensor], module: _Module, strength:
 
 def read(m: Merge) -> dict[str, torch.Tensor]:
     """The tensors a plan adds (its factors and differences, as stored), read from its file."""
-    with safe_open(m.path, framework="pt") as f:
+    with read_safetensors(m.path) as f:
         return {key: f.get_tensor(key) for module in m.modules for key in module.keys.values()}
 
 
@@ -243,7 +239,7 @@ def merge(
     unquantised weight)."""
     params = {**dict(model.named_parameters()), **(instead or {})}
     for m in merges:
-        with contextlib.nullcontext(tensors[m.path]) if tensors else safe_open(m.path, framework="pt") as f:
+        with contextlib.nullcontext(tensors[m.path]) if tensors else read_safetensors(m.path) as f:
             get = f.__getitem__ if tensors else f.get_tensor
             for module in m.modules:
                 _merge_module(get, module, m.strength, params)

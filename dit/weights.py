@@ -8,12 +8,13 @@ reference ignores. Unknown keys raise KeyError; every error is reported before a
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 Target = tuple[str, int, int]
@@ -25,7 +26,7 @@ def checkpoint_keys(folder: str | Path) -> set[str]:
     """The tensor names of a checkpoint folder, read from the files' headers (no tensor is loaded)."""
     keys: set[str] = set()
     for path in checkpoint_files(folder):
-        with safe_open(path, framework="pt") as f:
+        with read_safetensors(path) as f:
             keys.update(f.keys())
     return keys
 
@@ -122,16 +123,27 @@ def load_safetensors(
     files = [str(f) for f in files]
     keys = {}
     for f in files:
-        with safe_open(f, framework="pt") as sf:
+        with read_safetensors(f) as sf:
             keys.update(dict.fromkeys(sf.keys(), f))
     plan = _plan(model, keys, resolve)
     params = dict(model.named_parameters())
     for f in files:
-        with safe_open(f, framework="pt") as sf:
+        with read_safetensors(f) as sf:
             for key in sf.keys():
                 if key in plan:
                     _copy(params, key, plan[key], prepare(key, sf.get_tensor(key)))
     return model
+
+
+@contextlib.contextmanager
+def read_safetensors(path: str | Path):
+    """`safe_open(path)` for torch; a damaged file (cut short in a copy, or not safetensors at all) is a
+    ValueError naming it, a mistake said in one line, not safetensors' traceback."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            yield f
+    except SafetensorError as e:
+        raise ValueError(f"{path} is not a readable safetensors file ({e})") from None
 
 
 @torch.no_grad()

@@ -201,13 +201,18 @@ def _copy_of_tiny(tmp_path) -> Path:
 
 def test_a_folder_missing_a_part_is_refused_not_stood_in_for(tmp_path, capsys):
     """A pipeline folder without its vae/ or text_encoder/ made noise, or a video that ignored its prompt:
-    the tiny random stand-ins took their place. Refused before the model loads, and by load_pipeline."""
+    the tiny random stand-ins took their place. Refused before the model loads, and by load_pipeline; weights
+    cut short in a copy are one line too, once the load finds them."""
     from dit.pipeline import PipelineConfig, load_pipeline
     from server.cli import main
 
     def weightless(folder):
         for weights in (folder / "transformer").glob("*.safetensors"):
             weights.unlink()
+
+    def cut_short(folder):  # a copy that stopped part way
+        for weights in (folder / "transformer").glob("*.safetensors"):
+            os.truncate(weights, 1000)
 
     breaks = {
         "model_index.json names vae/, which the folder lacks": lambda f: shutil.rmtree(f / "vae"),
@@ -216,6 +221,7 @@ def test_a_folder_missing_a_part_is_refused_not_stood_in_for(tmp_path, capsys):
         "scheduler/scheduler_config.json is not JSON": lambda f: (
             f / "scheduler/scheduler_config.json"
         ).write_text("{"),
+        "diffusion_pytorch_model.safetensors is not a readable safetensors file": cut_short,
     }
     for i, (said, damage) in enumerate(breaks.items()):
         folder = _copy_of_tiny(tmp_path / str(i))

@@ -81,7 +81,7 @@ def test_a_job_gives_the_latents_of_a_pipeline_loaded_with_its_loras(folder, dty
     def no_file(*args, **kwargs):
         raise AssertionError("a file was read")
 
-    monkeypatch.setattr(dit.lora, "safe_open", no_file)  # X is cached: its header and tensors
+    monkeypatch.setattr(dit.lora, "read_safetensors", no_file)  # X is cached: its header and tensors
     assert torch.equal(pipe.denoise(GenerationRequest(**SMALL, loras=[["x", 0.7]])), x)
     assert torch.equal(pipe.denoise(GenerationRequest(**SMALL)), base)  # the same job twice: no switch
     assert pipe.lora_switches == 5 and pipe.lora_switch_seconds > 0
