@@ -40,7 +40,7 @@ def serve(args: argparse.Namespace) -> int:
             config = dataclasses.replace(config, ulysses=layout.ulysses, ring=layout.ring, cfg=layout.cfg)
         config.check_folders()  # last: it makes them, and a mistake above leaves no folder behind
     except ValueError as e:
-        print(f"ithaca serve: error: {e}", file=sys.stderr)
+        print(f"ithaca serve: error: {config_mod.with_variables(str(e), args)}", file=sys.stderr)
         return 2
     if not config.api:
         return _serve_node_share(config, choice)

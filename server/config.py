@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import math
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 
@@ -445,3 +446,15 @@ def from_args(args: argparse.Namespace, environ=os.environ, *, worker_only: bool
             except argparse.ArgumentTypeError as e:
                 raise ValueError(f"{env}: {e}") from None
     return ServeConfig(**values[False], pipeline=serve_pipeline(**values[True]))
+
+
+def with_variables(message: str, args: argparse.Namespace, environ=os.environ) -> str:
+    """`message` with the ITHACA_* variable behind each flag it names that the command line did not give: an
+    operator who set ITHACA_ULYSSES=3 in a compose file reads "--ulysses" in the error."""
+    notes = []
+    for option in _options():
+        flag, env = _flag(option.name), env_name(option.name)
+        if env in environ and getattr(args, option.field.name, None) is None:
+            if re.search(rf"{re.escape(flag)}(?![\w-])", message):
+                notes.append(f"{flag} is {env}={environ[env]!r}")
+    return message + (f" ({'; '.join(notes)})" if notes else "")

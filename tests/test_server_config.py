@@ -79,6 +79,17 @@ def test_the_workers_read_no_variable_a_flag_overrode():
     assert worker.worker_argv() == config.worker_argv()
 
 
+def test_an_error_names_the_variable_behind_a_flag(tmp_path, monkeypatch, capsys):
+    from server.cli import main
+
+    monkeypatch.setenv("ITHACA_ULYSSES", "3")
+    monkeypatch.setenv("ITHACA_DEVICE", "cpu")  # named nowhere in the error: not noted
+    assert main(["serve", "--data-dir", str(tmp_path), "--nproc", "2"]) == 2
+    assert capsys.readouterr().err.rstrip().endswith("1x1x2 (--ulysses is ITHACA_ULYSSES='3')")
+    assert main(["serve", "--data-dir", str(tmp_path), "--nproc", "2", "--ulysses", "3"]) == 2
+    assert capsys.readouterr().err.rstrip().endswith("1x1x2")  # the flag's own value: nothing to add
+
+
 def test_step_cache_default_reaches_the_workers():
     assert _parse([], {}).cache == "off"
     config = _parse([], {"ITHACA_CACHE": "fbcache:0.05"})
