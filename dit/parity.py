@@ -110,7 +110,7 @@ def _compare(ref: dict, got: dict) -> tuple[float, float, int, float]:
 
 
 def run_parity(args) -> int:
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    modes = list(dict.fromkeys(m.strip() for m in args.modes.split(",") if m.strip()))  # each once
     why = _refused(modes, args)
     if why:  # found before the model's runs, not as "0 of 0 modes" after them
         print(f"ithaca parity: error: {why}", file=sys.stderr)
