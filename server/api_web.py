@@ -81,11 +81,14 @@ _PUBLISHED = responses(401) | {
 
 def _published(request: Request) -> dict:
     """What the workers published; 503 before they have."""
-    info = svc(request).worker_info()
+    services = svc(request)
+    info = services.worker_info()
     if "limits" not in info:
+        # without a group of its own (--no-workers) this server waits for one started apart
+        why = "the model is loading" if services.supervisor is not None else "no worker group has joined yet"
         raise HTTPException(
             503,
-            "no worker has published the model's limits yet (the model is loading); retry shortly",
+            f"no worker has published the model's limits yet ({why}); retry shortly",
             headers={"Retry-After": str(LIMITS_RETRY_S)},
         )
     return info

@@ -320,3 +320,4 @@ def test_the_page_is_public_and_limits_wait_for_a_worker(tmp_path):
         assert client.get("/limits").status_code == 401
         r = client.get("/limits", headers={"Authorization": f"Bearer {KEY}"})
         assert r.status_code == 503 and r.headers["retry-after"] == "2"  # no worker has published yet
+        assert "(no worker group has joined yet)" in r.json()["detail"]  # --no-workers: none of its own
