@@ -173,6 +173,16 @@ def test_a_stopped_one_rank_generate_leaves_no_partial_video(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_offloading_an_idle_expert_of_a_one_expert_model_is_refused(capsys):
+    from server.cli import main
+
+    assert main(["generate", "a red circle", "--offload-idle-expert"]) == 2  # as --guidance-2 is
+    assert (
+        "--offload-idle-expert is for two-expert models (Wan2.2 A14B); this model has one"
+        in capsys.readouterr().err
+    )
+
+
 def test_a_save_latents_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys):
     from server.cli import main
 
