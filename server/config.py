@@ -431,11 +431,13 @@ def add_arguments(parser: argparse.ArgumentParser, *, worker_only: bool = False)
 
 
 def from_args(args: argparse.Namespace, environ=os.environ, *, worker_only: bool = False) -> ServeConfig:
-    """Each setting from its flag, else its ITHACA_* variable. `worker_only`: the worker group's settings
-    alone (its flags are the server's resolved settings), so a variable of the server's that a flag overrode,
-    or that only the API reads (ITHACA_PORT), is not read again there."""
+    """Each setting from its flag, else its ITHACA_* variable. `worker_only`: as the worker ranks read them,
+    their own settings as flags (the server's resolved ones) and the others from the environment (the
+    supervisor sets ITHACA_NODE_RANK and ITHACA_NNODES); a variable of those others that cannot be read is
+    left out: the server checked it, or a flag overrode it (ITHACA_PORT=abc with --port 8001)."""
     values: dict[bool, dict] = {False: {}, True: {}}  # the server's own, the pipeline's
-    for option in _options(worker_only):
+    workers = {option.field.name for option in _options(worker_only=True)}
+    for option in _options():
         name, env = option.field.name, env_name(option.name)
         flag_value = getattr(args, name, None)
         if flag_value is not None:
@@ -444,7 +446,8 @@ def from_args(args: argparse.Namespace, environ=os.environ, *, worker_only: bool
             try:
                 values[option.pipeline][name] = _convert(option.field, environ[env])
             except argparse.ArgumentTypeError as e:
-                raise ValueError(f"{env}: {e}") from None
+                if not worker_only or name in workers:
+                    raise ValueError(f"{env}: {e}") from None
     return ServeConfig(**values[False], pipeline=serve_pipeline(**values[True]))
 
 

@@ -70,13 +70,15 @@ def test_a_bad_value_names_its_variable_or_flag(capsys):
 
 def test_the_workers_read_no_variable_a_flag_overrode():
     """`ITHACA_PORT=abc ithaca serve --port 8001`: the server takes the flag; its worker ranks read the
-    environment again for every setting and died three times over (exit 1)."""
+    environment again for every setting and died three times over (exit 1). What the supervisor sets for
+    them (ITHACA_NODE_RANK) they still read."""
     env = {"ITHACA_PORT": "abc", "ITHACA_KEEP_HOURS": "-1", "ITHACA_NPROC": "abc"}
     config = _parse(["--port", "8001", "--keep-hours", "1", "--nproc", "1"], env)
     parser = argparse.ArgumentParser()
     add_arguments(parser, worker_only=True)
-    worker = from_args(parser.parse_args(config.worker_argv()), environ=env, worker_only=True)
-    assert worker.worker_argv() == config.worker_argv()
+    supervisor = {"ITHACA_NNODES": "2", "ITHACA_NODE_RANK": "1"}
+    worker = from_args(parser.parse_args(config.worker_argv()), environ=env | supervisor, worker_only=True)
+    assert worker.worker_argv() == config.worker_argv() and (worker.nnodes, worker.node_rank) == (2, 1)
 
 
 def test_an_error_names_the_variable_behind_a_flag(tmp_path, monkeypatch, capsys):
