@@ -21,6 +21,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
+from dit.request import MAX_SEED
 from server import limits as limits_mod
 from server import loras as loras_mod
 from server.api_jobs import (
@@ -44,10 +45,11 @@ from server.store import Job
 
 router = APIRouter(prefix="/v1/videos")
 _IMAGE = "input_reference"
-_FIELDS = {"prompt", "model", "seconds", "size", _IMAGE, loras_mod.FIELD}
+_FIELDS = {"prompt", "model", "seconds", "size", "seed", _IMAGE, loras_mod.FIELD}
 # ASCII digits only, the whole string (`\d` takes any script's digits; `$` lets a final newline through).
 _SIZE = re.compile(r"([0-9]{1,5})x([0-9]{1,5})")
 _SECONDS = re.compile(r"[0-9]{1,4}(\.[0-9]{1,6})?")
+_SEED = re.compile(r"[0-9]{1,19}")  # not OpenAI's: the SDK sends it with extra_body={"seed": 7}
 # The document's `seconds`: what `_seconds` takes, (0, 3600] (not 0, below 3600 or 3600 itself)
 _SECONDS_RULE = r"^(?!0+(\.0+)?$)(([0-9]{1,3}|[0-2][0-9]{3}|3[0-5][0-9]{2})(\.[0-9]{1,6})?|3600(\.0{1,6})?)$"
 MAX_MODEL_CHARS = 256
@@ -60,6 +62,11 @@ _FORM_SCHEMA = {
         "model": {"type": "string", "maxLength": MAX_MODEL_CHARS, "pattern": TEXT_PATTERN},
         "seconds": {"type": "string", "pattern": _SECONDS_RULE},
         "size": {"type": "string", "pattern": f"^(?!0+x)(?!.*x0+$){_SIZE.pattern}$"},  # no side of 0
+        "seed": {
+            "type": "string",
+            "pattern": f"^{decimal_range(Fraction(0), Fraction(MAX_SEED), 19)}$",
+            "description": "the initial noise's seed (not in OpenAI's API; left out: a random one)",
+        },
         _IMAGE: {"type": "string", "format": "binary", "description": "PNG, JPEG or WebP; or a data URL"},
     },
     "additionalProperties": False,
@@ -88,6 +95,12 @@ _JSON_SCHEMA = _FORM_SCHEMA | {
             "anyOf": [
                 _FORM_SCHEMA["properties"]["seconds"],
                 {"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
+            ]
+        },
+        "seed": {
+            "anyOf": [
+                _FORM_SCHEMA["properties"]["seed"],
+                {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
             ]
         },
         _IMAGE: {"type": "string", "description": "a data URL: data:image/png;base64,..."},
@@ -158,6 +171,8 @@ def map_request(fields: dict, info: dict) -> dict:
     spec: dict = {"prompt": fields.get("prompt")}  # the prompt rules are both APIs': Services.check_prompts
     if fields.get(loras_mod.FIELD) is not None:  # read by _create_fields
         spec[loras_mod.FIELD] = fields[loras_mod.FIELD]
+    if fields.get("seed") is not None:
+        spec["seed"] = _seed(fields["seed"])
     if fields.get("seconds") is not None:
         seconds = _seconds(fields["seconds"])
         fps, frames = _fps(defaults), limits.get("num_frames", {})
@@ -205,6 +220,15 @@ def _seconds(raw) -> float:
     return float(value)
 
 
+def _seed(raw) -> int:
+    """A seed in [0, 2^63 - 1]: an integer (JSON's 7.0 is one), or ASCII digits as a form sends it."""
+    value = int(raw) if isinstance(raw, str) and _SEED.fullmatch(raw) else raw
+    value = int(value) if isinstance(value, float) and value.is_integer() else value
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+        raise unprocessable("seed", f"seed={shown(raw)} must be an integer from 0 to {MAX_SEED}")
+    return value
+
+
 def video_view(services: Services, job: Job) -> dict:
     defaults = services.worker_info().get("defaults", {})
     value = lambda name: job.spec.get(name, defaults.get(name))  # noqa: E731
@@ -230,6 +254,7 @@ def video_view(services: Services, job: Job) -> dict:
         if failed
         else None,
         "warnings": services.warnings(job),  # not in OpenAI's Video: the SDK keeps extra fields
+        "seed": job.spec.get("seed"),  # the same: send it back to make the same video
     }
 
 

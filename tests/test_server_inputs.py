@@ -284,6 +284,19 @@ def test_a_list_after_no_job_is_a_404_saying_so(client, path):
     assert r.status_code == 404 and "after='nope' names no job" in r.text, r.text
 
 
+def test_v1_takes_a_seed_and_says_it(client):
+    """Not in OpenAI's API: the SDK sends it with extra_body={"seed": 7}; a reply names the job's seed."""
+    assert client.post("/v1/videos", json={"prompt": "fox", "seed": 7}).json()["seed"] == 7
+    assert client.post("/v1/videos", data={"prompt": "fox", "seed": "07"}).json()["seed"] == 7
+    drawn = client.post("/v1/videos", json={"prompt": "fox"}).json()
+    assert (
+        0 <= drawn["seed"] < 2**32 and client.get(f"/v1/videos/{drawn['id']}").json()["seed"] == drawn["seed"]
+    )
+    for bad in (2**63, -1, "abc", True, 1.5):
+        r = client.post("/v1/videos", json={"prompt": "fox", "seed": bad})
+        assert r.status_code == 422 and _field(r) == "seed", r.text
+
+
 def test_a_store_from_an_earlier_version_gains_the_hash_column(tmp_path):
     path = str(tmp_path / "jobs.db")
     old = JobStore(path)

@@ -185,7 +185,7 @@ def test_the_document_describes_what_the_routes_take(client):
     assert "null" not in json.dumps(form) and "image" not in form["properties"]
     assert "image" not in doc["components"]["schemas"]["GenerateBody"]["properties"]
     for media in doc["paths"]["/v1/videos"]["post"]["requestBody"]["content"].values():
-        assert set(media["schema"]["properties"]) == {"prompt", "model", "seconds", "size"}
+        assert set(media["schema"]["properties"]) == {"prompt", "model", "seconds", "size", "seed"}
     fields = doc["paths"]["/v1/videos"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
     seconds, size = (re.compile(fields["properties"][name]["pattern"]) for name in ("seconds", "size"))
     texts = [f"{n}" for n in range(0, 4000, 41)] + ["0.0", "0.000001", "3600", "3600.0", "3600.000001"]
