@@ -259,8 +259,11 @@ def folder_config(folder: Path | None, component: str, file: str) -> dict:
     """A diffusers pipeline folder's `component/file` JSON, or {} when absent; ValueError naming the file
     when it is not JSON."""
     path = folder / component / file if folder is not None else None
-    if path is None or not path.is_file():
-        return {}
+    return _read_json(path) if path is not None and path.is_file() else {}
+
+
+def _read_json(path: Path) -> dict:
+    """A config file's JSON; ValueError naming the file when it is not JSON."""
     try:
         return json.loads(path.read_text())
     except ValueError as e:
@@ -278,10 +281,7 @@ def check_parts(folder: Path) -> None:
     index = folder / "model_index.json"
     if not index.is_file():  # a transformer folder alone
         return
-    try:
-        named = json.loads(index.read_text())
-    except ValueError as e:
-        raise ValueError(f"model_index.json is not JSON ({e})") from None
+    named = _read_json(index)
     missing = [
         f"{part}/"
         for part, spec in named.items()

@@ -105,14 +105,14 @@ def preflight(
             raise ValueError(f"--model-path {model_path}: {e}") from None
     # The sampler against the folder's scheduler/ and the fixed schedule (reads JSON, loads no weights).
     model = resolve(config.model)
-    folder = Path(model) if Path(model).is_dir() else None
-    pick_sampling(model_family(model), folder, sampler, None, timesteps)
+    family, folder = model_family(model), (Path(model) if Path(model).is_dir() else None)
+    pick_sampling(family, folder, sampler, None, timesteps)
     if request is not None:
         from dit.request import check_numbers
         from dit.shape import request_limits
 
         check_numbers(request, request_limits(model, sampler=sampler, timesteps=timesteps))
-    if config.offload_idle_expert and model_family(model).boundary_ratio(model, folder) is None:
+    if config.offload_idle_expert and family.boundary_ratio(model, folder) is None:
         raise ValueError("--offload-idle-expert is for two-expert models (Wan2.2 A14B); this model has one")
     if config.warmup:  # each warm-up size against the model's limits, as a request of that size
         from dit.request import GenerationRequest, check_numbers
