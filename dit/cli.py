@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 from contextlib import nullcontext
-from dataclasses import replace
 from pathlib import Path
 
 from dit.cli_args import (
@@ -72,20 +71,6 @@ def add_subcommands(subparsers) -> None:
     g.add_argument("--save-latents", default=None, help="also torch.save the final latents and frames here")
     g.set_defaults(func=run_generate)
     add_parity(subparsers)
-
-
-def read_image(path: str):
-    """`--image`: the file's pixels (uint8 RGB), checked as the server checks an upload (dit.image)."""
-    from dit.image import ImageLimits, decode
-
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise ValueError(f"--image {path}: {e.strerror or e}") from None
-    try:
-        return decode(data, ImageLimits())
-    except ValueError as e:
-        raise ValueError(f"--image {path}: {e}") from None
 
 
 def check_out(path: str) -> None:
@@ -176,10 +161,7 @@ def _generate(args, config) -> int:
         if started.probe is not None and leader:
             print(f"exchange: {started.probe.summary()}", file=sys.stderr)
         try:
-            req = request(args)
-            if args.image is not None:
-                req = replace(req, image=read_image(args.image))
-            req = pipe.validate(req)
+            req = pipe.validate(request(args))
         except ValueError as e:
             say_error("generate", e)
             return 2

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from dit.settings import MODEL_PATH_HELP, PRESET_HELP, PipelineConfig, flag, options
 from parallel.local_group import local_group
@@ -22,12 +23,12 @@ REQUEST = {"negative_prompt": "negative_prompt", "frames": "num_frames", "height
 
 def in_flags(message: str) -> str:
     """A request check's message (it names GenerationRequest's fields, as the HTTP API's body does) in the
-    command line's words: the fields it begins with ("fps must be ...", "height and width must be ...") and
-    field names no sentence has (num_frames → --frames, guidance_scale → --guidance) wherever they are; a
-    plain word elsewhere ("the Hugging Face cache") stays."""
-    flags = {name: "--" + dest.replace("_", "-") for dest, name in REQUEST.items()}
+    command line's words: the fields it begins with ("fps must be ...", "height and width must be ...",
+    "image: ...") and field names no sentence has (num_frames → --frames, guidance_scale → --guidance)
+    wherever they are; a plain word elsewhere ("the Hugging Face cache") stays."""
+    flags = {name: "--" + dest.replace("_", "-") for dest, name in (*REQUEST.items(), ("image", "image"))}
     message = re.sub(
-        r"^\w+(?: and \w+)?(?= )",
+        r"^\w+(?: and \w+)?(?=[ :])",
         lambda m: " and ".join(flags.get(word, word) for word in m.group(0).split(" and ")),
         message,
     )
@@ -149,10 +150,27 @@ def add_request_args(p: argparse.ArgumentParser, prompt_default: str | None = No
 
 
 def request(args: argparse.Namespace):
-    """The request the arguments ask for (the image apart: `read_image` reads it after the checks)."""
+    """The request the arguments ask for, its --image file read (ValueError naming the flag)."""
     from dit.request import GenerationRequest
 
-    return GenerationRequest(args.prompt, **{field: getattr(args, dest) for dest, field in REQUEST.items()})
+    image = None if args.image is None else read_image(args.image)
+    return GenerationRequest(
+        args.prompt, image=image, **{field: getattr(args, dest) for dest, field in REQUEST.items()}
+    )
+
+
+def read_image(path: str):
+    """`--image`: the file's pixels (uint8 RGB), checked as the server checks an upload (dit.image)."""
+    from dit.image import ImageLimits, decode
+
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"--image {path}: {e.strerror or e}") from None
+    try:
+        return decode(data, ImageLimits())
+    except ValueError as e:
+        raise ValueError(f"--image {path}: {e}") from None
 
 
 def request_argv(args: argparse.Namespace) -> list[str]:

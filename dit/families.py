@@ -156,6 +156,9 @@ class ModelFamily:
     # (folder or None, wrapped model, dtype, device) → the image-to-video model's image encoder, or None (no
     # image features); only the replica leader loads one
     image_encoder: Callable[..., Any] = lambda folder, model, dtype, device: None
+    # (transformer's parsed config, folder or None, preset name) → whether the model is image-to-video: every
+    # request carries a first frame (`Limits.image`); known from configs, before any weight loads
+    takes_image: Callable[[Any, Path | None, str], bool] = lambda config, folder, model: False
     # (vae, image uint8 [H, W, 3] at the video's size, frames) → the image-to-video model's conditioning
     # volume, its keyword argument `condition` (the model's `takes_image`)
     image_condition: Callable[..., torch.Tensor] | None = None
@@ -378,11 +381,12 @@ def pick_sampling(
 
 
 def model_limits(
-    family: ModelFamily, folder: Path | None, model: str, channels: int, patch: tuple[int, ...]
+    family: ModelFamily, folder: Path | None, model: str, config, channels: int, patch: tuple[int, ...]
 ) -> Limits:
     """A model's request limits as its configs tell them, before any weight loads (`load_pipeline` adds
     what its tokenizer and weights tell): the family's, under the folder's own card (`dit.model_card`), the
-    frames in the VAE's time steps and the sizes in multiples of its space compression × the patch."""
+    frames in the VAE's time steps, the sizes in multiples of its space compression × the patch, and
+    whether it takes a first-frame image. `config`: the transformer's parsed config."""
     base = apply_card(family.limits(folder, model), folder)
     t, s = family.compression_of(folder, channels)
     size_multiple = s * max(patch[1:])
@@ -391,4 +395,6 @@ def model_limits(
         frame_step=t,
         min_size=-(-base.min_size // size_multiple) * size_multiple,  # the smallest multiple allowed
         size_multiple=size_multiple,
+        image=family.takes_image(config, folder, model),
+        image_optional=family.expand_timesteps(folder, model),
     )

@@ -136,10 +136,6 @@ class Pipeline:
         if req.cache is not None and not isinstance(req.cache, str):
             raise ValueError(f"cache must be a string such as fbcache:0.1, got {req.cache!r}")
         req = replace(req, cache=str(CacheConfig.parse(req.cache or self.config.cache)))
-        if lim.image and req.image is None:
-            raise ValueError("image: this image-to-video model needs a first-frame image")
-        if not (lim.image or lim.image_optional) and req.image is not None:
-            raise ValueError("image: this text-to-video model takes no image")
         if req.loras:
             if self.lora_catalogue is None:
                 raise ValueError("loras: this pipeline has no LoRA catalogue (PipelineConfig.lora_dir)")
@@ -453,10 +449,8 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     channels = model.config.in_channels
     compression = family.compression_of(folder, channels)
     limits = replace(
-        model_limits(family, folder, model_name, channels, model.config.patch_size),
+        model_limits(family, folder, model_name, raw[0][0].config, channels, model.config.patch_size),
         max_prompt_tokens=tokenizer.max_tokens,
-        image=getattr(model, "takes_image", False),
-        image_optional=expand,
         two_experts=second is not None,
     ).with_schedule(schedule)
     return Pipeline(

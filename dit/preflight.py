@@ -107,23 +107,21 @@ def preflight(
     model = resolve(config.model)
     family, folder = model_family(model), (Path(model) if Path(model).is_dir() else None)
     pick_sampling(family, folder, sampler, None, timesteps)
-    if request is not None:
-        from dit.request import check_numbers
-        from dit.shape import request_limits
-
-        check_numbers(request, request_limits(model, sampler=sampler, timesteps=timesteps))
     if config.offload_idle_expert and family.boundary_ratio(model, folder) is None:
         raise ValueError("--offload-idle-expert is for two-expert models (Wan2.2 A14B); this model has one")
-    if config.warmup:  # each warm-up size against the model's limits, as a request of that size
+    if request is not None or config.warmup:  # the request, and each warm-up size as a request of that size
         from dit.request import GenerationRequest, check_numbers
         from dit.shape import request_limits
+        from dit.warmup import warmup_request
 
         limits = request_limits(model, sampler=sampler, timesteps=timesteps)
-        for height, width, frames in config.warmup:
+        if request is not None:
+            check_numbers(request, limits)
+        for size in config.warmup:
             try:
-                check_numbers(GenerationRequest("", height=height, width=width, num_frames=frames), limits)
+                check_numbers(warmup_request(limits, size, GenerationRequest), limits)
             except ValueError as e:
-                raise ValueError(f"--warmup {height}x{width}x{frames}: {e}") from None
+                raise ValueError(f"--warmup {'x'.join(map(str, size))}: {e}") from None
     if needs_model(ulysses, ring, cfg):
         from dit.shape import plan_layout
 

@@ -95,7 +95,8 @@ def check_loras(loras) -> tuple[tuple[str, float], ...]:
 
 def check_numbers(req: GenerationRequest, lim: Limits) -> GenerationRequest:
     """The request's size, length, steps, guidance, fps and seed: None ones the model's defaults, each
-    checked against `lim` (ValueError naming the field), and its `loras` as `check_loras` spells them. What
+    checked against `lim` (ValueError naming the field), whether it has the image the model needs or takes
+    none, and its `loras` as `check_loras` spells them. What
     `Pipeline.validate` checks first, and all `dit.preflight` can check before the model loads."""
     req = replace(
         req,
@@ -132,4 +133,8 @@ def check_numbers(req: GenerationRequest, lim: Limits) -> GenerationRequest:
     _check_int("fps", req.fps, lim.min_fps, lim.max_fps)
     _check_int("seed", req.seed, 0, MAX_SEED)
     check_guidance("guidance_scale", req.guidance_scale, lim)
+    if lim.image and req.image is None:
+        raise ValueError("image: this image-to-video model needs a first-frame image")
+    if not (lim.image or lim.image_optional) and req.image is not None:
+        raise ValueError("image: this text-to-video model takes no image")
     return req

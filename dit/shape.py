@@ -70,7 +70,7 @@ def _read(model: str, sampler: str | None, timesteps: str | None):
     _, config_json = _source(name)
     config = weight_format(config_json.get("_class_name")).parse_config(config_json)
     schedule = pick_sampling(family, folder, sampler, None, timesteps)[3]
-    limits = model_limits(family, folder, str(name), config.in_channels, _patch(config))
+    limits = model_limits(family, folder, str(name), config, config.in_channels, _patch(config))
     return family, folder, config, limits.with_schedule(schedule)
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
+
 log = logging.getLogger("ithaca.warmup")
 STEPS = 2
 
@@ -20,15 +22,21 @@ def warm_up(pipe, sizes, request_type) -> list[dict]:
     """Generate once at each (height, width, frames) of `sizes` with `pipe`; `request_type`: the pipeline
     module's GenerationRequest. [{"size": "HxWxF", "seconds": s}] in order, each also logged."""
     done = []
-    for height, width, frames in sizes:
-        limits = pipe.limits
-        steps = min(max(STEPS, limits.min_steps), limits.max_steps)
-        request = request_type("warm-up", num_frames=frames, height=height, width=width,
-                               num_inference_steps=steps)  # fmt: skip
+    for size in sizes:
         start = time.perf_counter()
-        pipe.generate(request)
+        pipe.generate(warmup_request(pipe.limits, size, request_type))
         seconds = round(time.perf_counter() - start, 3)
-        size = f"{height}x{width}x{frames}"
-        log.info("warm-up %s: %.2f s", size, seconds)
-        done.append(dict(size=size, seconds=seconds))
+        height, width, frames = size
+        log.info("warm-up %dx%dx%d: %.2f s", height, width, frames, seconds)
+        done.append(dict(size=f"{height}x{width}x{frames}", seconds=seconds))
     return done
+
+
+def warmup_request(limits, size: tuple[int, int, int], request_type):
+    """The warm-up's request at (height, width, frames) under a model's `limits`: an image-to-video model's
+    first frame a grey one of the video's size (its pixels change no shape the run compiles or tunes)."""
+    height, width, frames = size
+    steps = min(max(STEPS, limits.min_steps), limits.max_steps)
+    image = np.full((height, width, 3), 128, np.uint8) if limits.image else None
+    return request_type("warm-up", num_frames=frames, height=height, width=width, num_inference_steps=steps,
+                        image=image)  # fmt: skip

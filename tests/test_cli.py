@@ -274,6 +274,10 @@ assert not loaded, loaded
         ("fps must be an integer between 1 and 60", "--fps must be an integer between 1 and 60"),
         ("height and width must be multiples of 16", "--height and --width must be multiples of 16"),
         ("guidance_scale must be between 1.0 and 20.0", "--guidance must be between 1.0 and 20.0"),
+        (
+            "image: this image-to-video model needs a first-frame image",
+            "--image: this image-to-video model needs a first-frame image",
+        ),
         ("not a folder and not in the Hugging Face cache", "not a folder and not in the Hugging Face cache"),
     ],
 )
@@ -420,6 +424,8 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
         (["serve"], {"ITHACA_NPROC": "abc"}, "ithaca serve: error: ITHACA_NPROC: 'abc' is not an integer"),
         (["serve"], {"ITHACA_WARMUP": "480x832"}, "ITHACA_WARMUP: '480x832' is not HEIGHTxWIDTHxFRAMES"),
         (["serve", "--data-dir", "/dev/null/d"], {}, "--data-dir /dev/null/d: /dev/null is a file, not a"),
+        # found before the ranks start (it took them 10 s)
+        (["generate", "a fox", "--preset", "tiny-i2v-random", "--nproc", "2"], {}, "--image: this image-to-"),
     ],
 )  # fmt: skip
 def test_a_mistake_is_one_line_and_exit_code_2(tmp_path, argv, env, says):

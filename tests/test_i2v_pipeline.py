@@ -115,6 +115,10 @@ def test_wan22_i2v_two_experts_match_diffusers(folder, tmp_path, monkeypatch):
 
 
 def test_the_image_is_required_or_refused():
+    from dit.preflight import preflight
+    from dit.shape import request_limits
+    from dit.warmup import warm_up
+
     i2v = load_pipeline(PipelineConfig(model="tiny-i2v-random", device="cpu"))
     with pytest.raises(ValueError, match="image: this image-to-video model needs a first-frame image"):
         i2v.validate(GenerationRequest("a fox"))
@@ -122,6 +126,18 @@ def test_the_image_is_required_or_refused():
     assert not t2v.limits.image
     with pytest.raises(ValueError, match="image: this text-to-video model takes no image"):
         t2v.validate(GenerationRequest("a fox", image=_image()))
+    # known from the configs, before a rank starts: the loaded pipeline's limits say no more
+    for model, pipe in (("tiny-i2v-random", i2v), ("tiny-random", t2v)):
+        limits = request_limits(model)
+        assert (limits.image, limits.image_optional) == (pipe.limits.image, pipe.limits.image_optional)
+    assert request_limits("tiny-ti2v-random").image_optional and request_limits("tiny-joint-i2v").image
+    with pytest.raises(ValueError, match="needs a first-frame image"):
+        preflight(preset="tiny-i2v-random", device="cpu", request=GenerationRequest("a fox"))
+    with pytest.raises(ValueError, match="takes no image"):
+        preflight(preset="tiny-random", device="cpu", request=GenerationRequest("a fox", image=_image()))
+    # `serve --warmup` on an image-to-video model warms up with a first frame (its workers died without one)
+    preflight(preset="tiny-i2v-random", device="cpu", warmup=((32, 32, 5),))
+    assert [run["size"] for run in warm_up(i2v, [(32, 32, 5)], GenerationRequest)] == ["32x32x5"]
 
 
 def _i2v(layout):

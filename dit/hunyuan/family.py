@@ -75,6 +75,7 @@ FAMILY = ModelFamily(
     joint_text=True,
     sigmas=_sigmas,
     image_encoder=i2v.load_image_encoder,
+    takes_image=lambda config, folder, model: i2v.is_i2v(folder, model),
     image_condition=i2v.latent_condition,
     video_size=i2v.video_size,
     presets={

@@ -65,6 +65,7 @@ FAMILY = ModelFamily(
     limits=_wan_limits,
     samplers=SAMPLERS,
     image_encoder=i2v.load_image_encoder,
+    takes_image=lambda config, folder, model: i2v.is_i2v(config),
     image_condition=i2v.latent_condition,
     vae_compression=wan_vae.compression,
     expand_timesteps=i2v.expand_timesteps,

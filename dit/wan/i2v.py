@@ -31,8 +31,9 @@ MASK_CHANNELS = 4  # the VAE's time compression: one mask channel per frame of a
 EXPAND_TIMESTEPS_PRESETS = ("tiny-ti2v-random", "wan2.2-ti2v-5b")  # sampled as `dit.first_frame.FirstFrame`
 
 
-def is_i2v(transformer) -> bool:
-    cfg = transformer.config
+def is_i2v(cfg) -> bool:
+    """Whether a transformer of this parsed config is image-to-video: it takes the mask and the image's
+    latents beside the noisy ones."""
     return cfg.in_channels == cfg.out_channels + MASK_CHANNELS + cfg.out_channels
 
 
@@ -58,7 +59,7 @@ class WanI2V(nn.Module):
 
 def wrap(transformer: nn.Module) -> nn.Module:
     """The Wan family's adapter: image-to-video transformers get `WanI2V`, text-to-video ones none."""
-    return WanI2V(transformer) if is_i2v(transformer) else transformer
+    return WanI2V(transformer) if is_i2v(transformer.config) else transformer
 
 
 def load_image_encoder(folder: Path | None, model: nn.Module, dtype, device) -> ImageEncoder | None:
