@@ -76,7 +76,7 @@ def preflight(
     from dit.fp8_linear import QUANTS
     from dit.pipeline import DTYPES
     from dit.presets import resolve
-    from dit.sampling import SAMPLERS
+    from dit.sampling import FIXED_SCHEDULE_SAMPLERS, SAMPLERS, FixedSchedule
 
     shift = config.flow_shift
     if shift is not None and not (math.isfinite(shift) and shift > 0):  # 0 or less: no noise schedule at all
@@ -106,7 +106,18 @@ def preflight(
     # The sampler against the folder's scheduler/ and the fixed schedule (reads JSON, loads no weights).
     model = resolve(config.model)
     family, folder = model_family(model), (Path(model) if Path(model).is_dir() else None)
-    pick_sampling(family, folder, sampler, None, timesteps)
+    picked = pick_sampling(family, folder, sampler)[0]  # the folder's own fixed schedule checked too
+    if timesteps is not None:
+        try:
+            FixedSchedule.parse(timesteps)
+        except ValueError as e:
+            raise ValueError(f"--{e}") from None  # "timesteps must be integers ..."
+        if picked not in FIXED_SCHEDULE_SAMPLERS:
+            whose = "--sampler" if sampler else "the model's sampler,"
+            raise ValueError(
+                f"--timesteps {timesteps} are sampled with --sampler {' or '.join(FIXED_SCHEDULE_SAMPLERS)}, "
+                f"not {whose} {picked}"
+            )
     if config.offload_idle_expert and family.boundary_ratio(model, folder) is None:
         raise ValueError("--offload-idle-expert is for two-expert models (Wan2.2 A14B); this model has one")
     if request is not None or config.warmup:  # the request, and each warm-up size as a request of that size

@@ -398,6 +398,10 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
         (dict(warmup=((64, 64, 9), (63, 64, 9))), "--warmup 63x64x9: height must be a multiple of 16"),
         (dict(flow_shift=-1.0), "--flow-shift must be a number above 0 (Wan 480p: 3, 720p: 5), got -1.0"),
         (dict(flow_shift=float("nan")), "--flow-shift must be a number above 0"),
+        (dict(timesteps="750,1000"), "--timesteps must be integers in (0, 1000], strictly decreasing"),
+        (dict(timesteps="5,3"), "--timesteps 5,3 are sampled with --sampler euler or renoise, not the "
+                                "model's sampler, unipc"),
+        (dict(timesteps="5,3", sampler="unipc"), "not --sampler unipc"),
     ]  # fmt: skip
     for settings, message in cases:
         line = _preflight_error(**settings)
