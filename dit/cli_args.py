@@ -5,6 +5,7 @@ ranks."""
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import signal
@@ -159,6 +160,7 @@ def request(args: argparse.Namespace):
     )
 
 
+@functools.cache  # read once: the checks before the run and the run take the same pixels (a pipe reads once)
 def read_image(path: str):
     """`--image`: the file's pixels (uint8 RGB), checked as the server checks an upload (dit.image)."""
     from dit.image import ImageLimits, decode

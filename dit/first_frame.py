@@ -4,6 +4,8 @@ latent frame (`FirstFrame`: Wan2.2 TI2V-5B). Family-free: the families' image-to
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import torch
 from torch import nn
@@ -12,6 +14,15 @@ from torch import nn
 def pixels(image: np.ndarray) -> torch.Tensor:
     """uint8 `[H, W, 3]` → a one-frame video `[1, 3, 1, H, W]` in [-1, 1]."""
     return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None, :, None].float() / 127.5 - 1
+
+
+def image_processor(name: str):
+    """transformers' image processor class `name` (CLIPImageProcessor), its PIL form where torchvision is
+    absent: the one transformers falls back to then (as diffusers' pipelines get it), without the warning
+    it prints on every load."""
+    import transformers
+
+    return getattr(transformers, name if importlib.util.find_spec("torchvision") else name + "Pil")
 
 
 class ImageEncoder:

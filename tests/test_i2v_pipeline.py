@@ -177,3 +177,15 @@ def test_the_cli_takes_an_image(tmp_path, capsys):
     assert "needs a first-frame image" in capsys.readouterr().err
     assert main([*argv, "--image", str(tmp_path / "missing.png"), "--out", str(out)]) == 2
     assert "missing.png" in capsys.readouterr().err
+
+
+def test_the_image_encoders_load_without_transformers_warning(capfd):
+    """Without torchvision transformers warned on every image-to-video load that it fell back to the PIL
+    processor; the PIL processor is now asked for by name (with torchvision: the default one)."""
+    from dit.hunyuan.family import FAMILY as HUNYUAN
+
+    capfd.readouterr()
+    assert load_pipeline(PipelineConfig(model="tiny-i2v-random", device="cpu")).image_encoder is not None
+    pipe = load_pipeline(PipelineConfig(model="tiny-joint-i2v", device="cpu"))
+    assert pipe.family is HUNYUAN and pipe.image_encoder is not None
+    assert "torchvision" not in capfd.readouterr().err

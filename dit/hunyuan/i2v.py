@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
-from dit.first_frame import ImageEncoder, pixels
+from dit.first_frame import ImageEncoder, image_processor, pixels
 from dit.hunyuan import vae
 
 PIPELINE_CLASS_NAME = "HunyuanVideo15ImageToVideoPipeline"
@@ -40,14 +40,15 @@ def load_image_encoder(folder: Path | None, model: nn.Module, dtype, device) -> 
     tiny random one of the transformer's `image_embed_dim` for a preset; None for text-to-video."""
     if not getattr(model, "takes_image", False):
         return None
-    from transformers import SiglipImageProcessor, SiglipVisionModel
+    from transformers import SiglipVisionModel
 
+    processor_class = image_processor("SiglipImageProcessor")
     if folder is not None:
         encoder = SiglipVisionModel.from_pretrained(folder / "image_encoder", dtype=dtype)
-        processor = SiglipImageProcessor.from_pretrained(folder / "feature_extractor")
+        processor = processor_class.from_pretrained(folder / "feature_extractor")
     else:
         encoder = tiny_image_encoder(model.transformer.config.image_embed_dim)
-        processor = SiglipImageProcessor(size={"height": 32, "width": 32})
+        processor = processor_class(size={"height": 32, "width": 32})
     # the reference's `_get_image_embeds`: the image cropped to the video, resized by the processor, the last
     # hidden states
     model = encoder.to(device, dtype).eval()

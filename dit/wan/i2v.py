@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from dit.first_frame import ImageEncoder, pixels
+from dit.first_frame import ImageEncoder, image_processor, pixels
 from dit.wan import vae as wan_vae
 
 MASK_CHANNELS = 4  # the VAE's time compression: one mask channel per frame of a latent frame
@@ -68,13 +68,14 @@ def load_image_encoder(folder: Path | None, model: nn.Module, dtype, device) -> 
     image_dim = getattr(getattr(model, "transformer", model).config, "image_dim", None)
     if image_dim is None:
         return None
-    from transformers import CLIPImageProcessor, CLIPVisionModel
+    from transformers import CLIPVisionModel
 
+    processor_class = image_processor("CLIPImageProcessor")
     if folder is not None and (folder / "image_encoder").is_dir():
         encoder = CLIPVisionModel.from_pretrained(folder / "image_encoder", torch_dtype=dtype)
-        processor = CLIPImageProcessor.from_pretrained(folder / "image_processor")
+        processor = processor_class.from_pretrained(folder / "image_processor")
     else:
-        encoder, processor = tiny_image_encoder(image_dim), CLIPImageProcessor(crop_size=32, size=32)
+        encoder, processor = tiny_image_encoder(image_dim), processor_class(crop_size=32, size=32)
     return ImageEncoder(processor, encoder.to(device, dtype).eval(), layer=-2)
 
 
