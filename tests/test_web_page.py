@@ -19,7 +19,7 @@ from dit.pipeline import TINY_LIMITS
 from server.app import create_app
 from server.config import ServeConfig
 from server.store import open_store
-from testing.published import publish
+from testing.published import LORA_CATALOGUE, publish
 from testing.server_process import ServerProcess
 
 playwright = pytest.importorskip("playwright.sync_api")
@@ -278,7 +278,7 @@ def test_the_page_asks_for_the_key_and_cancels(servers, page, tmp_path):
 def test_a_long_queue_leaves_the_page_connections_to_submit(browser, tmp_path):
     """A browser opens 6 connections to a server; an event stream per queued job took them all, and the next
     Generate hung at "Submitting…". An API without workers, the tiny model's limits published: jobs stay
-    queued."""
+    queued. Then the limits change under the open page."""
     server = ServerProcess(tmp_path, "--no-workers")
     context = browser.new_context()
     try:
@@ -297,6 +297,13 @@ def test_a_long_queue_leaves_the_page_connections_to_submit(browser, tmp_path):
         page.get_by_role("button", name="Generate").click()
         page.get_by_text("Queued job").wait_for(timeout=10_000)
         page.locator("li.job", has_text="one more").get_by_text("Queued (position 8)").wait_for()
+
+        # the limits are read again with the list: a LoRA added to the server's folder shows without a reload
+        assert page.locator("#loras-field").is_hidden()
+        store = open_store(config)
+        publish(store, TINY_LIMITS, config.image_limits, loras=LORA_CATALOGUE)
+        store.close()
+        page.get_by_text("1 in the catalogue").wait_for(timeout=10_000)
     finally:
         context.close()
         server.stop()

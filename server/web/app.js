@@ -76,26 +76,29 @@ $("key-form").addEventListener("submit", (event) => {
 
 // -- the form ------------------------------------------------------------------------------------------------
 
-async function loadLimits() {
+// Read at the start until it answers, then again with the job list (`again`: a failure waits for the next
+// read): a LoRA file added to the server's folder, or another model after a restart, shows without a reload.
+async function loadLimits(again = false) {
   let response;
   try {
     response = await api("/limits");
   } catch (error) {
     if (error instanceof AuthError) return;
     $("model").textContent = `Cannot reach the server (${error.message}); retrying…`;
-    setTimeout(loadLimits, 2000);
+    if (!again) setTimeout(loadLimits, 2000);
     return;
   }
   if (!response.ok) {
     // 503: no worker has published the limits yet (the model is still loading)
     const waiting = response.status === 503 ? "Waiting for the model to load" : await errorText(response);
     $("model").textContent = `${waiting}; retrying…`;
-    setTimeout(loadLimits, 1000 * Number(response.headers.get("Retry-After") || 2));
+    if (!again) setTimeout(loadLimits, 1000 * Number(response.headers.get("Retry-After") || 2));
     return;
   }
   applyLimits(await response.json());
 }
 
+let limitsRead = false;
 let vocabulary = null; // {about, words}: the words a small model knows (null: a model that declares none)
 
 function applyLimits({ model, limits, vocabulary: declared, loras }) {
@@ -127,7 +130,8 @@ function applyLimits({ model, limits, vocabulary: declared, loras }) {
     const mb = (image.max_bytes / 2 ** 20).toFixed(0);
     $("image-hint").textContent = `${image.required ? "required" : "optional"}: PNG, JPEG or WebP, at most ${mb} MiB`;
   }
-  $("generate").disabled = false;
+  if (!limitsRead) $("generate").disabled = false; // once: a read again must not end a submit's wait
+  limitsRead = true;
 }
 
 // -- LoRAs: a row per LoRA (a name of the catalogue that fits, a strength), shown when the server has some --
@@ -281,7 +285,9 @@ async function showPage(index) {
 $("newer").addEventListener("click", () => showPage(page - 1));
 $("older").addEventListener("click", () => showPage(page + 1));
 setInterval(() => {
-  if (document.visibilityState === "visible" && $("key-form").hidden) showPage(page);
+  if (document.visibilityState !== "visible" || !$("key-form").hidden) return;
+  showPage(page);
+  if (limitsRead) loadLimits(true); // until the first answer, loadLimits retries by itself
 }, REFRESH_MS);
 
 function element(tag, attributes = {}, text = "") {
