@@ -170,7 +170,9 @@ class Services:
             raise HTTPException(422, [_error(image_field if f == "image" else f, m) for f, m in errors])
         if idempotency_key is not None and len(idempotency_key) > 255:
             raise HTTPException(400, "Idempotency-Key is longer than 255 characters")
-        queued = self.store.queued_count()  # early, before the image is decoded; `create` counts for sure
+        # early, before the image is decoded; `create` counts for sure, after it looks a key up: a retry of a
+        # request whose job is queued gets that job, however full the queue
+        queued = self.store.queued_count() if idempotency_key is None else 0
         if queued >= self.config.max_queue:
             raise self._queue_full(queued)
         if image is not None:  # decoded only now: cheaper refusals come first

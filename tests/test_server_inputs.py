@@ -267,6 +267,19 @@ def test_idempotency_key_conflict_scope_and_reuse_after_delete(client):
     assert reused.status_code == 200 and reused.json()["id"] != v1.json()["id"]
 
 
+def test_a_retried_request_gets_its_job_from_a_full_queue(tmp_path):
+    """The queue's one place is the key's own job: a retry replays it (a 429 told the client to retry what
+    was already queued), another body is still the key's 409, and a new request the queue's 429."""
+    with TestClient(tiny_random_app(tmp_path, max_queue=1)) as client:
+        key = {"Idempotency-Key": "full"}
+        first = client.post("/generate", json={"prompt": "fox"}, headers=key)
+        again = client.post("/generate", json={"prompt": "fox"}, headers=key)
+        assert (first.status_code, again.status_code) == (202, 202)
+        assert again.json()["id"] == first.json()["id"] and again.headers["idempotent-replayed"] == "true"
+        assert client.post("/generate", json={"prompt": "cat"}, headers=key).status_code == 409
+        assert client.post("/generate", json={"prompt": "cat"}).status_code == 429
+
+
 def test_a_job_without_a_seed_gets_a_random_one_kept_in_its_request(client):
     seeds = [client.post("/generate", json={"prompt": "fox"}).json()["request"]["seed"] for _ in range(3)]
     v1 = client.post("/v1/videos", json={"prompt": "fox"}).json()["id"]
