@@ -12,7 +12,9 @@ key and hands them here; a failure raises for the whole batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -76,13 +78,23 @@ def check_batch(requests: list[GenerationRequest]) -> None:
 @dataclass
 class BatchJob:
     """One job of a batch: its request and its own callbacks (`Pipeline.generate`'s meaning for each;
-    `on_phase` hears "decoding" as this job's own decode begins: the batch decodes its jobs in turn)."""
+    `on_phase` hears "decoding" as this job's own decode begins: the batch decodes its jobs in turn).
+    `on_end` hears the job's outcome as soon as it is known, before the batch's other jobs end: its
+    GenerationCancelled as it leaves the batch, and in `generate_batch` its frames (or its decode's
+    GenerationFailed) once decoded."""
 
     request: GenerationRequest
     callback: Callback | None = None
     on_preview: PreviewCallback | None = None
     on_frames: FramesCallback | None = None
     on_phase: PhaseCallback | None = None
+    on_end: Callable[[Any], None] | None = None
+
+    def ended(self, outcome):
+        """`outcome`, told to `on_end`."""
+        if self.on_end is not None:
+            self.on_end(outcome)
+        return outcome
 
 
 def denoise_batch(
@@ -117,8 +129,8 @@ def denoise_batch(
         return [jobs[j].callback is None or jobs[j].callback(step, total) is not False for j in live]
 
     def on_rows(step: int, rows: list[int]) -> None:
-        for j in set(live) - {live[row] for row in rows}:
-            outcomes[j] = GenerationCancelled(step, steps)
+        for j in sorted(set(live) - {live[row] for row in rows}):
+            outcomes[j] = jobs[j].ended(GenerationCancelled(step, steps))
         live[:] = [live[row] for row in rows]
 
     previews = [pipe.preview_hook(steps, cond, job.on_preview) for job in jobs]
@@ -146,7 +158,7 @@ def denoise_batch(
         )  # fmt: skip
     except GenerationCancelled as stop:  # the last jobs left together
         for j in live:
-            outcomes[j] = stop
+            outcomes[j] = jobs[j].ended(stop)
         return outcomes
     pipe.evaluations = counted
     for row, j in enumerate(live):
@@ -168,7 +180,7 @@ def generate_batch(
     if any(isinstance(out, torch.Tensor) for out in outcomes):
         enter_phase(on_phase, "decoding")
     return [
-        _decode(pipe, out, job) if isinstance(out, torch.Tensor) else out
+        job.ended(_decode(pipe, out, job)) if isinstance(out, torch.Tensor) else out
         for out, job in zip(outcomes, jobs, strict=True)
     ]
 

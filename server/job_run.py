@@ -25,6 +25,7 @@ class JobRun:
         self.recorded = "encoding"  # the phase the claim recorded (server.store.runs)
         self.start = self._last = time.perf_counter()
         self.video = StreamedVideo(worker.config.videos_dir, self.job_id, self.spec["fps"])
+        self.over = False  # `ended`
 
     def callback(self, step: int, total: int) -> bool:
         now = time.perf_counter()
@@ -41,8 +42,10 @@ class JobRun:
             self.worker.store.set_phase(self.job_id, self.worker.name, phase, self.phases.timings)
 
     def batch_job(self, request) -> BatchJob:
-        """This job in a batch (`Pipeline.generate_batch`), its callbacks this run's."""
-        return BatchJob(request, self.callback, self.on_preview, self.video.frames, self.on_phase)
+        """This job in a batch (`Pipeline.generate_batch`), its callbacks this run's: it ends (`ended`) as
+        soon as its outcome is known, not when the batch's last job does."""
+        on_end = lambda outcome: self.ended(outcome, self.worker.pipe.evaluations)  # noqa: E731
+        return BatchJob(request, self.callback, self.on_preview, self.video.frames, self.on_phase, on_end)
 
     def on_batch_phase(self, phase: str) -> None:
         """A phase of the batch this job is in: its own, but for the batch's decoding, where the job waits
@@ -60,6 +63,7 @@ class JobRun:
         closed), or the GenerationCancelled or GenerationFailed that stopped it (no file; a failure is the
         job's own: no other attempt)."""
         worker, job_id = self.worker, self.job_id
+        self.over = True
         if isinstance(outcome, Exception):
             self.video.drop()
             worker._flush(job_id)

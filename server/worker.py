@@ -345,20 +345,21 @@ class Worker:
                 self.checkpoints.save(messages[j], state)
 
         checkpoints = self.checkpoints.schedule(self.config.checkpoint_steps, save) if leader else None
-        try:
-            outcomes = self.pipe.generate_batch(jobs, on_phase if leader else None, checkpoints)
+        try:  # the leader records each job as its outcome comes (`JobRun.batch_job`)
+            self.pipe.generate_batch(jobs, on_phase if leader else None, checkpoints)
         except self.module.GenerationFailed as failed:  # the batch's own (its LoRA set): each job's
-            outcomes = [failed] * len(messages)
+            for run in runs:
+                if not run.over:
+                    run.ended(failed, None)
         except Exception:
-            self._failed(runs)
+            self._failed([run for run in runs if not run.over])
             raise
-        for run, outcome in zip(runs, outcomes if leader else [], strict=True):  # the leader records
-            run.ended(outcome, self.pipe.evaluations)
         self.jobs, self.state = [], "ready"
 
     def _failed(self, runs: list[JobRun]) -> None:
-        """A run failed: its jobs stay in progress, for the supervisor to re-queue once the group is gone."""
-        if not runs:
+        """A run failed: its jobs stay in progress, for the supervisor to re-queue once the group is gone
+        (the leader's; those of a batch that ended before stay as they ended)."""
+        if self.store is None:  # not the leader: it records nothing
             return
         for run in runs:
             run.video.drop()

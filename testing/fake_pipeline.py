@@ -142,8 +142,8 @@ class FakePipeline:
             answers = [jobs[j].callback is None or jobs[j].callback(step, total) is not False for j in live]
             keep = should_continue(lambda *_, said=answers: said, step, total, self.mesh)
             for j, go in zip(list(live), keep, strict=True):
-                if not go:
-                    outcomes[j] = GenerationCancelled(step, total)
+                if not go:  # told at once, as the real batch tells it
+                    outcomes[j] = jobs[j].ended(GenerationCancelled(step, total))
                     live.remove(j)
             for j in live:
                 if jobs[j].on_preview is not None and self.mesh.is_replica_leader:
@@ -154,9 +154,9 @@ class FakePipeline:
         on_phase("decoding")
         for j in live:
             try:
-                outcomes[j] = self._decode(requests[j], jobs[j].on_frames)
+                outcomes[j] = jobs[j].ended(self._decode(requests[j], jobs[j].on_frames))
             except GenerationFailed as failed:  # as the real batch: this job's failure, the others go on
-                outcomes[j] = failed
+                outcomes[j] = jobs[j].ended(failed)
         return outcomes
 
     def _decode(self, req: GenerationRequest, on_frames):

@@ -88,10 +88,22 @@ def test_a_cancelled_job_leaves_and_the_others_go_on(pipe, solo):
         calls.append(step)
         return step < 1
 
-    jobs = [BatchJob(REQUESTS[0]), BatchJob(REQUESTS[1], callback=stop_after_1), BatchJob(REQUESTS[2])]
+    ended = []
+    heard = []  # what job 1's `on_end` had heard when job 0 was asked at step 2
+
+    def go_on(step, total):
+        if step == 2:
+            heard.extend(ended)
+
+    jobs = [
+        BatchJob(REQUESTS[0], callback=go_on),
+        BatchJob(REQUESTS[1], callback=stop_after_1, on_end=ended.append),
+        BatchJob(REQUESTS[2]),
+    ]
     got = denoise_batch(pipe, jobs)
     assert isinstance(got[1], GenerationCancelled) and (got[1].step, got[1].total) == (1, 3)
     assert calls == [1]  # not asked again once it left
+    assert heard == ended == [got[1]]  # told as it left, before the others' next step
     # UniPC's history of the rows that stay is theirs: equal to their solo runs
     assert rel(got[0], solo[0]) <= EXACT_REL and rel(got[2], solo[2]) <= EXACT_REL
 
@@ -123,10 +135,18 @@ def test_generate_batch_decodes_each_job(pipe):
     def heard(j):
         return lambda phase: phases.append((j, phase, bool(frames[0])))
 
-    jobs = [BatchJob(req, on_frames=frames[j].append, on_phase=heard(j)) for j, req in enumerate(reqs)]
+    def ended(j):
+        return lambda outcome: phases.append((j, "ended", outcome.shape))
+
+    jobs = [
+        BatchJob(req, on_frames=frames[j].append, on_phase=heard(j), on_end=ended(j))
+        for j, req in enumerate(reqs)
+    ]
     got = pipe.generate_batch(jobs, on_phase=phases.append)
-    # the batch's phases, then each job's own decode as it begins (job 1's after job 0's frames)
-    assert phases == ["encoding", "denoising", "decoding", (0, "decoding", False), (1, "decoding", True)]
+    # the batch's phases, then each job's own decode as it begins (job 1's after job 0's frames), each job's
+    # end as its decode ends
+    assert phases == ["encoding", "denoising", "decoding", (0, "decoding", False), (0, "ended", got[0].shape),
+                      (1, "decoding", True), (1, "ended", got[1].shape)]  # fmt: skip
     for j, req in enumerate(reqs):
         alone = pipe.generate(req)
         assert abs(got[j].astype(int) - alone.astype(int)).max() <= 1 and got[j].shape == (5, 32, 48, 3)

@@ -76,18 +76,20 @@ def test_a_cancel_ends_one_job_of_the_batch_and_the_others_complete(tmp_path, mo
     store, ids = setup[1], setup[2]
     real_record = LatestStep.record
 
-    beats = []
+    beats, then = [], []
 
     def record(steps, job_id, step, total):  # the user cancels the middle job after its first step
         if job_id == ids[1] and step == 1:
             setup[3]._beat()  # the worker's heartbeat names the batch's jobs
             beats.append(store.workers()[0]["info"])
             store.cancel(job_id)
+        if job_id == ids[0] and step == 2:  # it ended as it left, not when the batch did
+            then.append(store.get(ids[1]).status)
         return real_record(steps, job_id, step, total)
 
     monkeypatch.setattr(LatestStep, "record", record)
     jobs = _run(*setup, lambda job: job.terminal)
-    assert [(beat["job"], beat["jobs"]) for beat in beats] == [(ids[0], ids)]
+    assert [(beat["job"], beat["jobs"]) for beat in beats] == [(ids[0], ids)] and then == ["cancelled"]
     assert [(j.status, j.batch, j.step, j.video is None) for j in jobs] == [
         ("completed", 3, 2, False), ("cancelled", 3, 1, True), ("completed", 3, 2, False)]  # fmt: skip
     assert jobs[1].error == "cancelled after step 1" and not (tmp_path / "videos" / f"{ids[1]}.mp4").exists()
