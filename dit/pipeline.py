@@ -142,7 +142,15 @@ class Pipeline:
             self.lora_catalogue.plans(req.loras)  # every name known and every file fitting
         if not isinstance(req.prompt, str) or not req.prompt.strip():
             raise ValueError("prompt must be a non-empty string")
+        if req.negative_prompt is None:  # the field's default: none
+            req = replace(req, negative_prompt="")
+        if not isinstance(req.negative_prompt, str):
+            raise ValueError(f"negative_prompt must be a string, got {type(req.negative_prompt).__name__}")
         for name in ("prompt", "negative_prompt"):
+            try:
+                getattr(req, name).encode()
+            except UnicodeEncodeError:
+                raise ValueError(f"{name} is not valid text: it holds a lone UTF-16 surrogate") from None
             tokens = self.tokenizer.count_tokens(getattr(req, name))
             if tokens > lim.max_prompt_tokens:
                 raise ValueError(

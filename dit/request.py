@@ -29,7 +29,7 @@ class GenerationRequest:
     guidance_scale: float | None = None
     # a two-expert model's guidance below its boundary (the low-noise expert's); None: its default
     guidance_scale_2: float | None = None
-    seed: int = 0
+    seed: int | None = 0  # None: 0, as left out
     fps: int | None = None
     cache: str | None = None  # off | fbcache[:THRESHOLD] (dit.cache); None: the pipeline's
     # the first frame of an image-to-video model (optional for Wan2.2 TI2V-5B): RGB, a PIL image or uint8
@@ -106,6 +106,7 @@ def check_numbers(req: GenerationRequest, lim: Limits) -> GenerationRequest:
         num_inference_steps=lim.default_steps if req.num_inference_steps is None else req.num_inference_steps,
         guidance_scale=lim.default_guidance if req.guidance_scale is None else req.guidance_scale,
         fps=lim.default_fps if req.fps is None else req.fps,
+        seed=0 if req.seed is None else req.seed,  # the field's default
         loras=check_loras(req.loras),
     )
     step, mult = lim.frame_step, lim.size_multiple

@@ -36,6 +36,8 @@ def pipe():
             "y" * 500,
             r"negative_prompt is 501 tokens long; the text encoder accepts at most 128",
         ),
+        ("negative_prompt", 5, r"negative_prompt must be a string, got int"),  # a TypeError in the tokenizer
+        ("prompt", "a \ud800 cat", r"prompt is not valid text: it holds a lone UTF-16 surrogate"),
     ],
 )
 def test_bad_inputs_name_the_field_and_allowed_values(pipe, field, value, message):
@@ -49,6 +51,9 @@ def test_bad_inputs_name_the_field_and_allowed_values(pipe, field, value, messag
 def test_defaults_come_from_the_limits(pipe):
     lim = pipe.limits
     req = pipe.validate(GenerationRequest("a cat"))
+    # None is a field's default for every field (negative_prompt None was a TypeError, seed None refused)
+    given_none = GenerationRequest("a cat", negative_prompt=None, seed=None, fps=None)
+    assert pipe.validate(given_none) == req and (req.negative_prompt, req.seed) == ("", 0)
     assert (req.num_frames, req.height, req.width) == (
         lim.default_frames,
         lim.default_height,
