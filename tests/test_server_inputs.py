@@ -280,6 +280,14 @@ def test_a_retried_request_gets_its_job_from_a_full_queue(tmp_path):
         assert client.post("/generate", json={"prompt": "cat"}).status_code == 429
 
 
+def test_a_cancel_sent_again_answers_the_cancelled_job(client):
+    """A client that retries a cancel whose answer it lost hears the job's view, not a 409."""
+    job = client.post("/generate", json={"prompt": "fox"}).json()
+    first, again = (client.delete(f"/jobs/{job['id']}") for _ in range(2))
+    assert (first.status_code, again.status_code) == (200, 200)
+    assert first.json()["status"] == again.json()["status"] == "cancelled"
+
+
 def test_a_job_without_a_seed_gets_a_random_one_kept_in_its_request(client):
     seeds = [client.post("/generate", json={"prompt": "fox"}).json()["request"]["seed"] for _ in range(3)]
     v1 = client.post("/v1/videos", json={"prompt": "fox"}).json()["id"]
