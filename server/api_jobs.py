@@ -12,6 +12,7 @@ import asyncio
 import copy
 import json
 import os
+import re
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request
@@ -71,6 +72,10 @@ _EVENT = {
 }
 
 
+# `cache`: off | fbcache[:THRESHOLD], the threshold 0 to 1 in at most 6 decimals
+CACHE_PATTERN = r"^(off|fbcache)(:(0(\.[0-9]{1,6})?|1(\.0{1,6})?|\.[0-9]{1,6}))?$"
+
+
 class GenerateBody(BaseModel):
     """Unknown fields are refused; ranges beyond these sanity bounds come from the loaded model's limits
     (the OpenAPI document shows the published ones), the prompts' token limit from its tokenizer."""
@@ -97,7 +102,7 @@ class GenerateBody(BaseModel):
     cache: str | None = Field(
         None,
         max_length=32,
-        pattern=r"^(off|fbcache)(:(0(\.[0-9]{1,6})?|1(\.0{1,6})?|\.[0-9]{1,6}))?$",  # what the document says
+        pattern=CACHE_PATTERN,  # what the document says; `_cache_rule` says it in words first
         description="step caching: off | fbcache[:THRESHOLD], threshold 0–1 (default: the server's)",
         examples=["fbcache:0.05"],
     )
@@ -115,6 +120,17 @@ class GenerateBody(BaseModel):
     def _integral(cls, value):
         """JSON's 9.0 is an integer (JSON Schema says so); strict pydantic would refuse it."""
         return int(value) if isinstance(value, float) and value.is_integer() else value
+
+    @field_validator("cache", mode="before")
+    @classmethod
+    def _cache_rule(cls, value):
+        """A string the pattern refuses, refused in words (pydantic's message would quote the pattern)."""
+        if isinstance(value, str) and not re.fullmatch(CACHE_PATTERN, value):
+            raise ValueError(
+                "cache must be off, fbcache, or fbcache:THRESHOLD with a threshold from 0 to 1 in at most 6 "
+                f"decimals (e.g. fbcache:0.05), got {shown(value)}"
+            )
+        return value
 
     @field_validator("cache")
     @classmethod
