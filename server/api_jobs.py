@@ -13,6 +13,7 @@ import copy
 import json
 import os
 import re
+import time
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request
@@ -36,6 +37,9 @@ from server.store import Job, StoreBusy
 # by another process never stalls the event loop (and /health with it).
 router = APIRouter()
 SSE_POLL_S = 0.1
+# a comment line on an event stream that has sent nothing for this long (a job queued behind a long one): a
+# proxy's idle timeout (nginx: 60 s) would drop a silent stream
+SSE_KEEPALIVE_S = 15.0
 _BIG = 1_000_000
 VIDEO = {200: {"content": {"video/mp4": {"schema": {"type": "string", "format": "binary"}}}}}
 PREVIEW = {200: {"content": {"image/webp": {"schema": {"type": "string", "format": "binary"}}}}}
@@ -417,7 +421,8 @@ def _current_view(services: Services, job_id: str) -> dict | None:
     responses={200: {"content": {"text/event-stream": {"schema": _EVENT}}}} | responses(401, 404, 503),
 )
 def job_events(request: Request, job_id: str):
-    """Server-Sent Events: a `progress` event whenever the job changes, a `preview` event ({"step", "url"})
+    """Server-Sent Events: a `progress` event whenever the job changes (status, phase, step, place in the
+    queue), a `: keep-alive` comment after `SSE_KEEPALIVE_S` without one, a `preview` event ({"step", "url"})
     whenever a newer live preview is in place, then one final `done` event, or `deleted` ({"id",
     "deleted": true}) when the job is deleted meanwhile."""
     services = svc(request)
@@ -425,6 +430,7 @@ def job_events(request: Request, job_id: str):
 
     async def stream():
         last = last_preview = None
+        said = time.monotonic()
         while True:
             try:
                 view = await run_in_threadpool(_current_view, services, job_id)
@@ -436,13 +442,16 @@ def job_events(request: Request, job_id: str):
                 return
             terminal = view["status"] in ("completed", "failed", "cancelled")
             if view["preview_step"] is not None and view["preview_step"] != last_preview:
-                last_preview = view["preview_step"]
+                last_preview, said = view["preview_step"], time.monotonic()
                 preview = {"step": last_preview, "url": view["preview_url"]}
                 yield f"event: preview\ndata: {render(preview).decode()}\n\n"
-            key = (view["status"], view["step"], view["queue_position"])
+            key = (view["status"], view["phase"], view["step"], view["queue_position"])
             if key != last:
-                last = key
+                last, said = key, time.monotonic()
                 yield f"event: {'done' if terminal else 'progress'}\ndata: {render(view).decode()}\n\n"
+            elif time.monotonic() - said >= SSE_KEEPALIVE_S:
+                said = time.monotonic()
+                yield ": keep-alive\n\n"
             if terminal or services.closing.is_set() or await request.is_disconnected():
                 return  # closing: a client opens the stream again where the server comes back
             await asyncio.sleep(SSE_POLL_S)

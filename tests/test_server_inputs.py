@@ -176,6 +176,26 @@ def test_the_event_stream_says_when_its_job_is_deleted(client, monkeypatch):
     assert client.get(f"/jobs/{job_id}").status_code == 404
 
 
+def test_the_event_stream_says_each_phase_and_keeps_a_quiet_stream_alive(client, monkeypatch):
+    """A job waits in the queue (the same view for a while: a comment line keeps a proxy from dropping the
+    stream), then decodes and writes at its last step (a phase change alone is an event)."""
+    from server import api_jobs
+
+    job_id = client.post("/generate", json={"prompt": "fox"}).json()["id"]
+    view = client.get(f"/jobs/{job_id}").json()
+    running = view | {"status": "in_progress", "step": 2, "queue_position": None}
+    views = iter(
+        [view] * 6  # 0.6 s queued
+        + [running | {"phase": "decoding"}, running | {"phase": "writing"}, running | {"status": "completed"}]
+    )
+    monkeypatch.setattr(api_jobs, "SSE_KEEPALIVE_S", 0.25)
+    monkeypatch.setattr(api_jobs, "_current_view", lambda services, jid: next(views))
+    with client.stream("GET", f"/jobs/{job_id}/events") as r:
+        events = [e.split("\n")[0] for e in r.read().decode().strip().split("\n\n")]
+    assert events[0] == "event: progress" and events[-3:] == ["event: progress"] * 2 + ["event: done"]
+    assert events[1:-3] and set(events[1:-3]) == {": keep-alive"}, events  # 0.5 s of sleeps, or more
+
+
 def test_an_unexpected_error_is_a_json_500_in_the_route_shape(client, monkeypatch):
     def broken(job_id):
         raise RuntimeError("bug")
