@@ -325,8 +325,10 @@ def test_phases_progress_and_a_cancel_after_the_last_step(store):
     assert store.get(job.id).progress == 90  # the decode still counts: not "99 %" while it runs
     assert store.cancel(job.id).status == "in_progress"  # accepted: the flag is set ...
     assert store.set_phase(job.id, "w", "writing") is True  # ... and the worker sees it before writing
+    assert (store.get(job.id).phase, store.get(job.id).progress) == ("decoding", 90)  # where it stopped
     done = store.finish(job.id, "w", "completed", video=f"{job.id}.mp4")
     assert done.status == "cancelled" and done.video is None and "last step" in done.error  # ... or here
+    assert done.phase == "decoding"
 
 
 def test_phase_seconds_are_kept_as_each_phase_ends_and_start_afresh_on_a_requeue(store):

@@ -107,12 +107,14 @@ class JobRuns(Connections):
 
     def set_phase(self, job_id: str, worker: str, phase: str, timings: dict | None = None) -> bool:
         """Record that a running job entered `phase`, and the seconds of the phases it has finished
-        (`timings`, PHASE_TIMINGS keys); True (stop) as `progress` answers."""
+        (`timings`, PHASE_TIMINGS keys); True (stop) as `progress` answers. A job whose cancel is asked for
+        keeps its phase and progress: it stops where it is (cancelled while decoding reads `decoding`)."""
         assert phase in PHASES
         set_timings, seconds = _phase_timings(5, timings)
         with self._write() as db:
             row = db.execute(
-                "UPDATE jobs SET phase = ?1, progress = CASE WHEN progress > ?2 THEN progress ELSE ?2 END, "
+                "UPDATE jobs SET phase = CASE WHEN cancel_requested <> 0 THEN phase ELSE ?1 END, "
+                "progress = CASE WHEN cancel_requested <> 0 OR progress > ?2 THEN progress ELSE ?2 END, "
                 f"{set_timings} "
                 "WHERE id = ?3 AND worker = ?4 AND status = 'in_progress' RETURNING *",
                 (phase, PHASE_PROGRESS.get(phase, 0), job_id, worker, *seconds),
