@@ -138,6 +138,7 @@ def _generate(args, config) -> int:
     from tqdm import tqdm
 
     from dit.failures import GenerationFailed
+    from dit.shape import request_video
     from dit.startup import start
     from dit.video import Mp4Writer, VideoNotWritten
     from dit.vocabulary import prompt_warnings, read_vocabulary
@@ -150,9 +151,8 @@ def _generate(args, config) -> int:
 
     try:
         try:  # across machines: rank 0 on node 0; every machine gives its own node number and the same layout
-            started = start(
-                config, args.ulysses, args.ring, args.cfg, node_rank=args.node_rank, report=report
-            )
+            started = start(config, args.ulysses, args.ring, args.cfg, node_rank=args.node_rank,
+                            report=report, video=request_video(request(args)))  # fmt: skip
         except ValueError as e:
             say_error("generate", e)
             return 2

@@ -134,11 +134,12 @@ def preflight(
             except ValueError as e:
                 raise ValueError(f"--warmup {'x'.join(map(str, size))}: {e}") from None
     if needs_model(ulysses, ring, cfg):
-        from dit.shape import plan_layout
+        from dit.shape import plan_layout, request_video
 
+        video = None if request is None else request_video(request)
         with _degrees(nproc):
             plan_layout(model, nproc, node=local_nproc, ulysses=ulysses, ring=ring, cfg=cfg, sampler=sampler,
-                        timesteps=timesteps)  # fmt: skip
+                        timesteps=timesteps, video=video)  # fmt: skip
     from dit.lora_switch import check_lora_dir
 
     check_lora_dir(config)

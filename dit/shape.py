@@ -88,18 +88,31 @@ def plan_layout(
     cfg=None,
     sampler: str | None = None,
     timesteps: str | None = None,
+    video: dict | None = None,
 ) -> Choice:
-    """The layout of `world` ranks, `node` of them per machine (default: all), for `model`'s default video;
+    """The layout of `world` ranks, `node` of them per machine (default: all), for `model`'s video
+    (`video`: `model_shape`'s frames, height, width and guidance; None ones, or none, the model's defaults);
     degrees as `parallel.plan.choose` takes them. The model's configs are read only when a degree is auto."""
     shape = (
-        model_shape(model, sampler=sampler, timesteps=timesteps) if needs_model(ulysses, ring, cfg) else None
+        model_shape(model, sampler=sampler, timesteps=timesteps, **(video or {}))
+        if needs_model(ulysses, ring, cfg)
+        else None
     )
     return choose(world, shape, ulysses, ring, cfg, node=node)
 
 
-def launch_layout(model: str, ulysses=None, ring=None, cfg=None, *, sampler=None, timesteps=None) -> Choice:
+def request_video(request) -> dict:
+    """The video a `GenerationRequest` asks for, as `plan_layout` takes it (None fields: the model's)."""
+    return dict(
+        frames=request.num_frames, height=request.height, width=request.width, guidance=request.guidance_scale
+    )
+
+
+def launch_layout(
+    model: str, ulysses=None, ring=None, cfg=None, *, sampler=None, timesteps=None, video=None
+) -> Choice:
     """`plan_layout` for this process's torchrun launch: WORLD_SIZE ranks, LOCAL_WORLD_SIZE per machine."""
     world = int(os.environ.get("WORLD_SIZE", 1))
     node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     return plan_layout(model, world, node=node, ulysses=ulysses, ring=ring, cfg=cfg, sampler=sampler,
-                       timesteps=timesteps)  # fmt: skip
+                       timesteps=timesteps, video=video)  # fmt: skip

@@ -36,14 +36,16 @@ def start(
     allow_lossy_comm: bool = False,
     comm_probe_timeout: float = 60.0,
     report: Callable[[Choice], None] = lambda choice: None,
+    video: dict | None = None,
 ) -> Started:
     """Start this rank: degrees as `parallel.plan.choose` takes them (ints, "auto" or None); `node_rank`: this
     machine's number in a group across machines (rank 0, the replica leader, on node 0); `load(config, mesh)`:
     the pipeline's loader (default `dit.pipeline.load_pipeline`; the server's tests pass a fake's);
-    `report(choice)` hears the layout on global rank 0 before the model loads. ValueError: machines that
+    `report(choice)` hears the layout on global rank 0 before the model loads; `video`: the video auto
+    degrees are chosen for (`dit.shape.plan_layout`; default: the model's). ValueError: machines that
     disagree (`parallel.launch.number_ranks_by_node`), or settings the loader refuses."""
     choice = launch_layout(
-        config.model, ulysses, ring, cfg, sampler=config.sampler, timesteps=config.timesteps
+        config.model, ulysses, ring, cfg, sampler=config.sampler, timesteps=config.timesteps, video=video
     )
     layout = choice.layout
     # every machine the same model and layout, each its own node number

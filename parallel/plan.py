@@ -301,8 +301,8 @@ def choose(
         allowed = [u for u in range(1, n + 1) if n % u == 0 and node % u == 0 and u <= shape.heads]
     elif ulysses == AUTO:
         allowed = [n // ring]
-    else:  # ring auto or what remains: set by the Ulysses degree
-        allowed = [n if ulysses is None else ulysses]
+    else:  # ring auto or what remains: set by the Ulysses degree, itself what the ring leaves when not given
+        allowed = [n // ring if ulysses is None else ulysses]
     est = {u: estimate(Layout.of(u, n // u, cfg), shape, forward, links, node) for u in allowed}
     step = {u: e.step_s if e.step_s is not None else float("inf") for u, e in est.items()}
     best = min(step.values())

@@ -72,6 +72,8 @@ def test_fixed_and_mixed_degrees():
     assert _auto(8, WAN14, cfg=1) == (8, 1, 1)
     assert _auto(8, WAN14, ulysses=8, cfg="auto") == (8, 1, 1)  # no room left for CFG parallel
     assert _auto(8, WAN14, ulysses="auto", ring=2, cfg="auto") == (2, 2, 2)
+    assert _auto(8, WAN14, ring=2, cfg="auto") == (2, 2, 2)  # the ring given stays (it became ring 1)
+    assert _auto(4, WAN14, ring=2, cfg="auto") == (1, 2, 2)
     with pytest.raises(ValueError, match="ring=3 x cfg=1 does not divide world size 8; valid"):
         choose(8, WAN14, ring=3)
     with pytest.raises(ValueError, match="ulysses=3 x ring=1 x cfg=1 does not divide world size 8"):
@@ -155,6 +157,17 @@ def test_serve_resolves_auto_for_the_model():
     assert plan_layout("wan2.1-14b", 8, timesteps="1000,750,500,250", sampler="euler").layout == Layout.of(
         8, 1, 1
     )  # a fixed schedule: guidance 1, so no CFG parallel
+
+
+def test_generate_plans_for_its_own_request():
+    """`generate --guidance 1` is unguided: no CFG parallel (it planned for the model's default guidance)."""
+    from dit.pipeline import GenerationRequest
+    from dit.shape import plan_layout, request_video
+
+    unguided = request_video(GenerationRequest("a fox", guidance_scale=1.0))
+    assert plan_layout("tiny", 2, video=unguided).layout == Layout.of(2, 1, 1)
+    guided = request_video(GenerationRequest("a fox"))  # the model's default guidance, 3
+    assert plan_layout("tiny", 2, video=guided).layout == Layout.of(1, 1, 2)
 
 
 def test_text_tokens_work_that_every_rank_repeats():
