@@ -14,10 +14,12 @@ from pathlib import Path
 
 from dit.cli_args import (
     HelpFormatter,
+    Interrupted,
     add_model_args,
     add_request_args,
     checked,
     found_model,
+    interrupt,
     pipeline_config,
     request,
     run_on_ranks,
@@ -111,10 +113,13 @@ def run_generate(args) -> int:
         say_error("generate", e)
         return 2
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
-        return run_on_ranks(args.nproc, sys.argv[1:]).returncode  # the ranks see WORLD_SIZE: no re-launch
+        try:
+            return run_on_ranks(args.nproc, sys.argv[1:]).returncode  # the ranks see WORLD_SIZE: no re-launch
+        except Interrupted as stop:  # rank 0 said so
+            return stop.code
     # SIGTERM (a rank's launcher passes Ctrl-C on as one) cleans up as Ctrl-C does: no partial video left
     on_main = threading.current_thread() is threading.main_thread()  # where Python runs signal handlers
-    before = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
+    before = signal.signal(signal.SIGTERM, interrupt) if on_main else None
     try:
         return _generate(args, config)
     except KeyboardInterrupt:  # the partial video is gone (Mp4Writer); no traceback for a Ctrl-C
@@ -124,10 +129,6 @@ def run_generate(args) -> int:
     finally:
         if on_main:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
-
-
-def _interrupt(_signum, _frame):
-    raise KeyboardInterrupt
 
 
 def _generate(args, config) -> int:

@@ -218,18 +218,44 @@ def on_ranks(nproc: int, argv: list[str]) -> list[str]:
     return [*local_group(nproc), "-m", "server.cli", *argv]
 
 
+class Interrupted(KeyboardInterrupt):
+    """A signal that stops the command (Ctrl-C's SIGINT, SIGTERM, SIGHUP); `code`: 128 + its number, as a
+    shell reports a process it ended."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.code = 128 + signum
+
+
+def interrupt(signum, _frame):
+    """A signal handler that stops the command as Ctrl-C does (`Interrupted`): cleanup runs, no traceback."""
+    raise Interrupted(signum)
+
+
 def run_on_ranks(nproc: int, argv: list[str], capture: bool = False) -> subprocess.CompletedProcess:
-    """`ithaca ARGV` on `nproc` ranks of this machine, waited for (`capture`: its output as text). SIGINT,
-    SIGTERM and SIGHUP to this process go on to the launcher, which stops every rank and waits for them, so
-    no rank outlives the command (subprocess.run would SIGKILL the launcher on Ctrl-C, and the ranks, each
-    in a session of its own, would run on)."""
+    """`ithaca ARGV` on `nproc` ranks of this machine, waited for (`run_forwarding`)."""
+    return run_forwarding(on_ranks(nproc, argv), capture)
+
+
+def run_forwarding(command: list[str], capture: bool = False) -> subprocess.CompletedProcess:
+    """`command` waited for (`capture`: its output as text). SIGINT, SIGTERM and SIGHUP to this process go
+    on to it (a launcher then stops every rank and waits for them, so no rank outlives the command;
+    subprocess.run would SIGKILL it on Ctrl-C, and ranks, each in a session of its own, would run on), and
+    once it has ended raise `Interrupted` here: the command stops too."""
     pipe = subprocess.PIPE if capture else None
-    with subprocess.Popen(on_ranks(nproc, argv), stdout=pipe, stderr=pipe, text=True) as launcher:
-        forward = lambda signum, _frame: launcher.send_signal(signum)  # noqa: E731
+    heard = []
+    with subprocess.Popen(command, stdout=pipe, stderr=pipe, text=True) as child:
+
+        def forward(signum, _frame):
+            heard.append(signum)
+            child.send_signal(signum)
+
         before = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
-            out, err = launcher.communicate()
+            out, err = child.communicate()
         finally:
             for sig, handler in before.items():
                 signal.signal(sig, handler)
-    return subprocess.CompletedProcess(launcher.args, launcher.returncode, out, err)
+    if heard:
+        raise Interrupted(heard[0])
+    return subprocess.CompletedProcess(child.args, child.returncode, out, err)

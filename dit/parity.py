@@ -4,9 +4,10 @@ of this machine, parallel.local_group), compared on the final latents and frames
 from __future__ import annotations
 
 import json
-import subprocess
+import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,11 +18,15 @@ from dit.cli_args import (
     add_request_args,
     checked,
     found_model,
+    interrupt,
+    on_ranks,
     pipeline_argv,
     pipeline_config,  # fmt: skip
     request_argv,
-    run_on_ranks,
+    run_forwarding,
+    say_error,
 )
+from dit.shape import model_shape
 
 MODES = ("alltoall", "fp8", "p2p", "ring", "hybrid", "cfg")
 # Parity tolerances on the final latents, relative to their largest magnitude (max |a - b| / max |ref|).
@@ -75,25 +80,34 @@ class ParityRow:
     note: str = ""
 
 
-def _mode_layout(mode: str, n: int) -> tuple[int, int, int, str] | str:
-    """(ulysses, ring, cfg, comm) for a mode at n ranks, or why it cannot run."""
+def _mode_layout(mode: str, n: int, heads: int) -> tuple[int, int, int, str] | str:
+    """(ulysses, ring, cfg, comm) for a mode at n ranks of a model of `heads` attention heads, or why it
+    cannot run."""
     if mode in ("alltoall", "fp8", "p2p"):
-        return n, 1, 1, mode
-    if mode == "ring":
-        return 1, n, 1, "alltoall"
-    if mode == "hybrid":
-        return (2, n // 2, 1, "alltoall") if n >= 4 and n % 2 == 0 else "needs an even --nproc of at least 4"
-    if mode == "cfg":
-        return (n // 2, 1, 2, "alltoall") if n % 2 == 0 else "needs an even --nproc"
-    raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+        layout = n, 1, 1, mode
+    elif mode == "ring":
+        layout = 1, n, 1, "alltoall"
+    elif mode == "hybrid":
+        if n < 4 or n % 2:
+            return "needs an even --nproc of at least 4"
+        layout = 2, n // 2, 1, "alltoall"
+    elif mode == "cfg":
+        if n % 2:
+            return "needs an even --nproc"
+        layout = n // 2, 1, 2, "alltoall"
+    else:
+        raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    if layout[0] > heads:
+        return f"needs ulysses {layout[0]}, more than the model's {heads} heads (every rank needs a head)"
+    return layout
 
 
 def _launch(argv: list[str], nproc: int, out: Path) -> tuple[dict | None, str]:
+    """The run's saved latents and frames, or None and the most telling line of why not. `Interrupted`
+    once the run has ended when a signal stopped it (it went on to the run's ranks)."""
     argv = ["generate", *argv, "--out", str(out.with_suffix(".mp4")), "--save-latents", str(out)]
-    if nproc > 1:
-        proc = run_on_ranks(nproc, argv, capture=True)
-    else:
-        proc = subprocess.run([sys.executable, "-m", "server.cli", *argv], capture_output=True, text=True)
+    command = on_ranks(nproc, argv) if nproc > 1 else [sys.executable, "-m", "server.cli", *argv]
+    proc = run_forwarding(command, capture=True)
     if proc.returncode != 0:  # the most telling line: the last error message, else the last line
         lines = (proc.stdout + proc.stderr).strip().splitlines() or [f"exit code {proc.returncode}"]
         return None, next((ln for ln in reversed(lines) if "rror" in ln), lines[-1]).strip()
@@ -110,12 +124,35 @@ def _compare(ref: dict, got: dict) -> tuple[float, float, int, float]:
 
 
 def run_parity(args) -> int:
+    """Ctrl-C or SIGTERM stops the whole run (the run in progress first: its ranks end), one line, exit
+    128 + the signal's number, the temporary folder gone."""
+    on_main = threading.current_thread() is threading.main_thread()  # where Python runs signal handlers
+    before = signal.signal(signal.SIGTERM, interrupt) if on_main else None
+    try:
+        return _run_parity(args)
+    except KeyboardInterrupt as stop:
+        print("ithaca parity: interrupted", file=sys.stderr)
+        return getattr(stop, "code", 128 + signal.SIGINT)
+    finally:
+        if on_main:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
+
+
+def _run_parity(args) -> int:
     modes = list(dict.fromkeys(m.strip() for m in args.modes.split(",") if m.strip()))  # each once
     why = _refused(modes, args)
     if why:  # found before the model's runs, not as "0 of 0 modes" after them
         print(f"ithaca parity: error: {why}", file=sys.stderr)
         return 2
-    if not found_model(args, "parity") or not checked(args, "parity", pipeline_config(args)):
+    if not found_model(args, "parity") or not checked(  # each mode's layout is checked below: any one here
+        args, "parity", config := pipeline_config(args), ulysses="auto", ring="auto", cfg=1
+    ):
+        return 2
+    heads = model_shape(config.model, sampler=config.sampler, timesteps=config.timesteps).heads
+    layouts = {mode: _mode_layout(mode, args.nproc, heads) for mode in modes}
+    if all(isinstance(why, str) for why in layouts.values()):
+        reasons = "; ".join(f"{mode} {why}" for mode, why in layouts.items())
+        say_error("parity", ValueError(f"no mode of --modes runs on --nproc {args.nproc}: {reasons}"))
         return 2
     exact_tol = args.tol if args.tol is not None else EXACT_TOL[args.dtype]
     common = request_argv(args) + pipeline_argv(args)
@@ -131,8 +168,7 @@ def run_parity(args) -> int:
             return 1
         reference = ParityRow("reference", 1, "1x1x1", "alltoall", "ok", seconds=time.perf_counter() - start)
         table.print(reference)
-        for mode in modes:
-            layout = _mode_layout(mode, args.nproc)
+        for mode, layout in layouts.items():
             if isinstance(layout, str):
                 rows.append(ParityRow(mode, args.nproc, "-", "-", "skipped", note=layout))
                 table.print(rows[-1])
@@ -168,17 +204,13 @@ def run_parity(args) -> int:
 
 
 def _refused(modes: list[str], args) -> str | None:
-    """Why the run cannot go or would check nothing (an unknown mode, none, none that runs on --nproc, a
-    negative tolerance), or None."""
+    """Why the run cannot go or would check nothing (an unknown mode, none, a negative tolerance), or None;
+    before any model is looked for (`_run_parity` checks the modes against the model)."""
     unknown = next((mode for mode in modes if mode not in MODES), None)
     if unknown is not None:
         return f"unknown mode {unknown!r}; choose from {', '.join(MODES)}"
     if not modes:
         return f"--modes names no mode; choose from {', '.join(MODES)}"
-    skipped = {mode: _mode_layout(mode, args.nproc) for mode in modes}
-    if all(isinstance(why, str) for why in skipped.values()):
-        reasons = "; ".join(f"{mode} {why}" for mode, why in skipped.items())
-        return f"no mode of --modes runs on --nproc {args.nproc}: {reasons}"
     for flag, tol in (("--tol", args.tol), ("--fp8-tol", args.fp8_tol)):
         if tol is not None and not tol >= 0:
             return f"{flag} must be 0 or more, got {tol}"

@@ -133,13 +133,19 @@ def preflight(
                 check_numbers(warmup_request(limits, size, GenerationRequest), limits)
             except ValueError as e:
                 raise ValueError(f"--warmup {'x'.join(map(str, size))}: {e}") from None
-    if needs_model(ulysses, ring, cfg):
-        from dit.shape import plan_layout, request_video
+    from dit.shape import model_shape, plan_layout, request_video
 
-        video = None if request is None else request_video(request)
-        with _degrees(nproc):
-            plan_layout(model, nproc, node=local_nproc, ulysses=ulysses, ring=ring, cfg=cfg, sampler=sampler,
-                        timesteps=timesteps, video=video)  # fmt: skip
+    video = None if request is None else request_video(request)
+    with _degrees(nproc):  # reads the model's configs only for an auto degree
+        layout = plan_layout(model, nproc, node=local_nproc, ulysses=ulysses, ring=ring, cfg=cfg,
+                             sampler=sampler, timesteps=timesteps, video=video).layout  # fmt: skip
+    if not needs_model(ulysses, ring, cfg):  # an auto choice keeps within the heads
+        heads = model_shape(model, sampler=sampler, timesteps=timesteps).heads
+        if layout.ulysses > heads:
+            raise ValueError(
+                f"--ulysses/--ring/--cfg do not fit this model: ulysses {layout.ulysses} is more than its "
+                f"{heads} attention heads (every rank of a Ulysses group needs one); give the rest to --ring"
+            )
     from dit.lora_switch import check_lora_dir
 
     check_lora_dir(config)

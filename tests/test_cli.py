@@ -154,6 +154,43 @@ def test_a_stopped_generate_leaves_no_rank_and_the_out_it_found(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["kept.mp4"]
 
 
+def test_a_stopped_parity_stops_every_mode_and_leaves_nothing(tmp_path):
+    """SIGTERM to `ithaca parity` during a mode's run: that run's ranks stopped, then the run went on to the
+    next mode and ended in a FAIL. Now the whole run stops: one line, exit 143, no rank, no folder left."""
+    import signal
+    import time
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    argv = [ITHACA, "parity", "--nproc", "2", "--modes", "alltoall,ring", "--steps", "30", "--frames", "17",
+            "--height", "128", "--width", "128"]  # fmt: skip
+    parent = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              env=os.environ | {"TMPDIR": str(temp)})  # fmt: skip
+
+    def ranks() -> list[str]:  # the runs' processes, by their --out under this test's TMPDIR
+        found = []
+        for pid in (pid for pid in os.listdir("/proc") if pid.isdigit() and int(pid) != parent.pid):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(temp).encode() in cmdline and b"alltoall" in cmdline and b"local_group" not in cmdline:
+                found.append(pid)
+        return found
+
+    deadline = time.monotonic() + 120
+    while len(ranks()) < 2 and parent.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1)  # the ranks past their start
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=60) == 128 + signal.SIGTERM
+    assert parent.stderr.read().splitlines()[-1] == "ithaca parity: interrupted"
+    deadline = time.monotonic() + 10
+    while ranks() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ranks() == [] and list(temp.iterdir()) == []
+
+
 def test_a_stopped_one_rank_generate_leaves_no_partial_video(tmp_path):
     """SIGTERM to `ithaca generate` on one rank while its MP4 is being written: it killed the process, which
     left `.NAME.partial.mp4` and said nothing; it ends as Ctrl-C does."""
@@ -395,6 +432,9 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
         (dict(nproc=4, ulysses=3), "do not fit --nproc 4: ulysses=3 x ring=1 x cfg=1 does not divide world "
                                    "size 4; valid ulysses x ring x cfg for world size 4: 1x1x1, 2x1x1"),
         (dict(nproc=6, ring=4), "do not fit --nproc 6: ring=4 x cfg=1 does not divide world size 6"),
+        # found in the ranks before: "4 heads cannot split over ulysses=5"
+        (dict(nproc=5, ulysses=5), "do not fit this model: ulysses 5 is more than its 4 attention heads"),
+        (dict(nproc=5, cfg=1), "ulysses 5 is more than its 4 attention heads"),  # ulysses: the ranks left
         (dict(warmup=((64, 64, 9), (63, 64, 9))), "--warmup 63x64x9: height must be a multiple of 16"),
         (dict(flow_shift=-1.0), "--flow-shift must be a number above 0 (Wan 480p: 3, 720p: 5), got -1.0"),
         (dict(flow_shift=float("nan")), "--flow-shift must be a number above 0"),
@@ -422,6 +462,8 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
         (["parity", "--device", "cuda:99"], {}, "ithaca parity: error: --device cuda:99: "),
         (["parity", "--modes", "hybrid", "--nproc", "3"], {}, "no mode of --modes runs on --nproc 3: hybrid "
                                                               "needs an even --nproc of at least 4"),
+        (["parity", "--modes", "alltoall", "--nproc", "5"], {}, "alltoall needs ulysses 5, more than the "
+                                                                "model's 4 heads"),  # it ran 5 ranks to fail
         (["serve"], {"ITHACA_PORT": "70000"}, "ithaca serve: error: ITHACA_PORT: must be 0 to 65535"),
         (["generate", "a fox", "--out", "video"], {}, "--out video: the video is an MP4"),
         (["serve", "--attn-backend", "fast"], {}, "ithaca serve: error: --attn-backend 'fast' is not one of"),
