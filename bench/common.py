@@ -10,14 +10,60 @@ import time
 import torch
 
 
+def at_least(minimum: int):
+    """An argparse type: an integer of at least `minimum` (a count of 0 made a median of nothing)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
 def add_run_args(p: argparse.ArgumentParser, dtypes, cuda: bool) -> None:
     """The options every DiT bench shares: precision, device, repetitions, compile, JSON."""
     p.add_argument("--dtype", choices=dtypes, default="bfloat16" if cuda else "float32")
     p.add_argument("--device", default="cuda" if cuda else "cpu")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--warmup", type=at_least(0), default=1)
+    p.add_argument("--iters", type=at_least(1), default=3)
     p.add_argument("--compile", action="store_true", help="also time torch.compile'd models")
     p.add_argument("--json", action="store_true")
+
+
+def check_run(p: argparse.ArgumentParser, args, build, models: int = 2) -> None:
+    """`p.error` (one line, exit 2) for a --device this machine lacks, or for `models` copies of the model
+    `build()` makes (called on the meta device: no memory) in --dtype that would not fit the device's free
+    memory (a 14B preset on a CPU box took all its memory until the kernel killed it)."""
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: no CUDA device here (torch {torch.__version__}); use --device cpu")
+    with torch.device("meta"):
+        params = sum(t.numel() for t in build().parameters())
+    need = models * params * torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else _available_host_memory()
+    if free is not None and need > free:
+        p.error(
+            f"{models} models of {params / 1e9:.2f} B parameters in {args.dtype} need {need / 2**30:.1f} GiB "
+            f"for their weights alone; {device} has {free / 2**30:.1f} GiB free (try --layers or a smaller "
+            "--preset)"
+        )
+
+
+def _available_host_memory() -> int | None:
+    """Linux's MemAvailable in bytes, None where /proc/meminfo does not say."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def timed(fn, warmup: int, iters: int, device: torch.device) -> tuple[float, torch.Tensor]:

@@ -20,7 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from bench.common import add_run_args, compare, device_name, report  # noqa: E402
+from bench.common import add_run_args, check_run, compare, device_name, report  # noqa: E402
+from dit.families import weight_format  # noqa: E402
 from dit.loading import build_empty  # noqa: E402
 from dit.presets import PRESETS  # noqa: E402
 from dit.weights import load_state, random_init  # noqa: E402
@@ -104,6 +105,8 @@ def main(argv=None) -> None:
     config_json = dict(SMALL if args.preset == "small" else PRESETS[args.preset])
     if args.layers:
         config_json["num_layers"] = args.layers
+    weights = weight_format(config_json["_class_name"])
+    check_run(p, args, lambda: weights.build(weights.parse_config(config_json)))
     dtype, device = DTYPES[args.dtype], torch.device(args.device)
     ref = diffusers_model(config_json, dtype, device, seed=0)
     ours = ours_from(ref, config_json, dtype, device)

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from bench.common import add_run_args, compare, device_name, report  # noqa: E402
+from bench.common import add_run_args, check_run, compare, device_name, report  # noqa: E402
 from dit.hunyuan.config import PRESETS, HunyuanVideo15Config  # noqa: E402
 from dit.hunyuan.model import HunyuanVideo15Transformer  # noqa: E402
 from dit.hunyuan.state_dict import resolve  # noqa: E402
@@ -89,6 +89,7 @@ def main(argv=None) -> None:
     cfg = SMALL if args.preset == "small" else PRESETS[args.preset]
     if args.layers:
         cfg = dataclasses.replace(cfg, num_layers=args.layers)
+    check_run(p, args, lambda: HunyuanVideo15Transformer(cfg))
     dtype, device = DTYPES[args.dtype], torch.device(args.device)
     ref, ours = models(cfg, dtype, device)
     size = (args.frames, args.height, args.width)

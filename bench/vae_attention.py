@@ -19,12 +19,13 @@ import resource
 import sys
 import time
 from pathlib import Path
+from queue import Empty
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from bench.common import max_rel  # noqa: E402
+from bench.common import at_least, max_rel  # noqa: E402
 
 
 def _case(impl: str, shape: tuple, iters: int, queue) -> None:
@@ -52,6 +53,19 @@ def _case(impl: str, shape: tuple, iters: int, queue) -> None:
     queue.put(dict(seconds=min(times), rss_mib=grown, out=out.numpy()))  # a tensor would go by a shared fd
 
 
+def _result(queue, proc, what: str) -> dict:
+    """The case's result, or SystemExit once its process ended without one (its error went to stderr):
+    waiting on the queue alone hung for good."""
+    while True:
+        try:
+            return queue.get(timeout=1)
+        except Empty:
+            if not proc.is_alive():
+                raise SystemExit(
+                    f"vae_attention.py: {what} failed (exit code {proc.exitcode}); see above"
+                ) from None
+
+
 def measure(args) -> list[dict]:
     ctx, rows = mp.get_context("spawn"), []
     for frames in args.frames:
@@ -61,7 +75,7 @@ def measure(args) -> list[dict]:
             queue = ctx.Queue()
             proc = ctx.Process(target=_case, args=(impl, shape, args.iters, queue))
             proc.start()
-            got = queue.get()
+            got = _result(queue, proc, f"the {impl} case at {frames} latent frames")
             proc.join()
             outs[impl] = torch.from_numpy(got.pop("out"))
             rows.append(dict(impl=impl, frames=frames, positions=frames * args.height * args.width, **got))
@@ -82,11 +96,11 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--frames", type=int, nargs="+", default=[2, 5, 9], help="latent frames")
-    p.add_argument("--channels", type=int, default=1024, help="the mid-block's width (published: 1024)")
-    p.add_argument("--height", type=int, default=30, help="latent rows (480p: 30)")
-    p.add_argument("--width", type=int, default=53, help="latent columns (848 wide: 53)")
-    p.add_argument("--iters", type=int, default=2)
+    p.add_argument("--frames", type=at_least(1), nargs="+", default=[2, 5, 9], help="latent frames")
+    p.add_argument("--channels", type=at_least(1), default=1024, help="the mid-block width (published: 1024)")
+    p.add_argument("--height", type=at_least(1), default=30, help="latent rows (480p: 30)")
+    p.add_argument("--width", type=at_least(1), default=53, help="latent columns (848 wide: 53)")
+    p.add_argument("--iters", type=at_least(1), default=2)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(64 * 1024))  # read by the children's glibc at start

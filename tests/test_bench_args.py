@@ -1,0 +1,41 @@
+"""The bench scripts refuse what cannot run in one line (argparse's exit 2) instead of a traceback, an
+out-of-memory kill or a hang: a model too big for the device, a device this machine lacks, a count of 0,
+and a case whose process died."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+import pytest
+import torch
+
+from bench import common, forward, vae_attention
+
+
+def _refusal(capsys, main, argv) -> str:
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_a_model_that_cannot_fit_or_a_device_not_here_is_one_line(capsys, monkeypatch):
+    """wan2.1-14b on a CPU box took all its memory until the kernel killed the process."""
+    monkeypatch.setattr(common, "_available_host_memory", lambda: 2**30)
+    said = _refusal(capsys, forward.main, ["--preset", "wan2.1-1.3b", "--device", "cpu"])
+    assert "error: 2 models of 1.42 B parameters in float32 need 10.6 GiB" in said
+    assert said.endswith("cpu has 1.0 GiB free (try --layers or a smaller --preset)")
+    if not torch.cuda.is_available():
+        said = _refusal(capsys, forward.main, ["--device", "cuda"])
+        assert "error: --device cuda: no CUDA device here (torch" in said
+    assert _refusal(capsys, forward.main, ["--iters", "0"]).endswith("--iters: must be at least 1, got 0")
+
+
+def test_a_case_whose_process_died_ends_the_run():
+    """Its parent waited on the queue for good."""
+    ctx = mp.get_context("spawn")
+    queue, proc = ctx.Queue(), ctx.Process(target=os._exit, args=(3,))
+    proc.start()
+    with pytest.raises(SystemExit, match="a case failed \\(exit code 3\\)"):
+        vae_attention._result(queue, proc, "a case")
