@@ -37,7 +37,7 @@ from dit.families import (
     pick_scheduler,
 )
 from dit.first_frame import FirstFrame, with_first_frame
-from dit.fp8_linear import quantise
+from dit.fp8_linear import QUANTS, quantise
 from dit.image import fit
 from dit.lora_catalogue import LoraCatalogue
 from dit.lora_switch import LoraSwitch, check_lora_dir, lora_switch
@@ -399,9 +399,9 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     `transformer/`, text encoder(s) + tokenizer(s), `vae/`, `scheduler/`); the family (Wan2.1 or
     HunyuanVideo-1.5) comes from the transformer's `_class_name`. A preset without a folder pairs the DiT with
     the family's tiny text encoder(s) and VAE (random weights, for development and benchmarks)."""
-    for name in ("dtype", "vae_dtype"):
-        if getattr(config, name) not in DTYPES:
-            raise ValueError(f"{name} must be one of {sorted(DTYPES)}, got {getattr(config, name)!r}")
+    for name, allowed in (("dtype", DTYPES), ("vae_dtype", DTYPES), ("quant", QUANTS)):
+        if getattr(config, name) not in allowed:  # a quant of another name loaded the model unquantised
+            raise ValueError(f"{name} must be one of {sorted(allowed)}, got {getattr(config, name)!r}")
     mesh = mesh if mesh is not None else parallel.init_parallel()
     device = torch.device(config.device) if config.device else mesh.device
     dtype = DTYPES[config.dtype]

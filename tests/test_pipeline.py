@@ -164,6 +164,8 @@ def test_attn_backend_is_checked_and_applied(monkeypatch):
         ValueError, match=r"attn_backend must be one of auto, flash, cudnn, sdpa, math, fp8, got 'fast'"
     ):
         load_pipeline(PipelineConfig(model="tiny-random", device="cpu", attn_backend="fast"))
+    with pytest.raises(ValueError, match=r"quant must be one of \['fp8', 'none'\], got 'bogus'"):
+        load_pipeline(PipelineConfig(model="tiny-random", device="cpu", quant="bogus"))  # loaded unquantised
 
     import parallel.kernels
 
