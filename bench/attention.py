@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from bench.common import timed  # noqa: E402
+from bench.common import at_least, timed  # noqa: E402
 from parallel import comm as C  # noqa: E402
 from parallel import fp8, init_parallel, local_attention  # noqa: E402
 from parallel.launch import spawn_local  # noqa: E402
@@ -107,12 +107,12 @@ def report(res: dict, args, where: str) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seq", type=int, default=2048)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--nproc", type=int, default=4, help="P: ranks (CPU) or the share emulated (GPU)")
+    p.add_argument("--seq", type=at_least(1), default=2048)
+    p.add_argument("--heads", type=at_least(1), default=8)
+    p.add_argument("--head-dim", type=at_least(1), default=64)
+    p.add_argument("--nproc", type=at_least(1), default=4, help="P: ranks (CPU) or the share emulated (GPU)")
     p.add_argument("--comm", default="alltoall", choices=list(C.COMM_MODES))
-    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--iters", type=at_least(1), default=5)
     p.add_argument("--gpu", action="store_true", help="Wan-14B shapes on one GPU: S=32760 H=40 D=128 P=8")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)

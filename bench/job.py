@@ -39,6 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from bench.common import at_least  # noqa: E402
 from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline  # noqa: E402
 from dit.video import Mp4Writer, write_mp4  # noqa: E402
 from parallel import init_parallel  # noqa: E402
@@ -193,8 +194,8 @@ def _fields(classes, pairs: list[str], flag: str, parser: argparse.ArgumentParse
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["tiny", "tiny-random"])
-    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--iters", type=int, default=3, help="timed jobs per row, after one warm-up job")
+    p.add_argument("--ranks", type=at_least(1), nargs="+", default=[1, 2, 4])
+    p.add_argument("--iters", type=at_least(1), default=3, help="timed jobs per row, after one warm-up job")
     p.add_argument(
         "--config", action="append", default=[], metavar="KEY=VALUE", help="a PipelineConfig field"
     )

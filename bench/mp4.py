@@ -9,6 +9,7 @@ against the input for each preset, so the default (`dit.video.PRESET`) is chosen
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 import time
@@ -40,7 +41,10 @@ def main() -> None:
     p.add_argument("--size", default="480x832", help="HEIGHTxWIDTH")
     p.add_argument("--presets", nargs="+", default=["ultrafast", "superfast", "veryfast", "faster", "medium"])
     args = p.parse_args()
-    height, width = map(int, args.size.split("x"))
+    size = re.fullmatch(r"([1-9][0-9]*)x([1-9][0-9]*)", args.size)
+    if size is None:
+        p.error(f"--size {args.size!r} is not HEIGHTxWIDTH, e.g. 480x832")
+    height, width = map(int, size.groups())
     frames = scene(args.frames, height, width)
     print(f"{args.frames} frames {height}x{width}, libx264 yuv420p CRF 18")
     print(f"{'preset':>10} {'seconds':>8} {'MB':>7} {'error':>6}")

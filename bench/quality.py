@@ -22,6 +22,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from bench.common import at_least  # noqa: E402
+from dit.cache_config import CacheConfig  # noqa: E402
+from dit.fp8_linear import QUANTS  # noqa: E402
 from dit.pipeline import PipelineConfig, load_pipeline  # noqa: E402
 from dit.tiny.language import all_scenes  # noqa: E402
 from dit.tiny.score import generate_and_read, rates  # noqa: E402
@@ -83,14 +86,19 @@ def run(
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny")
-    p.add_argument("--steps", type=int, nargs="+", default=[4, 8, 16])
+    p.add_argument("--steps", type=at_least(1), nargs="+", default=[4, 8, 16])
     p.add_argument("--guidance", type=float, nargs="+", default=[1.0, 3.0, 5.0])
     p.add_argument("--cache", nargs="+", default=["off"], help="step caches: off | fbcache[:THRESHOLD]")
-    p.add_argument("--quant", nargs="+", default=["none"], help="none | fp8 (FP8 linear layers)")
+    p.add_argument("--quant", nargs="+", choices=QUANTS, default=["none"], help="FP8 linear layers: fp8")
     p.add_argument("--attn", nargs="+", default=["auto"], help="attention backends, e.g. auto fp8")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = p.parse_args(argv)
+    for cache in args.cache:  # before the 72 reference videos, not after them
+        try:
+            CacheConfig.parse(cache)
+        except ValueError as e:
+            p.error(f"--cache {cache}: {e}")
     rows = run(args.model, args.steps, args.guidance, args.cache, args.seed, args.quant, args.attn)
     if args.json:
         print(json.dumps(rows, indent=1))

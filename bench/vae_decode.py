@@ -147,7 +147,7 @@ def main(argv=None) -> None:
     if args.json:
         print(json.dumps(dict(config=vars(args), rows=rows), indent=2))
         return
-    print(f"{args.family} tiny VAE, {args.frames} frames {args.width}×{args.height}, CPU (gloo)")
+    print(f"{args.family} tiny VAE, {args.frames} frames {args.height}×{args.width}, CPU (gloo)")
     print(markdown(rows))
 
 

@@ -53,6 +53,8 @@ def main(argv=None) -> None:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--text", type=int, default=16, help="joint text tokens")
     args = p.parse_args(argv)
+    if args.nproc < 1:  # spawned no process and said nothing
+        p.error(f"--nproc must be 1 or more, got {args.nproc}")
     if "WORLD_SIZE" in os.environ:
         return run(args)
     spawn_local(run, args.nproc, args)

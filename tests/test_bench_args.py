@@ -39,3 +39,20 @@ def test_a_case_whose_process_died_ends_the_run():
     proc.start()
     with pytest.raises(SystemExit, match="a case failed \\(exit code 3\\)"):
         vae_attention._result(queue, proc, "a case")
+
+
+@pytest.mark.parametrize(
+    "module, argv, says",
+    [
+        ("bench.attention", ["--nproc", "0"], "--nproc: must be at least 1, got 0"),  # ZeroDivisionError
+        ("bench.job", ["--iters", "0"], "--iters: must be at least 1, got 0"),  # IndexError
+        ("bench.quality", ["--cache", "bogus"], "--cache bogus: cache policy must be one of off, fbcache"),
+        ("bench.quality", ["--quant", "bogus"], "invalid choice: 'bogus'"),  # ran, rows labelled bogus
+        ("parallel.demo", ["--nproc", "0"], "--nproc must be 1 or more, got 0"),  # nothing run, exit 0
+        ("bench.fp8_accumulation", ["--bogus"], "unrecognized arguments: --bogus"),  # ran whatever it got
+    ],
+)
+def test_a_count_or_choice_that_cannot_work_is_one_line(capsys, module, argv, says):
+    import importlib
+
+    assert says in _refusal(capsys, importlib.import_module(module).main, argv)
