@@ -21,6 +21,7 @@ import json
 import math
 import random
 import shutil
+import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -362,7 +363,10 @@ def main(argv=None) -> None:
         dit_steps=max(1, round(base.dit_steps * args.scale)),
         clips=max(8, round(base.clips * args.scale)),
     )
-    train(cfg, args.work, args.out, args.save_every, tuple(args.phases))
+    try:
+        train(cfg, args.work, args.out, args.save_every, tuple(args.phases))
+    except KeyboardInterrupt:  # the checkpoints hold every step up to the last --save-every
+        sys.exit(f"interrupted; the same command resumes from the last checkpoint in {args.work}")
 
 
 if __name__ == "__main__":
