@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-import threading
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -19,11 +17,11 @@ from dit.cli_args import (
     add_request_args,
     checked,
     found_model,
-    interrupt,
     pipeline_config,
     request,
     run_on_ranks,
     say_error,  # fmt: skip
+    sigterm_as_interrupt,
 )
 from dit.files import check_folder
 from dit.parity import add_parity
@@ -118,17 +116,13 @@ def run_generate(args) -> int:
         except Interrupted as stop:  # rank 0 said so
             return stop.code
     # SIGTERM (a rank's launcher passes Ctrl-C on as one) cleans up as Ctrl-C does: no partial video left
-    on_main = threading.current_thread() is threading.main_thread()  # where Python runs signal handlers
-    before = signal.signal(signal.SIGTERM, interrupt) if on_main else None
     try:
-        return _generate(args, config)
+        with sigterm_as_interrupt():
+            return _generate(args, config)
     except KeyboardInterrupt:  # the partial video is gone (Mp4Writer); no traceback for a Ctrl-C
         if os.environ.get("RANK", "0") == "0":
             print("ithaca generate: interrupted; no video written", file=sys.stderr)
         return 130
-    finally:
-        if on_main:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
 
 
 def _generate(args, config) -> int:

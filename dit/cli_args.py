@@ -11,6 +11,8 @@ import re
 import signal
 import subprocess
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from dit.settings import MODEL_PATH_HELP, PRESET_HELP, PipelineConfig, flag, options
@@ -227,9 +229,21 @@ class Interrupted(KeyboardInterrupt):
         self.code = 128 + signum
 
 
-def interrupt(signum, _frame):
-    """A signal handler that stops the command as Ctrl-C does (`Interrupted`): cleanup runs, no traceback."""
+def _interrupt(signum, _frame):
     raise Interrupted(signum)
+
+
+@contextmanager
+def sigterm_as_interrupt():
+    """Inside, SIGTERM stops the command as Ctrl-C does (`Interrupted`): cleanup runs, no traceback. Only
+    on the main thread, where Python runs signal handlers (tests call commands from others)."""
+    on_main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
+    try:
+        yield
+    finally:
+        if on_main:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
 
 
 def run_on_ranks(nproc: int, argv: list[str], capture: bool = False) -> subprocess.CompletedProcess:

@@ -7,7 +7,6 @@ import json
 import signal
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,13 +17,13 @@ from dit.cli_args import (
     add_request_args,
     checked,
     found_model,
-    interrupt,
     on_ranks,
     pipeline_argv,
     pipeline_config,  # fmt: skip
     request_argv,
     run_forwarding,
     say_error,
+    sigterm_as_interrupt,
 )
 from dit.shape import model_shape
 
@@ -126,16 +125,12 @@ def _compare(ref: dict, got: dict) -> tuple[float, float, int, float]:
 def run_parity(args) -> int:
     """Ctrl-C or SIGTERM stops the whole run (the run in progress first: its ranks end), one line, exit
     128 + the signal's number, the temporary folder gone."""
-    on_main = threading.current_thread() is threading.main_thread()  # where Python runs signal handlers
-    before = signal.signal(signal.SIGTERM, interrupt) if on_main else None
     try:
-        return _run_parity(args)
+        with sigterm_as_interrupt():
+            return _run_parity(args)
     except KeyboardInterrupt as stop:
         print("ithaca parity: interrupted", file=sys.stderr)
         return getattr(stop, "code", 128 + signal.SIGINT)
-    finally:
-        if on_main:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
 
 
 def _run_parity(args) -> int:
