@@ -253,7 +253,9 @@ def test_the_cli_takes_the_schedule(tmp_path, capsys):
 
     with pytest.raises(ValueError, match="timesteps must be integers"):
         preflight(timesteps="1000,abc", sampler="euler")
-    with pytest.raises(ValueError, match="sampled with euler or renoise, not unipc"):
+    with pytest.raises(
+        ValueError, match="sampled with --sampler euler or renoise, not the model's sampler, unipc"
+    ):
         preflight(timesteps=LIGHTX2V)  # the shipped tiny folder's scheduler is UniPC
     preflight(timesteps=LIGHTX2V, sampler="euler")
 
@@ -279,7 +281,7 @@ def test_serve_settings_carry_the_schedule_to_the_workers():
     for flag, value in (("--timesteps", LIGHTX2V), ("--flow-shift", "5.0"), ("--sampler", "euler")):
         assert argv[argv.index(flag) + 1] == value
     _preflight(config)
-    with pytest.raises(ValueError, match="not unipc"):
+    with pytest.raises(ValueError, match="not the model's sampler, unipc"):
         _preflight(from_args(parser.parse_args([]), environ={"ITHACA_TIMESTEPS": LIGHTX2V}))
 
 
