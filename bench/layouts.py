@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from bench.common import at_least  # noqa: E402
 from parallel import attention, init_parallel, shard_sequence  # noqa: E402
 from parallel.launch import spawn_local  # noqa: E402
 from parallel.ulysses import head_splits  # noqa: E402
@@ -80,14 +81,18 @@ def _rank(args, out_path: str) -> None:
         Path(out_path).write_text(json.dumps(results))
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--worlds", type=int, nargs="+", default=[3, 5, 6, 7])
-    p.add_argument("--heads", type=int, nargs="+", default=[12, 40], help="candidate head counts")
-    p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--iters", type=int, default=5)
-    args = p.parse_args()
+    p.add_argument("--worlds", type=at_least(2), nargs="+", default=[3, 5, 6, 7])
+    p.add_argument("--heads", type=at_least(1), nargs="+", default=[12, 40], help="candidate head counts")
+    p.add_argument("--seq", type=at_least(1), default=1024)
+    p.add_argument("--head-dim", type=at_least(1), default=64)
+    p.add_argument("--iters", type=at_least(1), default=5)
+    args = p.parse_args(argv)
+    for world in args.worlds:  # the bench times uneven splits: a world that divides every head count has none
+        if all(heads % world == 0 for heads in args.heads):
+            p.error(f"--worlds {world} divides every --heads ({' '.join(map(str, args.heads))}): give a head "
+                    "count it does not divide")  # fmt: skip
     print(f"One attention call, S={args.seq} + {TEXT} text, D={args.head_dim}, fp32, gloo on "
           f"{torch.get_num_threads()} threads' machine; median of {args.iters}, slowest rank")  # fmt: skip
     print("| ranks | heads | layout | busiest rank's heads | ms | vs uneven Ulysses |")

@@ -50,6 +50,7 @@ def test_a_case_whose_process_died_ends_the_run():
         ("bench.quality", ["--quant", "bogus"], "invalid choice: 'bogus'"),  # ran, rows labelled bogus
         ("parallel.demo", ["--nproc", "0"], "--nproc must be 1 or more, got 0"),  # nothing run, exit 0
         ("bench.fp8_accumulation", ["--bogus"], "unrecognized arguments: --bogus"),  # ran whatever it got
+        ("bench.layouts", ["--worlds", "2", "--heads", "4"], "--worlds 2 divides every --heads (4)"),
     ],
 )
 def test_a_count_or_choice_that_cannot_work_is_one_line(capsys, module, argv, says):
