@@ -41,6 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from bench.common import at_least  # noqa: E402
 from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline  # noqa: E402
+from dit.request import check_numbers  # noqa: E402
+from dit.shape import request_limits  # noqa: E402
 from dit.video import Mp4Writer, write_mp4  # noqa: E402
 from parallel import init_parallel  # noqa: E402
 from parallel.launch import spawn_local  # noqa: E402
@@ -227,6 +229,13 @@ def main(argv=None) -> None:
     variants = [("", {}, {})] + [
         (pair, *_fields(classes, [pair], "--vary", p, reserved=("model",))) for pair in args.vary
     ]
+    for model in args.models:  # each job's request against the model's limits, before any model loads
+        limits = request_limits(model)
+        for name, _, changed in variants:
+            try:
+                check_numbers(GenerationRequest(**{"prompt": PROMPT, **request, **changed}), limits)
+            except ValueError as e:
+                p.error(f"{model}{', --vary ' + name if name else ''}: {e}")
     rows = run(args.models, args.ranks, args.iters, config, request, variants, args.write_after)
     throughput = []
     with tempfile.TemporaryDirectory() as tmp:
