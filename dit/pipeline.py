@@ -43,7 +43,7 @@ from dit.lora_catalogue import LoraCatalogue
 from dit.lora_switch import LoraSwitch, check_lora_dir, lora_switch
 from dit.presets import resolve
 from dit.preview import LatentPreview, PreviewCallback, read_preview, vae_preview
-from dit.request import GenerationRequest, check_guidance, check_numbers
+from dit.request import GenerationRequest, check_guidance, check_numbers, check_text
 from dit.sampling import (
     NUM_TRAIN_TIMESTEPS,
     Callback,
@@ -147,10 +147,7 @@ class Pipeline:
         if not isinstance(req.negative_prompt, str):
             raise ValueError(f"negative_prompt must be a string, got {type(req.negative_prompt).__name__}")
         for name in ("prompt", "negative_prompt"):
-            try:
-                getattr(req, name).encode()
-            except UnicodeEncodeError:
-                raise ValueError(f"{name} is not valid text: it holds a lone UTF-16 surrogate") from None
+            check_text(name, getattr(req, name))
             tokens = self.tokenizer.count_tokens(getattr(req, name))
             if tokens > lim.max_prompt_tokens:
                 raise ValueError(

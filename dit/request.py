@@ -93,6 +93,15 @@ def check_loras(loras) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(pairs))
 
 
+def check_text(name: str, value: str) -> None:
+    """ValueError naming the field when `value` has no UTF-8 form (a lone UTF-16 surrogate, as JSON's
+    "\\ud800" gives): such text can be neither tokenized nor stored."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{name} is not valid text: it holds a lone UTF-16 surrogate") from None
+
+
 def check_numbers(req: GenerationRequest, lim: Limits) -> GenerationRequest:
     """The request's size, length, steps, guidance, fps and seed: None ones the model's defaults, each
     checked against `lim` (ValueError naming the field), whether it has the image the model needs or takes

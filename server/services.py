@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from fastapi import HTTPException
 
 from dit.image import ImageError, ImageTooLarge, UnsupportedFormat
+from dit.request import check_text
 from dit.vocabulary import prompt_warnings
 from server import images, loras, videos
 from server import limits as limits_mod
@@ -59,9 +60,9 @@ def text_field(name: str, value, *, max_chars: int, required: bool = False) -> s
     if len(value) > max_chars:
         raise unprocessable(name, f"{name} is {len(value)} characters long; at most {max_chars} are accepted")
     try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise unprocessable(name, f"{name} is not valid text: it holds a lone UTF-16 surrogate") from None
+        check_text(name, value)
+    except ValueError as e:
+        raise unprocessable(name, str(e)) from None
     if "\x00" in value:
         raise unprocessable(name, f"{name} must not hold NUL characters")
     return value
