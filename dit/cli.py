@@ -146,8 +146,9 @@ def _generate(args, config) -> int:
 
     try:
         try:  # across machines: rank 0 on node 0; every machine gives its own node number and the same layout
+            asked = request(args)
             started = start(config, args.ulysses, args.ring, args.cfg, node_rank=args.node_rank,
-                            report=report, video=request_video(request(args)))  # fmt: skip
+                            report=report, video=request_video(asked))  # fmt: skip
         except ValueError as e:
             say_error("generate", e)
             return 2
@@ -156,7 +157,7 @@ def _generate(args, config) -> int:
         if started.probe is not None and leader:
             print(f"exchange: {started.probe.summary()}", file=sys.stderr)
         try:
-            req = pipe.validate(request(args))
+            req = pipe.validate(asked)
         except ValueError as e:
             say_error("generate", e)
             return 2

@@ -26,9 +26,9 @@ def warm_up(pipe, sizes, request_type) -> list[dict]:
         start = time.perf_counter()
         pipe.generate(warmup_request(pipe.limits, size, request_type))
         seconds = round(time.perf_counter() - start, 3)
-        height, width, frames = size
-        log.info("warm-up %dx%dx%d: %.2f s", height, width, frames, seconds)
-        done.append(dict(size=f"{height}x{width}x{frames}", seconds=seconds))
+        name = "x".join(map(str, size))  # HxWxF
+        log.info("warm-up %s: %.2f s", name, seconds)
+        done.append(dict(size=name, seconds=seconds))
     return done
 
 
