@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers, UploadFile
 
 from dit.cache_config import CacheConfig
+from dit.request import MAX_SEED
 from server import images, videos
 from server import limits as limits_mod
 from server import loras as loras_mod
@@ -101,7 +102,7 @@ class GenerateBody(BaseModel):
         description="a two-expert model's (Wan2.2 A14B) guidance below its boundary "
         "(default: guidance_scale)",
     )
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
     fps: int | None = Field(None, ge=1, le=1000)
     cache: str | None = Field(
         None,
