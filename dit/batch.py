@@ -20,12 +20,12 @@ import numpy as np
 import torch
 
 from dit.cache import Evaluations
-from dit.callbacks import FramesCallback, PhaseCallback, enter_phase
+from dit.callbacks import DecodeCallback, FramesCallback, PhaseCallback, enter_phase
 from dit.denoise_state import Checkpointing, DenoiseState
-from dit.failures import GenerationFailed
+from dit.failures import GenerationCancelled, GenerationFailed
 from dit.preview import PreviewCallback
 from dit.request import GenerationRequest
-from dit.sampling import Callback, GenerationCancelled, denoise
+from dit.sampling import Callback, denoise
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class BatchJob:
     `on_phase` hears "decoding" as this job's own decode begins: the batch decodes its jobs in turn).
     `on_end` hears the job's outcome as soon as it is known, before the batch's other jobs end: its
     GenerationCancelled as it leaves the batch, and in `generate_batch` its frames (or its decode's
-    GenerationFailed) once decoded."""
+    GenerationFailed, or the DecodeCancelled of its `decode_callback`) once decoded."""
 
     request: GenerationRequest
     callback: Callback | None = None
@@ -89,6 +89,7 @@ class BatchJob:
     on_frames: FramesCallback | None = None
     on_phase: PhaseCallback | None = None
     on_end: Callable[[Any], None] | None = None
+    decode_callback: DecodeCallback | None = None
 
     def ended(self, outcome):
         """`outcome`, told to `on_end`."""
@@ -172,10 +173,11 @@ def generate_batch(
     on_phase: PhaseCallback | None = None,
     checkpoints: Checkpointing | None = None,
 ) -> list[np.ndarray | None | GenerationCancelled | GenerationFailed]:
-    """Each job's frames on the replica leader (None on the other ranks), or its GenerationCancelled, or the
-    GenerationFailed of its decode (every rank alike; the other jobs go on), in the jobs' order; each finished
-    job's `on_frames` hears its frames as they decode. `on_phase` hears "encoding", "denoising" and
-    "decoding" once; `checkpoints` as `denoise_batch`'s. Collective over the replica, as `generate`."""
+    """Each job's frames on the replica leader (None on the other ranks), or its GenerationCancelled (a
+    DecodeCancelled when it stopped during its decode), or the GenerationFailed of its decode (every rank
+    alike; the other jobs go on), in the jobs' order; each finished job's `on_frames` hears its frames as
+    they decode. `on_phase` hears "encoding", "denoising" and "decoding" once; `checkpoints` as
+    `denoise_batch`'s. Collective over the replica, as `generate`."""
     outcomes = denoise_batch(pipe, jobs, on_phase, checkpoints)
     if any(isinstance(out, torch.Tensor) for out in outcomes):
         enter_phase(on_phase, "decoding")
@@ -185,12 +187,12 @@ def generate_batch(
     ]
 
 
-def _decode(pipe, latents: torch.Tensor, job: BatchJob) -> np.ndarray | None | GenerationFailed:
+def _decode(pipe, latents: torch.Tensor, job: BatchJob) -> np.ndarray | None | RuntimeError:
     enter_phase(job.on_phase, "decoding")
     try:
-        return pipe.decode(latents, job.on_frames)
-    except GenerationFailed as failed:
-        return failed
+        return pipe.decode(latents, job.on_frames, job.decode_callback)
+    except (GenerationFailed, GenerationCancelled) as stop:
+        return stop
 
 
 def _scales(requests: list[GenerationRequest], name: str, device: torch.device) -> float | torch.Tensor:

@@ -8,6 +8,8 @@ import numpy as np
 
 PhaseCallback = Callable[[str], None]  # hears "encoding", "denoising", "decoding" as each begins
 FramesCallback = Callable[[np.ndarray], None]  # decoded uint8 frames [n, H, W, 3], in order
+# (latent frames decoded, latent frames in all) → False stops the decode (DecodeCancelled)
+DecodeCallback = Callable[[int, int], "bool | None"]
 
 
 def enter_phase(on_phase: PhaseCallback | None, phase: str) -> None:

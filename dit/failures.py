@@ -22,17 +22,43 @@ class GenerationFailed(RuntimeError):
     same point: the job fails, the group goes on to the next."""
 
 
+class GenerationCancelled(RuntimeError):
+    """Raised on every rank of the replica when the callback asked to stop; `step` = steps completed."""
+
+    def __init__(self, step: int, total: int):
+        super().__init__(f"generation cancelled after step {step} of {total}")
+        self.step, self.total = step, total
+
+    def __reduce__(self):  # pickles with its numbers (a batch's outcomes cross processes)
+        return type(self), (self.step, self.total)
+
+
+class DecodeCancelled(GenerationCancelled):
+    """Raised on every rank of the replica when the decode's callback asked to stop, after every step:
+    `frame` of the video's `frames` latent frames were decoded (`step` and `total` are the decode's caller's
+    to know: None)."""
+
+    def __init__(self, frame: int, frames: int):
+        message = f"generation cancelled while decoding, after latent frame {frame} of {frames}"
+        RuntimeError.__init__(self, message)
+        self.frame, self.frames = frame, frames
+        self.step = self.total = None
+
+    def __reduce__(self):
+        return type(self), (self.frame, self.frames)
+
+
 def alike(
     fn: Callable, group, device: torch.device, errors: tuple[type[Exception], ...] = (GenerationFailed,)
 ):
     """`fn()` on this rank, every rank of `group` (None: this rank alone) calling it at the same point. When
     it raised one of `errors` on any rank, the lowest such rank's is raised on every rank, as a
-    GenerationFailed (another exception's type named in its text)."""
+    GenerationFailed (another exception's type named in its text) or as the GenerationCancelled it is."""
     try:
         result, failed = fn(), None
     except errors as e:
         result, failed = None, e
-        if not isinstance(e, GenerationFailed):
+        if not isinstance(e, (GenerationFailed, GenerationCancelled)):
             failed = GenerationFailed(f"{type(e).__name__}: {e}")
     if group is not None:
         failed = parallel.first_failure(failed, group, device)

@@ -146,8 +146,8 @@ class ModelFamily:
     text_encoder: Callable[..., nn.Module]
     # (folder or None, latent channels, device) → VAE; every rank loads one
     vae: Callable[..., nn.Module]
-    # (vae, latents, group or None) → uint8 frames [F, H, W, 3], decoded in bands of rows across the group
-    # (dit.vae_parallel): on its rank 0, None on the others
+    # (vae, latents, group or None, on_frames, go_on) → uint8 frames [F, H, W, 3], decoded in bands of rows
+    # across the group (dit.vae_parallel): on its rank 0, None on the others
     decode: Callable[[nn.Module, torch.Tensor, Any], np.ndarray | None]
     limits: Callable[[Path | None, str], Limits]  # (folder or None, preset name) → limits before compression
     samplers: tuple[str, ...]  # the `dit.sampling.SCHEDULERS` names it samples with (`pick_scheduler`)

@@ -22,11 +22,11 @@ import dit
 import parallel
 from dit.cache import Evaluations, StepCache, real_tokens
 from dit.cache_config import CacheConfig
-from dit.callbacks import FramesCallback, PhaseCallback, enter_phase
+from dit.callbacks import DecodeCallback, FramesCallback, PhaseCallback, enter_phase
 from dit.comm_choice import choose_comm
 from dit.compile import compile_blocks
 from dit.denoise_state import Checkpointing, DenoiseState
-from dit.failures import GenerationFailed
+from dit.failures import DecodeCancelled, GenerationCancelled, GenerationFailed
 from dit.families import (
     TINY_LIMITS,
     Limits,
@@ -47,7 +47,6 @@ from dit.request import GenerationRequest, check_guidance, check_numbers, check_
 from dit.sampling import (
     NUM_TRAIN_TIMESTEPS,
     Callback,
-    GenerationCancelled,
     HostOffload,
     SecondExpert,
     denoise,
@@ -62,6 +61,7 @@ if TYPE_CHECKING:
     from dit.flow_schedulers import FlowScheduler
 
 __all__ = [
+    "DecodeCancelled",
     "GenerationCancelled",
     "GenerationFailed",
     "GenerationRequest",
@@ -335,15 +335,24 @@ class Pipeline:
             parts["encoder_hidden_states_image"] = self.image_encoder.encode(seen).to(dtype)
         return parts
 
-    def decode(self, latents: torch.Tensor, on_frames: FramesCallback | None = None) -> np.ndarray | None:
+    def decode(
+        self,
+        latents: torch.Tensor,
+        on_frames: FramesCallback | None = None,
+        callback: DecodeCallback | None = None,
+    ) -> np.ndarray | None:
         """uint8 frames `[F, H, W, 3]` on the replica leader, None on the other ranks. Collective over the
         replica (every rank passes the same latents): each rank decodes a band of rows, or the leader all of
         them when the config turns the parallel decode off. `on_frames` (the leader) gets the frames as they
         are decoded, a latent frame's at a time where the VAE decodes in time chunks (Wan's): an MP4
-        writer takes them while the next ones decode."""
+        writer takes them while the next ones decode. `callback(decoded, frames)` (the leader) is asked as
+        each chunk is decoded, before its frames go to `on_frames`: False stops the decode, DecodeCancelled
+        (a GenerationCancelled) on every rank."""
         if self.config.parallel_decode:
-            return self.family.decode(self.vae, latents, self.mesh.replica_group, on_frames)
-        return self.family.decode(self.vae, latents, None, on_frames) if self.mesh.is_replica_leader else None
+            return self.family.decode(self.vae, latents, self.mesh.replica_group, on_frames, callback)
+        if not self.mesh.is_replica_leader:
+            return None
+        return self.family.decode(self.vae, latents, None, on_frames, callback)
 
     def generate(
         self,
@@ -354,14 +363,16 @@ class Pipeline:
         resume: DenoiseState | None = None,
         checkpoints: Checkpointing | None = None,
         on_frames: FramesCallback | None = None,
+        decode_callback: DecodeCallback | None = None,
     ) -> np.ndarray | None:
         """Frames on the replica leader, None on the other ranks. `on_phase(name)` hears "encoding",
         "denoising" and "decoding" as each begins, so a server can show where a job is; `on_preview`,
-        `resume` and `checkpoints` as in `denoise`, `on_frames` as in `decode`. GenerationFailed (every
-        rank alike) when the job cannot be made: a decode that overflowed."""
+        `resume` and `checkpoints` as in `denoise`, `on_frames` and `decode_callback` as `decode`'s
+        `on_frames` and `callback` (a cancel during the decode). GenerationFailed (every rank alike) when
+        the job cannot be made: a decode that overflowed."""
         latents = self.denoise(req, callback, on_phase, on_preview, resume, checkpoints)
         enter_phase(on_phase, "decoding")
-        return self.decode(latents, on_frames)
+        return self.decode(latents, on_frames, decode_callback)
 
     def generate_batch(
         self,

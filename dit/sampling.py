@@ -14,6 +14,7 @@ import torch
 import parallel
 from dit.cache import Evaluations, StepCache, attached, real_tokens
 from dit.denoise_state import Checkpointing, DenoiseState, capture, capture_rows, restore
+from dit.failures import GenerationCancelled
 from dit.flow_schedulers import FlowMatchEulerScheduler, FlowScheduler, UniPCFlowScheduler
 
 # Ithaca's schedulers (dit.flow_schedulers: torch only, diffusers' numbers) by their `--sampler` name; a
@@ -92,17 +93,6 @@ class FixedSchedule:
 
     def __str__(self) -> str:
         return ",".join(map(str, self.timesteps))
-
-
-class GenerationCancelled(RuntimeError):
-    """Raised on every rank of the replica when the callback asked to stop; `step` = steps completed."""
-
-    def __init__(self, step: int, total: int):
-        super().__init__(f"generation cancelled after step {step} of {total}")
-        self.step, self.total = step, total
-
-    def __reduce__(self):  # pickles with its numbers (a batch's outcomes cross processes)
-        return type(self), (self.step, self.total)
 
 
 def make_scheduler(

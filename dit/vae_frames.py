@@ -22,14 +22,14 @@ def check_vae(vae, channels: int, expected_channels: int, compression, expected_
     return vae.eval()
 
 
-def decode_frames(vae, z: torch.Tensor, group=None, on_frames=None) -> np.ndarray | None:
+def decode_frames(vae, z: torch.Tensor, group=None, on_frames=None, go_on=None) -> np.ndarray | None:
     """The VAE's own latents `z` (float32, on its device; cast to the decoder's dtype) → uint8 frames
     `[F, H, W, 3]`. With a group, every rank of it decodes a band of rows and its rank 0 gets the frames (None
     elsewhere). `on_frames` (that rank) gets them as they are decoded, in pieces `[n, H, W, 3]` where the VAE
-    decodes chunk by chunk."""
+    decodes chunk by chunk; `go_on` (that rank) can stop the decode at a chunk (`vae_parallel.decode`)."""
     on_chunk = None if on_frames is None else lambda chunk: on_frames(frames(chunk))
     z = z.to(decoder_dtype(vae))
-    return frames(vae_parallel.decode(vae, z, group, finish=quantize, on_chunk=on_chunk))
+    return frames(vae_parallel.decode(vae, z, group, finish=quantize, on_chunk=on_chunk, go_on=go_on))
 
 
 def cast_decoder(vae, dtype: torch.dtype):

@@ -27,10 +27,11 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from dit.failures import alike
+from dit.failures import DecodeCancelled, GenerationFailed, alike
 from parallel import RowBands
 
 ROWS = -2  # every decoder tensor is [..., H, W]
+FRAMES = 2  # and a video [B, C, F, H, W]
 ENCODER_PARTS = ("encoder", "quant_conv")  # not run by decode
 EDGES = {"zeros": "zeros", "constant": "zeros", "replicate": "replicate"}  # a layer's pad mode → halo edge
 
@@ -161,36 +162,54 @@ def banded(vae: nn.Module, bands: RowBands):
 
 
 @torch.no_grad()
-def decode(vae: nn.Module, z: torch.Tensor, group=None, finish=None, on_chunk=None) -> torch.Tensor | None:
+def decode(
+    vae: nn.Module, z: torch.Tensor, group=None, finish=None, on_chunk=None, go_on=None
+) -> torch.Tensor | None:
     """`finish(vae.decode(z))` (`[1, C, f, h, w]` → `[1, 3, F, H, W]`), collective over `group` when one is
     given (every rank passes the same z): the video on group rank 0, None on the others. `finish`, elementwise
     (e.g. the uint8 conversion; default none), runs on each band, so the leader gathers its smaller result;
     a GenerationFailed it raises on one rank is raised on every rank.
     With fewer latent rows than ranks (a video a few latent rows tall), group rank 0 decodes alone.
     `on_chunk` (group rank 0) gets the video's frames as they are decoded: a VAE with `decode_chunks` gives
-    them a chunk at a time (each gathered as it comes), another all at once."""
+    them a chunk at a time (each gathered as it comes), another all at once. `go_on(decoded, frames)`
+    (group rank 0) is asked as each chunk is decoded, before it is handed on (`decoded` of the `frames`
+    latent frames); False stops the decode: DecodeCancelled on every rank, at the same chunk."""
     finish = finish or (lambda video: video)
+    frames = z.shape[FRAMES]
+
+    def checked(video: torch.Tensor, decoded: int) -> torch.Tensor:  # group rank 0's chunk
+        if go_on is not None and go_on(decoded, frames) is False:
+            raise DecodeCancelled(decoded, frames)
+        return finish(video)
+
     if group is None:
-        return _joined(vae, z, finish, on_chunk)
+        return _joined(vae, z, checked, on_chunk)
     bands = RowBands.split(z.shape[ROWS], group)
     if min(bands.sizes) == 0:
-        return _joined(vae, z, finish, on_chunk) if bands.rank == 0 else None
+        return _joined(vae, z, checked, on_chunk) if bands.rank == 0 else None
+    own_finish = checked if bands.rank == 0 else lambda band, decoded: finish(band)
     with banded(vae, bands):
         own = bands.own(z, ROWS, list(bands.sizes))
 
-        # a GenerationFailed of one band's `finish` is every rank's before the gather it would not join
-        def finished(band: torch.Tensor) -> torch.Tensor | None:
-            return bands.gather(alike(partial(finish, band), group, band.device), ROWS)
+        # a GenerationFailed of one band's `finish`, or the leader's stop, is every rank's before the gather
+        def finished(band: torch.Tensor, decoded: int) -> torch.Tensor | None:
+            step = partial(own_finish, band, decoded)
+            return bands.gather(alike(step, group, band.device, (GenerationFailed, DecodeCancelled)), ROWS)
 
         return _joined(vae, own, finished, on_chunk)
 
 
 def _joined(vae: nn.Module, z: torch.Tensor, finish, on_chunk) -> torch.Tensor | None:
-    """`finish` of every chunk `vae` decodes `z` into, handed to `on_chunk` and joined in time (None where
-    `finish` gives None: a rank that only sent its band)."""
+    """`finish(chunk, latent frames decoded so far)` of every chunk `vae` decodes `z` into (one latent frame
+    each, or the whole video), handed to `on_chunk` and joined in time (None where `finish` gives None: a
+    rank that only sent its band)."""
     parts = []
-    for chunk in vae.decode_chunks(z) if hasattr(vae, "decode_chunks") else [_decoded(vae, z)]:
-        part = finish(chunk)
+    if hasattr(vae, "decode_chunks"):
+        chunks = enumerate(vae.decode_chunks(z), 1)
+    else:
+        chunks = [(z.shape[FRAMES], _decoded(vae, z))]
+    for decoded, chunk in chunks:
+        part = finish(chunk, decoded)
         if part is not None:
             if on_chunk is not None:
                 on_chunk(part)

@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from dit.batch import BatchJob
+from dit.failures import DecodeCancelled
 from dit.preview import frame_preview
 from server.phases import PhaseClock
 from server.writers import StreamedVideo
@@ -33,6 +34,10 @@ class JobRun:
         self._last = now
         return not self.worker.steps.record(self.job_id, step, total)
 
+    def decode_callback(self, frames: int, total: int) -> bool:
+        """The decode's progress recorded, the cancel flag read back (`callback` for the decode's chunks)."""
+        return not self.worker.steps.decoded(self.job_id, frames, total)
+
     def on_phase(self, phase: str) -> None:
         self.phases.enter(phase)
         if phase == "denoising":
@@ -45,7 +50,10 @@ class JobRun:
         """This job in a batch (`Pipeline.generate_batch`), its callbacks this run's: it ends (`ended`) as
         soon as its outcome is known, not when the batch's last job does."""
         on_end = lambda outcome: self.ended(outcome, self.worker.pipe.evaluations)  # noqa: E731
-        return BatchJob(request, self.callback, self.on_preview, self.video.frames, self.on_phase, on_end)
+        return BatchJob(
+            request, self.callback, self.on_preview, self.video.frames, self.on_phase, on_end,
+            decode_callback=self.decode_callback,
+        )  # fmt: skip
 
     def on_batch_phase(self, phase: str) -> None:
         """A phase of the batch this job is in: its own, but for the batch's decoding, where the job waits
@@ -68,7 +76,9 @@ class JobRun:
             self.video.drop()
             worker._flush(job_id)
             if isinstance(outcome, worker.module.GenerationCancelled):
-                worker.ending.finish(self, "cancelled", error=f"cancelled after step {len(self.step_times)}")
+                steps = f"after step {len(self.step_times)}"
+                error = f"cancelled {'while decoding' if isinstance(outcome, DecodeCancelled) else steps}"
+                worker.ending.finish(self, "cancelled", error=error)
             else:
                 worker.ending.finish(self, "failed", error=str(outcome))
             return

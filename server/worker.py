@@ -317,6 +317,7 @@ class Worker:
                 resume=resume,
                 checkpoints=checkpoints,
                 on_frames=run and run.video.frames,
+                decode_callback=run and run.decode_callback,
             )
         except (self.module.GenerationCancelled, self.module.GenerationFailed) as stop:  # every rank alike
             outcome = stop

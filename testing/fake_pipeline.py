@@ -1,7 +1,8 @@
 """A fake instant pipeline with the `dit.pipeline` surface, for server tests and bench/server_overhead.py.
 
 No model work: `generate` sleeps `ITHACA_FAKE_STEP_S` seconds per step and `ITHACA_FAKE_DECODE_S` in its
-decode (defaults 0) and returns small random frames; on the replica leader it calls `on_preview` after every
+decode (defaults 0; spread over its latent frames, each asking `decode_callback`) and returns small random
+frames; on the replica leader it calls `on_preview` after every
 step with a 32×48 gradient that brightens with the step; it resumes from a checkpoint's step and hands
 `checkpoints` a state (its step, zero latents, no scheduler) when one is due. Everything else is the real
 thing: the request/limits dataclasses and `validate` of `dit.pipeline` (tiny limits), the per-step callback
@@ -32,6 +33,7 @@ from dit.denoise_state import capture
 from dit.image import fit
 from dit.pipeline import (
     TINY_LIMITS,
+    DecodeCancelled,
     GenerationCancelled,
     GenerationFailed,
     GenerationRequest,
@@ -99,6 +101,7 @@ class FakePipeline:
         resume=None,
         checkpoints=None,
         on_frames=None,
+        decode_callback=None,
     ):
         req = self.validate(req)
         if req.loras != self._applied:
@@ -121,7 +124,7 @@ class FakePipeline:
         passes = passes_per_step(self.mesh, req.guidance_scale)
         self.evaluations = Evaluations(evaluated=passes * req.num_inference_steps)
         on_phase("decoding")  # as the real pipeline: every rank decodes a band, the leader gets the frames
-        return self._decode(req, on_frames)
+        return self._decode(req, on_frames, decode_callback)
 
     def generate_batch(self, jobs, on_phase=None, checkpoints=None):
         """`Pipeline.generate_batch`'s surface: the batch's steps once (one cancel broadcast a step, each job
@@ -154,26 +157,31 @@ class FakePipeline:
         on_phase("decoding")
         for j in live:
             try:
-                outcomes[j] = jobs[j].ended(self._decode(requests[j], jobs[j].on_frames))
-            except GenerationFailed as failed:  # as the real batch: this job's failure, the others go on
+                outcomes[j] = jobs[j].ended(
+                    self._decode(requests[j], jobs[j].on_frames, jobs[j].decode_callback)
+                )
+            except (GenerationFailed, GenerationCancelled) as failed:  # as the real batch: the others go on
                 outcomes[j] = jobs[j].ended(failed)
         return outcomes
 
-    def _decode(self, req: GenerationRequest, on_frames):
-        """The request's frames (seeded by it) on the replica leader, handed to `on_frames` as they come."""
-        time.sleep(self.decode_s)
-        if not self.mesh.is_replica_leader:
-            return None
+    def _decode(self, req: GenerationRequest, on_frames, decode_callback):
+        """The request's frames (seeded by it) on the replica leader, handed to `on_frames` as they come, in
+        Wan's chunks (the first frame, then 4 a latent frame), `decode_callback` asked at each as the real
+        decode asks it (DecodeCancelled on every rank when it says stop)."""
         frames = np.random.default_rng(req.seed).integers(
             0, 255, (req.num_frames, req.height, req.width, 3), np.uint8
         )
         if req.image is not None:
             frames[0] = fit(req.image, req.height, req.width)  # as the real one fits it
             frames[1] = np.array(Image.fromarray(req.image).resize((req.width, req.height)))
-        if on_frames is not None:  # in Wan's chunks: the first frame, then 4 at a time
-            for at in range(0, len(frames), 4):
+        latent_frames = (req.num_frames - 1) // 4 + 1
+        for done, at in enumerate(range(0, len(frames), 4), 1):
+            time.sleep(self.decode_s / latent_frames)
+            if not should_continue(decode_callback, done, latent_frames, self.mesh):
+                raise DecodeCancelled(done, latent_frames)
+            if on_frames is not None and self.mesh.is_replica_leader:
                 on_frames(frames[max(at - 3, 0) : at + 1])
-        return frames
+        return frames if self.mesh.is_replica_leader else None
 
 
 def _preview(step: int, total: int) -> np.ndarray:

@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from dit.batch import BatchJob, batch_key, denoise_batch
-from dit.pipeline import GenerationCancelled, GenerationRequest, PipelineConfig, load_pipeline
+from dit.pipeline import (
+    DecodeCancelled,
+    GenerationCancelled,
+    GenerationRequest,
+    PipelineConfig,
+    load_pipeline,
+)
 from tests.distributed import run_distributed
 
 SMALL = dict(num_frames=5, height=32, width=48, num_inference_steps=3)
@@ -151,6 +157,16 @@ def test_generate_batch_decodes_each_job(pipe):
         alone = pipe.generate(req)
         assert abs(got[j].astype(int) - alone.astype(int)).max() <= 1 and got[j].shape == (5, 32, 48, 3)
         assert np.array_equal(np.concatenate(frames[j]), got[j])
+
+
+def test_a_job_stopped_in_its_decode_ends_cancelled_and_the_next_still_decodes(pipe):
+    frames, ended = [[], []], []
+    stops = [lambda done, total: done < 1, None]  # job 0 stops at its first latent frame
+    jobs = [BatchJob(req, on_frames=frames[j].append, on_end=ended.append, decode_callback=stops[j])
+            for j, req in enumerate(REQUESTS[:2])]  # fmt: skip
+    got = pipe.generate_batch(jobs)
+    assert isinstance(got[0], DecodeCancelled) and frames[0] == [] and ended == got
+    assert np.array_equal(np.concatenate(frames[1]), got[1]) and got[1].shape == (5, 32, 48, 3)
 
 
 @pytest.mark.parametrize(

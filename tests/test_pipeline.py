@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from dit.pipeline import GenerationCancelled, GenerationRequest, PipelineConfig, load_pipeline
+from dit.pipeline import (
+    DecodeCancelled,
+    GenerationCancelled,
+    GenerationRequest,
+    PipelineConfig,
+    load_pipeline,
+)
 from dit.video import Mp4Writer, read_mp4, write_mp4
 
 SMALL = dict(num_frames=5, height=32, width=48, num_inference_steps=2)
@@ -94,6 +100,21 @@ def test_callback_reports_every_step_and_cancels(pipe):
     with pytest.raises(GenerationCancelled) as info:
         pipe.generate(req, callback=lambda s, n: seen.append(s) or s < 2)
     assert (info.value.step, info.value.total, seen) == (2, 5, [1, 2])
+
+
+def test_a_decode_callback_sees_each_latent_frame_and_stops_the_decode_at_one(pipe):
+    """Asked as each latent frame is decoded, before its frames go on: False stops the decode there."""
+    latents = pipe.denoise(GenerationRequest("a cat", **SMALL))  # 5 frames: 2 latent frames (1 + 4 frames)
+    asked, pieces = [], []
+    whole = pipe.decode(latents, pieces.append, lambda done, frames: asked.append((done, frames)))
+    assert asked == [(1, 2), (2, 2)] and [len(p) for p in pieces] == [1, 4]
+    asked.clear()
+    pieces.clear()
+    with pytest.raises(DecodeCancelled, match="while decoding, after latent frame 1 of 2") as info:
+        pipe.decode(latents, pieces.append, lambda done, frames: asked.append(done) or done < 1)
+    assert isinstance(info.value, GenerationCancelled) and (info.value.frame, info.value.frames) == (1, 2)
+    assert asked == [1] and pieces == []  # the stopped chunk's frames are not handed on
+    assert np.array_equal(pipe.decode(latents), whole)  # a stopped decode leaves the VAE as it was
 
 
 def test_mp4_round_trip(tmp_path):

@@ -1,5 +1,6 @@
 """Whole-pipeline latents at world 1 vs 2 vs 4 for every layout, the replica's banded decode, and cancellation
-across ranks (gloo, CPU). One distributed call per world size keeps the suite fast.
+(in the steps and in the decode) across ranks (gloo, CPU). One distributed call per world size keeps the suite
+fast.
 
 27 image tokens (3 latent frames × 3 × 3 patches) divide by neither 2 nor 4, so sequence padding is exercised.
 """
@@ -46,20 +47,27 @@ def _pipeline(ulysses=None, ring=1, cfg=1, comm="alltoall"):
 
 def _checks(layouts, cancel_layout):
     """On every rank: final latents per layout; frames from generate (last layout); where a cancel stopped."""
-    from dit.pipeline import GenerationCancelled
+    from dit.pipeline import DecodeCancelled, GenerationCancelled
 
     req = GenerationRequest(**REQUEST)
     latents = [_pipeline(*layout).denoise(req) for layout in layouts[:-1]]
     pipe = _pipeline(*layouts[-1])
     latents.append(pipe.denoise(req))
     frames = pipe.generate(req)
-    calls = []
+    calls, asked = [], []
+    pipe = _pipeline(*cancel_layout)
     try:
-        _pipeline(*cancel_layout).generate(req, callback=lambda step, total: calls.append(step) or step < 2)
+        pipe.generate(req, callback=lambda step, total: calls.append(step) or step < 2)
         cancelled_at = None
     except GenerationCancelled as e:
         cancelled_at = e.step
-    return dict(latents=latents, frames=frames, cancelled_at=cancelled_at, calls=calls)
+    try:  # stopped in its banded decode, after 2 of the 3 latent frames
+        pipe.decode(latents[-1], callback=lambda done, frames: asked.append(done) or done < 2)
+        decode_cancelled = None
+    except DecodeCancelled as e:
+        decode_cancelled = (e.frame, e.frames)
+    return dict(latents=latents, frames=frames, cancelled_at=cancelled_at, calls=calls,
+                decode_cancelled=decode_cancelled, asked=asked)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +99,9 @@ def test_every_layout_matches_one_rank(reference, world):
     # Cancelled at step 2 on the leader → every rank stops at step 2; the callback runs on the leader only.
     assert [rank["cancelled_at"] for rank in ranks] == [2] * world
     assert ranks[0]["calls"] == [1, 2] and all(rank["calls"] == [] for rank in ranks[1:])
+    # Likewise a decode stopped by the leader's callback: every rank leaves the banded decode at that chunk.
+    assert [rank["decode_cancelled"] for rank in ranks] == [(2, 3)] * world
+    assert ranks[0]["asked"] == [1, 2] and all(rank["asked"] == [] for rank in ranks[1:])
 
 
 # Leader-only text encoding: (model, degrees, request overrides). cfg 2 unguided still sends the negative

@@ -102,11 +102,11 @@ def test_a_job_that_fails_of_its_own_fails_alone_and_the_worker_goes_on(tmp_path
     setup = _queued(tmp_path, 2, specs)  # 0 and 1 a batch, then 2 and 3 alone (other keys)
     real = fake_pipeline.FakePipeline._decode
 
-    def decode(pipe, req, on_frames):
+    def decode(pipe, req, on_frames, decode_callback):
         if req.seed in (1, 2):
             on_frames(np.zeros((1, req.height, req.width, 3), np.uint8))  # a first chunk went to the MP4
             raise fake_pipeline.GenerationFailed("the VAE decode in float16 gave non-finite values")
-        return real(pipe, req, on_frames)
+        return real(pipe, req, on_frames, decode_callback)
 
     monkeypatch.setattr(fake_pipeline.FakePipeline, "_decode", decode)
     jobs = _run(*setup, lambda job: job.terminal)

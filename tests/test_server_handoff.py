@@ -115,6 +115,22 @@ def test_a_cancel_while_the_mp4_closes_leaves_no_file_and_a_cancelled_job(served
     assert _files(s.config, job.id) == []
 
 
+def test_a_cancel_during_the_decode_stops_it_at_its_next_latent_frame(served):
+    """The decode records its progress at each latent frame and reads the cancel flag back: a cancel stops it
+    there (seconds sooner than the decode's end), with no file, the job cancelled in its decoding phase."""
+    s = served
+    s.worker.pipe.decode_s = 18.0  # 33 frames: 9 latent frames of 2 s each
+    job, _ = s.store.create(SPEC | {"num_frames": 33})
+    wait_until(lambda: s.store.get(job.id).progress > 90, WAIT_S, "the decode's progress")
+    asked = time.monotonic()
+    s.store.cancel(job.id)
+    cancelled = _at(s, job.id, "cancelled")
+    assert time.monotonic() - asked < 12  # ≤ one latent frame's 2 s and the poll; the decode had ≥ 12 s left
+    assert (cancelled.error, cancelled.phase, cancelled.step) == ("cancelled while decoding", "decoding", 2)
+    assert 90 < cancelled.progress < 97 and cancelled.video is None
+    assert _files(s.config, job.id) == [] and s.finished[job.id] == ("cancelled", False)
+
+
 def test_a_close_that_fails_fails_its_job_and_the_worker_goes_on(served):
     s = served
     broken, _ = s.store.create(SPEC)

@@ -135,7 +135,7 @@ def test_phases_show_where_a_job_is_and_progress_counts_the_decode(slow):
     job = slow.submit(prompt="phases", num_inference_steps=4)
     assert set(job["timings"].values()) == {None}  # no phase reached yet
     decoding = _wait_phase(slow, job["id"], "decoding")
-    assert decoding["status"] == "in_progress" and decoding["step"] == 4 and decoding["progress"] == 90
+    assert decoding["status"] == "in_progress" and decoding["step"] == 4 and 90 <= decoding["progress"] < 97
     # the phases it finished are timed already, the running one not yet
     assert decoding["timings"]["denoising_s"] >= 0.2 and decoding["timings"]["decoding_s"] is None
     done = slow.wait_job(job["id"])

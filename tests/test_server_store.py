@@ -323,9 +323,12 @@ def test_phases_progress_and_a_cancel_after_the_last_step(store):
     assert (store.get(job.id).phase, store.get(job.id).progress) == ("denoising", 45)
     store.set_phase(job.id, "w", "decoding")
     assert store.get(job.id).progress == 90  # the decode still counts: not "99 %" while it runs
+    assert store.decoded(job.id, "w", 5, 7) is False  # its latent frames fill 90..97
+    assert store.get(job.id).progress == 95 and store.decoded(job.id, "other", 6, 7) is True
     assert store.cancel(job.id).status == "in_progress"  # accepted: the flag is set ...
+    assert store.decoded(job.id, "w", 6, 7) is True and store.get(job.id).progress == 95  # seen mid-decode
     assert store.set_phase(job.id, "w", "writing") is True  # ... and the worker sees it before writing
-    assert (store.get(job.id).phase, store.get(job.id).progress) == ("decoding", 90)  # where it stopped
+    assert (store.get(job.id).phase, store.get(job.id).progress) == ("decoding", 95)  # where it stopped
     done = store.finish(job.id, "w", "completed", video=f"{job.id}.mp4")
     assert done.status == "cancelled" and done.video is None and "last step" in done.error  # ... or here
     assert done.phase == "decoding"

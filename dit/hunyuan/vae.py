@@ -76,10 +76,11 @@ def encode(vae: AutoencoderKLHunyuanVideo15, video: torch.Tensor) -> torch.Tenso
 
 @torch.no_grad()
 def decode(
-    vae: AutoencoderKLHunyuanVideo15, latents: torch.Tensor, group=None, on_frames=None
+    vae: AutoencoderKLHunyuanVideo15, latents: torch.Tensor, group=None, on_frames=None, go_on=None
 ) -> np.ndarray | None:
     """Latents `[1, C, f, h, w]` (the DiT's space: the VAE's latents × scaling_factor) → uint8 frames; with a
     group, decoded in bands across it (`dit.vae_frames.decode_frames`); `on_frames` gets them a latent
-    frame's at a time, as they decode (the VAE `load_vae` gives: `dit.hunyuan.vae_chunks`)."""
+    frame's at a time, as they decode (the VAE `load_vae` gives: `dit.hunyuan.vae_chunks`), and `go_on` may
+    stop the decode at each."""
     z = latents.to(next(vae.parameters()).device, torch.float32) / vae.config.scaling_factor
-    return decode_frames(vae, z, group, on_frames)
+    return decode_frames(vae, z, group, on_frames, go_on)

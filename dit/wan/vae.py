@@ -188,12 +188,12 @@ def _statistics(vae: WanVAE) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def decode(vae: WanVAE, latents: torch.Tensor, group=None, on_frames=None) -> np.ndarray | None:
+def decode(vae: WanVAE, latents: torch.Tensor, group=None, on_frames=None, go_on=None) -> np.ndarray | None:
     """Latents `[1, C, f, h, w]` (the DiT's normalised space) → uint8 frames `[F, H, W, 3]`. With a group,
     every rank of it decodes a band of rows (`dit.vae_frames.decode_frames`); `on_frames` gets each latent
-    frame's frames as they are decoded (where the frames go)."""
+    frame's frames as they are decoded (where the frames go), and `go_on` may stop the decode at each."""
     mean, std = _statistics(vae)
-    return decode_frames(vae, latents.to(mean.device, torch.float32) * std + mean, group, on_frames)
+    return decode_frames(vae, latents.to(mean.device, torch.float32) * std + mean, group, on_frames, go_on)
 
 
 @torch.no_grad()

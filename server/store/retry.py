@@ -136,19 +136,28 @@ class PatientStore:
 
 
 class LatestStep:
-    """A running job's steps as the leader records them: written at once, or while the store does not answer
-    kept (the newest only) for `write` to put in once it does (the heartbeat thread calls it), so a step
-    never waits on an outage."""
+    """A running job's progress as the leader records it, its steps and then its decoded latent frames:
+    written at once, or while the store does not answer kept (the newest only) for `write` to put in once it
+    does (the heartbeat thread calls it), so a step or a chunk of the decode never waits on an outage."""
 
     def __init__(self, store: PatientStore, worker: str):
         self.store, self.worker = store, worker
-        self._pending: tuple[str, int, int] | None = None  # (job, step, steps) not written yet
+        # (store method, job, done, of) not written yet: ("progress", job, step, steps) or
+        # ("decoded", job, latent frames decoded, latent frames)
+        self._pending: tuple[str, str, int, int] | None = None
         self._lock = threading.Lock()  # one write at a time, so an older step never lands last
         self._stop: str | None = None  # a write found this job cancelled, or no longer this worker's
 
     def record(self, job_id: str, step: int, total: int) -> bool:
         """True: the job must stop (`JobStore.progress`), as far as the last write that landed knows."""
-        self._pending = (job_id, step, total)
+        return self._put("progress", job_id, step, total)
+
+    def decoded(self, job_id: str, frames: int, total: int) -> bool:
+        """`record` for the decode (`JobStore.decoded`)."""
+        return self._put("decoded", job_id, frames, total)
+
+    def _put(self, method: str, job_id: str, done: int, of: int) -> bool:
+        self._pending = (method, job_id, done, of)
         if self.store.outage.since is None:
             self.write()
         return self._stop == job_id
@@ -159,8 +168,9 @@ class LatestStep:
             if pending is None:
                 return
             try:
-                if self.store.once.progress(pending[0], self.worker, *pending[1:]):
-                    self._stop = pending[0]
+                method, job_id, done, of = pending
+                if getattr(self.store.once, method)(job_id, self.worker, done, of):
+                    self._stop = job_id
             except StoreBusy:
                 if self._pending is None:  # none newer meanwhile
                     self._pending = pending

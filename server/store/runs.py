@@ -85,6 +85,20 @@ class JobRuns(Connections):
             ).fetchone()
         return row is None or bool(row[0])
 
+    def decoded(self, job_id: str, worker: str, frames: int, total_frames: int) -> bool:
+        """Record that a running job's decode has `frames` of its `total_frames` latent frames: its progress
+        goes from the decode's start toward the MP4's (PHASE_PROGRESS); True (stop) as `progress` answers.
+        A job whose cancel is asked for keeps its progress."""
+        start, end = PHASE_PROGRESS["decoding"], PHASE_PROGRESS["writing"]
+        with self._write() as db:
+            row = db.execute(
+                "UPDATE jobs SET progress = CASE WHEN cancel_requested <> 0 OR progress > ?1 THEN progress "
+                "ELSE ?1 END WHERE id = ?2 AND worker = ?3 AND status = 'in_progress' "
+                "RETURNING cancel_requested",
+                (start + (end - start) * frames // max(total_frames, 1), job_id, worker),
+            ).fetchone()
+        return row is None or bool(row[0])
+
     def set_resumed(self, job_id: str, worker: str, step: int, total_steps: int) -> None:
         """Record that this run of a claimed job goes on from a checkpoint after `step` steps."""
         with self._write() as db:
