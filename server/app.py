@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from server import api_jobs, api_openai, api_ops, api_web, images, openai_errors, videos
 from server.config import ServeConfig
+from server.head import HeadAsGet
 from server.jsonsafe import SafeJSONResponse
 from server.middleware import GuardMiddleware
 from server.retention import Retention
@@ -63,6 +64,7 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
         return api_openai.schema_with_limits(document, info)
 
     app.openapi = openapi
+    app.add_middleware(HeadAsGet)  # inside the guard: a HEAD needs the key a GET needs
     app.add_middleware(
         GuardMiddleware,
         api_key=config.api_key,

@@ -91,13 +91,19 @@ def _validation_errors(errors) -> list[dict]:
     return out
 
 
-def _allowed_methods(request: Request) -> str:
-    """Every method some route takes on the request's path."""
+def methods_at(app, scope) -> set[str]:
+    """Every method some route of `app` declares on the path of `scope`."""
     methods = set()
-    for route in _routes(request.app.router.routes):
-        if route.matches(request.scope)[0] != Match.NONE:
+    for route in _routes(app.router.routes):
+        if route.matches(scope)[0] != Match.NONE:
             methods |= getattr(route, "methods", None) or set()
-    return ", ".join(sorted(methods))
+    return methods
+
+
+def _allowed_methods(request: Request) -> str:
+    """What the path takes: its routes' methods, and HEAD wherever GET is (server.head)."""
+    methods = methods_at(request.app, request.scope)
+    return ", ".join(sorted(methods | {"HEAD"} if "GET" in methods else methods))
 
 
 def _routes(routes):

@@ -98,7 +98,25 @@ def test_a_405_names_every_method_of_the_path(client):
         url = path.replace("{job_id}", "a" * 32).replace("{video_id}", "a" * 32)
         r = client.request("PATCH", url)
         assert r.status_code == 405, (path, r.text)
-        assert set(r.headers["allow"].split(", ")) == {method.upper() for method in operations}, path
+        declared = {method.upper() for method in operations}
+        head = {"HEAD"} if "GET" in declared else set()  # server.head
+        assert set(r.headers["allow"].split(", ")) == declared | head, path
+
+
+def test_every_get_answers_head_with_its_headers_alone(client):
+    """RFC 9110 §9.3.2: HEAD wherever GET is, the GET's status and headers, no body; an event stream ends at
+    its headers (the job below is queued: its GET would stream on)."""
+    job_id = client.post("/generate", json={"prompt": "fox"}).json()["id"]
+    urls = ("/jobs", f"/jobs/{job_id}", "/limits", "/metrics", "/loras", "/v1/videos", f"/v1/videos/{job_id}")
+    for url in urls:
+        got, head = client.get(url), client.head(url)
+        assert (head.status_code, head.content) == (got.status_code, b"") and got.content, url
+        assert head.headers["content-length"] == str(len(got.content)), url
+        assert head.headers["content-type"] == got.headers["content-type"], url
+    events = client.head(f"/jobs/{job_id}/events")
+    assert events.status_code == 200 and events.headers["content-type"].startswith("text/event-stream")
+    assert client.head("/nope").status_code == 404 and client.head("/generate").status_code == 405
+    assert client.head(f"/jobs/{'b' * 32}").status_code == 404
 
 
 def test_a_video_answers_head(client, tmp_path):
