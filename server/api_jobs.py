@@ -81,6 +81,11 @@ _EVENT = {
 CACHE_PATTERN = r"^(off|fbcache)(:(0(\.[0-9]{1,6})?|1(\.0{1,6})?|\.[0-9]{1,6}))?$"
 
 
+def integral(value):
+    """JSON's 9.0 is an integer (JSON Schema says so): as an int; any other value as it is."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 class GenerateBody(BaseModel):
     """Unknown fields are refused; ranges beyond these sanity bounds come from the loaded model's limits
     (the OpenAPI document shows the published ones), the prompts' token limit from its tokenizer."""
@@ -123,8 +128,8 @@ class GenerateBody(BaseModel):
     @field_validator("num_frames", "height", "width", "num_inference_steps", "seed", "fps", mode="before")
     @classmethod
     def _integral(cls, value):
-        """JSON's 9.0 is an integer (JSON Schema says so); strict pydantic would refuse it."""
-        return int(value) if isinstance(value, float) and value.is_integer() else value
+        """9.0 taken as 9 (`integral`); strict pydantic would refuse it."""
+        return integral(value)
 
     @field_validator("cache", mode="before")
     @classmethod

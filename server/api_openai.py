@@ -30,6 +30,7 @@ from server.api_jobs import (
     TEXT_PATTERN,
     VIDEO,
     form_fields,
+    integral,
     json_fields,
     media_type,
     preview_file,
@@ -222,8 +223,7 @@ def _seconds(raw) -> float:
 
 def _seed(raw) -> int:
     """A seed in [0, 2^63 - 1]: an integer (JSON's 7.0 is one), or ASCII digits as a form sends it."""
-    value = int(raw) if isinstance(raw, str) and _SEED.fullmatch(raw) else raw
-    value = int(value) if isinstance(value, float) and value.is_integer() else value
+    value = int(raw) if isinstance(raw, str) and _SEED.fullmatch(raw) else integral(raw)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
         raise unprocessable("seed", f"seed={shown(raw)} must be an integer from 0 to {MAX_SEED}")
     return value
