@@ -328,6 +328,7 @@ def test_a_list_after_no_job_is_a_404_saying_so(client, path):
 def test_v1_takes_a_seed_and_says_it(client):
     """Not in OpenAI's API: the SDK sends it with extra_body={"seed": 7}; a reply names the job's seed."""
     assert client.post("/v1/videos", json={"prompt": "fox", "seed": 7}).json()["seed"] == 7
+    assert client.post("/v1/videos", json={"prompt": "fox", "seed": 7.0}).json()["seed"] == 7  # JSON's 7
     assert client.post("/v1/videos", data={"prompt": "fox", "seed": "07"}).json()["seed"] == 7
     drawn = client.post("/v1/videos", json={"prompt": "fox"}).json()
     assert (
