@@ -323,8 +323,9 @@ def test_phases_progress_and_a_cancel_after_the_last_step(store):
     assert (store.get(job.id).phase, store.get(job.id).progress) == ("denoising", 45)
     store.set_phase(job.id, "w", "decoding")
     assert store.get(job.id).progress == 90  # the decode still counts: not "99 %" while it runs
-    assert store.decoded(job.id, "w", 5, 7) is False  # its latent frames fill 90..97
-    assert store.get(job.id).progress == 95 and store.decoded(job.id, "other", 6, 7) is True
+    assert store.decoded(job.id, "w", 5, 7) is False  # its latent frames fill 90..97, after every step
+    assert (store.get(job.id).progress, store.get(job.id).step) == (95, 10)
+    assert store.decoded(job.id, "other", 6, 7) is True
     assert store.cancel(job.id).status == "in_progress"  # accepted: the flag is set ...
     assert store.decoded(job.id, "w", 6, 7) is True and store.get(job.id).progress == 95  # seen mid-decode
     assert store.set_phase(job.id, "w", "writing") is True  # ... and the worker sees it before writing

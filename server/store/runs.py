@@ -87,12 +87,14 @@ class JobRuns(Connections):
 
     def decoded(self, job_id: str, worker: str, frames: int, total_frames: int) -> bool:
         """Record that a running job's decode has `frames` of its `total_frames` latent frames: its progress
-        goes from the decode's start toward the MP4's (PHASE_PROGRESS); True (stop) as `progress` answers.
+        goes from the decode's start toward the MP4's (PHASE_PROGRESS), and its steps are all done (the last
+        step's record may have been superseded unwritten: `LatestStep`); True (stop) as `progress` answers.
         A job whose cancel is asked for keeps its progress."""
         start, end = PHASE_PROGRESS["decoding"], PHASE_PROGRESS["writing"]
         with self._write() as db:
             row = db.execute(
-                "UPDATE jobs SET progress = CASE WHEN cancel_requested <> 0 OR progress > ?1 THEN progress "
+                "UPDATE jobs SET step = total_steps, "
+                "progress = CASE WHEN cancel_requested <> 0 OR progress > ?1 THEN progress "
                 "ELSE ?1 END WHERE id = ?2 AND worker = ?3 AND status = 'in_progress' "
                 "RETURNING cancel_requested",
                 (start + (end - start) * frames // max(total_frames, 1), job_id, worker),
