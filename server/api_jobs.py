@@ -427,10 +427,10 @@ def _current_view(services: Services, job_id: str) -> dict | None:
     responses={200: {"content": {"text/event-stream": {"schema": _EVENT}}}} | responses(401, 404, 503),
 )
 def job_events(request: Request, job_id: str):
-    """Server-Sent Events: a `progress` event whenever the job changes (status, phase, step, place in the
-    queue), a `: keep-alive` comment after `SSE_KEEPALIVE_S` without one, a `preview` event ({"step", "url"})
-    whenever a newer live preview is in place, then one final `done` event, or `deleted` ({"id",
-    "deleted": true}) when the job is deleted meanwhile."""
+    """Server-Sent Events: a `progress` event whenever the job changes (status, phase, step, progress, place
+    in the queue: the decode moves progress alone), a `: keep-alive` comment after `SSE_KEEPALIVE_S` without
+    one, a `preview` event ({"step", "url"}) whenever a newer live preview is in place, then one final `done`
+    event, or `deleted` ({"id", "deleted": true}) when the job is deleted meanwhile."""
     services = svc(request)
     services.job(job_id)  # 404 before the stream starts
 
@@ -451,7 +451,7 @@ def job_events(request: Request, job_id: str):
                 last_preview, said = view["preview_step"], time.monotonic()
                 preview = {"step": last_preview, "url": view["preview_url"]}
                 yield f"event: preview\ndata: {render(preview).decode()}\n\n"
-            key = (view["status"], view["phase"], view["step"], view["queue_position"])
+            key = (view["status"], view["phase"], view["step"], view["progress"], view["queue_position"])
             if key != last:
                 last, said = key, time.monotonic()
                 yield f"event: {'done' if terminal else 'progress'}\ndata: {render(view).decode()}\n\n"

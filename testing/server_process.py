@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -99,6 +100,18 @@ class ServerProcess:
         r = self.client.post("/generate", json=body)
         assert r.status_code == 202, r.text
         return r.json()
+
+    def events(self, job_id: str) -> list[tuple[str, dict]]:
+        """The job's Server-Sent Events, (name, data) each, to the stream's end."""
+        events, name = [], None
+        with self.client.stream("GET", f"/jobs/{job_id}/events") as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    name = line[7:]
+                elif line.startswith("data: "):
+                    events.append((name, json.loads(line[6:])))
+        return events
 
     def stop(self, sig=signal.SIGTERM, timeout: float = 60.0) -> int:
         if self.proc.poll() is None:

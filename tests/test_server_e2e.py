@@ -28,25 +28,13 @@ def server(tiny_server):
     return tiny_server
 
 
-def _events(srv: ServerProcess, job_id: str) -> list[tuple[str, dict]]:
-    events, name = [], None
-    with srv.client.stream("GET", f"/jobs/{job_id}/events") as r:
-        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-        for line in r.iter_lines():
-            if line.startswith("event: "):
-                name = line[7:]
-            elif line.startswith("data: "):
-                events.append((name, json.loads(line[6:])))
-    return events
-
-
 def test_submit_poll_sse_download(server, tmp_path):
     job = server.submit(
         prompt="a red fox in snow", num_frames=9, height=48, width=80, num_inference_steps=4, seed=7
     )
     assert job["status"] == "queued" and job["queue_position"] is not None
     assert server.client.get(f"/jobs/{job['id']}/video").status_code in (404, 200)
-    events = _events(server, job["id"])
+    events = server.events(job["id"])
     assert events[-1][0] == "done" and events[-1][1]["status"] == "completed"
     steps = [e["step"] for _, e in events]
     assert steps == sorted(steps) and steps[-1] == 4
