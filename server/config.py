@@ -72,6 +72,20 @@ def _above(low: float):
 def _store_url(text: str) -> str:
     if not text.startswith(("sqlite:///", "postgresql://", "postgres://")):
         raise ValueError(f"must be sqlite:///PATH or postgresql://USER@HOST:PORT/DB, not {text!r}")
+    path = text.removeprefix("sqlite:///") if text.startswith("sqlite:///") else None
+    # SQLite would give each connection a database of its own (empty, :memory:), or a file named as the query
+    if path is not None and (path in ("", ":memory:") or path.endswith("/") or "?" in path):
+        raise ValueError(
+            f"must name a file the server's processes share: sqlite:///PATH (relative) or "
+            f"sqlite:////ABSOLUTE/PATH, no query, not {text!r}"
+        )
+    return text
+
+
+def _named(text: str) -> str:
+    """A name or path that must not be empty (an empty variable, ITHACA_DATA_DIR= say, is a slip)."""
+    if not text.strip():
+        raise ValueError(f"must not be empty, not {text!r}")
     return text
 
 
@@ -79,8 +93,10 @@ def _store_url(text: str) -> str:
 class ServeConfig:
     host: str = _opt("127.0.0.1", "address the HTTP API listens on")
     port: int = _opt(8000, "HTTP port", parse=_at_least(0, 65535))
-    data_dir: str = _opt("ithaca-data", "folder holding the job database and the videos", worker=True)
-    db: str | None = _opt(None, "job database path (default DATA_DIR/jobs.db)", worker=True)
+    data_dir: str = _opt(
+        "ithaca-data", "folder holding the job database and the videos", worker=True, parse=_named
+    )
+    db: str | None = _opt(None, "job database path (default DATA_DIR/jobs.db)", worker=True, parse=_named)
     store: str | None = _opt(
         None,
         "job store URL: sqlite:///PATH (one box), or postgresql://USER@HOST:PORT/DB shared by several "
@@ -88,7 +104,9 @@ class ServeConfig:
         worker=True,
         parse=_store_url,
     )
-    results_dir: str | None = _opt(None, "folder for finished MP4s (default DATA_DIR/videos)", worker=True)
+    results_dir: str | None = _opt(
+        None, "folder for finished MP4s (default DATA_DIR/videos)", worker=True, parse=_named
+    )
     # the model, by name or as a folder (the folder's when both are given): `pipeline.model`
     preset: str = _opt("tiny", settings.PRESET_HELP, worker=True)
     model_path: str | None = _opt(None, settings.MODEL_PATH_HELP, worker=True)
@@ -174,7 +192,9 @@ class ServeConfig:
     shutdown_grace: float = _opt(
         300.0, "seconds the running job may take to finish after SIGTERM", parse=_at_least(0)
     )
-    instance: str = _opt(socket.gethostname(), "name of this server in a shared job store", worker=True)
+    instance: str = _opt(
+        socket.gethostname(), "name of this server in a shared job store", worker=True, parse=_named
+    )
     workers: bool = _opt(
         True, "start and supervise the worker group (--no-workers: attach to one started apart)"
     )

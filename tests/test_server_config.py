@@ -59,6 +59,8 @@ def test_a_bad_value_names_its_variable_or_flag(capsys):
             "ITHACA_WORKERS: 'maybe' is not a boolean (1/0, true/false, yes/no, on/off)",
         ),
         ({"ITHACA_MAX_BATCH": "0"}, "ITHACA_MAX_BATCH: must be 1 or more, not 0"),
+        ({"ITHACA_DATA_DIR": ""}, "ITHACA_DATA_DIR: must not be empty, not ''"),
+        ({"ITHACA_INSTANCE": " "}, "ITHACA_INSTANCE: must not be empty, not ' '"),
     ):
         with pytest.raises(ValueError) as e:
             _parse([], env)
@@ -66,6 +68,11 @@ def test_a_bad_value_names_its_variable_or_flag(capsys):
     with pytest.raises(SystemExit):
         _parse(["--ring", "two"], {})
     assert "argument --ring: 'two' is not an integer" in capsys.readouterr().err
+    # a store each connection would see afresh (every request a 500), or a file named after the query
+    for url in ("sqlite:///", "sqlite:///:memory:", "sqlite:///jobs/", "sqlite:////srv/jobs.db?mode=ro"):
+        with pytest.raises(ValueError, match="must name a file the server's processes share"):
+            _parse([], {"ITHACA_STORE": url})
+    assert _parse([], {"ITHACA_STORE": "sqlite:////srv/jobs.db"}).db_path == "/srv/jobs.db"
 
 
 def test_the_workers_read_no_variable_a_flag_overrode():
