@@ -459,3 +459,19 @@ def test_a_store_of_a_newer_schema_version_or_another_program_is_refused(new_url
         db.execute("DROP TABLE jobs")
         db.execute("CREATE TABLE jobs (name TEXT)")
     assert "another program" in str(pytest.raises(StoreError, open_store, foreign.url).value)
+
+
+def test_a_postgres_url_libpq_cannot_read_is_one_line_and_no_password_is_shown():
+    """No server needed: libpq refuses the URL before it connects (it was a traceback); a password, in the
+    user part or as a parameter, never reaches the message."""
+    for url, says in (
+        ("postgresql://[::1/x", "IPv6 host address"),
+        ("postgresql://nobody@127.0.0.1:1/x?bogus=1", 'invalid URI query parameter: "bogus"'),
+        (
+            "postgresql://u:s3cret@127.0.0.1:1/x?password=s3cret&bogus=1",
+            "postgresql://u:***@127.0.0.1:1/x?password=***",
+        ),
+    ):
+        refused = str(pytest.raises(StoreError, open_store, url).value)
+        assert "is not a PostgreSQL URL libpq reads" in refused and says in refused, refused
+        assert "s3cret" not in refused and "\n" not in refused

@@ -16,11 +16,12 @@ import re
 from server.store.errors import StoreBusy, StoreError, disk_full
 
 _FIX = "check the URL, that the PostgreSQL server runs and that this user may connect and create tables"
+_URL_FIX = "write it as postgresql://USER@HOST:PORT/DB?PARAMETER=VALUE (libpq's), special characters %-coded"
 
 
 def redact(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+    """The URL without its password (`USER:PASSWORD@`, or a `password=` parameter), for messages and logs."""
+    return re.sub(r"(\bpassword=)[^&\s]*", r"\1***", re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url))
 
 
 class Row:
@@ -91,7 +92,11 @@ class Connection:
                 application_name="ithaca",
             )
         except psycopg.OperationalError as e:
-            raise StoreError(redact(url), f"cannot be reached ({_one_line(e)})", fix=_FIX) from None
+            raise StoreError(redact(url), f"cannot be reached ({redact(_one_line(e))})", fix=_FIX) from None
+        except psycopg.Error as e:  # libpq could not read the URL
+            raise StoreError(
+                redact(url), f"is not a PostgreSQL URL libpq reads ({redact(_one_line(e))})", fix=_URL_FIX
+            ) from None
 
     @property
     def broken(self) -> bool:
