@@ -8,6 +8,7 @@ import re
 import shlex
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -129,6 +130,20 @@ def test_compose_has_what_an_8_gpu_box_needs(name):
     if len(services) > 1:  # replicas share one job store and must tell their jobs apart
         instances = {svc["environment"]["ITHACA_INSTANCE"] for svc in services.values()}
         assert len(instances) == len(services)
+
+
+def test_the_installed_package_holds_every_file_it_reads():
+    """The image installs the package (`pip install .`): a data file its package-data leaves out is missing
+    there alone (the page's icon was)."""
+    import tomllib
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        package_data = tomllib.load(f)["tool"]["setuptools"]["package-data"]
+    for package, folder in (("server", "web"), ("dit", "tiny/model")):
+        root = Path(REPO, package)
+        data = {path for path in (root / folder).rglob("*") if path.is_file() and path.suffix != ".py"}
+        installed = {path for pattern in package_data[package] for path in root.glob(pattern)}
+        assert data and data <= installed, sorted(str(path.relative_to(root)) for path in data - installed)
 
 
 def test_dockerfile_runs_the_server_as_non_root_with_a_ready_healthcheck():
