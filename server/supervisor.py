@@ -338,9 +338,11 @@ class Supervisor:
             )
             self._requeue(job, f"its worker {job.worker} stopped answering (no heartbeat for {stale:g} s)")
 
-    def _requeue(self, job, reason: str) -> None:
-        """Re-queue an interrupted job, or fail it past its attempts: then its checkpoint goes too."""
-        after = self.store.requeue_or_fail(job, max_attempts=self.config.max_attempts, reason=reason)
+    def _requeue(self, job, reason: str, counted: bool = True) -> None:
+        """Re-queue an interrupted job, or fail it past its attempts: then its checkpoint goes too.
+        `counted=False`: the run ended for no fault of the job's (a shutdown), and does not use an attempt."""
+        max_attempts = self.config.max_attempts
+        after = self.store.requeue_or_fail(job, max_attempts=max_attempts, reason=reason, counted=counted)
         if after is not None and after.terminal:
             videos.remove_checkpoint(self.config.videos_dir, job.id)
 
@@ -368,16 +370,12 @@ class Supervisor:
         if proc is not None:
             try:
                 proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired:  # a rank's SIGTERM only drains, as the store already asked
                 log.warning("the running job did not finish within %.0f s; stopping the worker group", grace)
-                self._kill_group(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self._kill_group()
-                    proc.wait()
-        if self.group_id is not None:
+                self._kill_group()
+                proc.wait()
+        if self.group_id is not None:  # the group is gone: no late end of its run can come
             for job in self.store.in_progress(worker_prefix=self._worker_prefix()):
-                self._requeue(job, "interrupted by a server shutdown")
+                self._requeue(job, "interrupted by a server shutdown", counted=False)
         if self._thread.is_alive():
             self._thread.join(timeout=5)

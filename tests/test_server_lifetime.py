@@ -183,6 +183,27 @@ def test_state_changes_are_logged_as_json_lines(slow):
     assert ("in_progress", "decoding") in mine and all("duration_s" in e for e in entries if "job" in e)
 
 
+def test_past_its_shutdown_grace_a_job_is_stopped_at_once_and_keeps_its_attempts(tmp_path):
+    """SIGTERM: the running job has --shutdown-grace; past it the group goes at once (a rank's SIGTERM only
+    drains, so the server waited 10 s more while the job went on), and the job is queued again without
+    using an attempt (--max-attempts 1: a rolling restart failed it)."""
+    srv = ServerProcess(tmp_path, "--pipeline-module", FAKE, "--nproc", "1", "--shutdown-grace", "1",
+                        "--max-attempts", "1", env={"ITHACA_FAKE_STEP_S": "0.5"}, restarts=True)  # fmt: skip
+    try:
+        srv.wait()
+        job = srv.submit(prompt="long", num_inference_steps=40)
+        wait_until(lambda: srv.client.get(f"/jobs/{job['id']}").json()["step"] >= 1, 30, "a step")
+        start = time.monotonic()
+        srv.stop(signal.SIGTERM)
+        took = time.monotonic() - start
+    finally:
+        srv.stop(signal.SIGKILL)
+    after = JobStore(os.path.join(tmp_path, "jobs.db")).get(job["id"])
+    assert (after.status, after.attempts) == ("queued", 0) and after.step == 0, after
+    assert took < 6, f"{took:.1f} s for a grace of 1 s"  # ~1.5 s; it was 11.5 s and more
+    assert group_pids(tmp_path) == ([], [])
+
+
 def test_sigterm_stops_claiming_at_once(slow):
     """Runs last in this module: it stops the server. An open event stream ends at once: uvicorn waits for
     every open connection, so it used to hold the stop 5 s and then log an error."""

@@ -143,6 +143,10 @@ def test_idempotency_cancel_and_progress(store):
 
 def test_requeue_then_fail_and_pagination(store):
     job, _ = store.create({"prompt": "x"})
+    for _ in range(3):  # runs a shutdown stopped use no attempt, however many
+        assert store.claim("w", "box-a").attempts == 1
+        requeued = store.requeue_or_fail(store.get(job.id), max_attempts=1, reason="shutdown", counted=False)
+        assert (requeued.status, requeued.attempts) == ("queued", 0)
     for attempt in (1, 2):
         claimed = store.claim("w", "box-a")
         assert claimed.attempts == attempt

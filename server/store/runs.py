@@ -198,18 +198,22 @@ class JobRuns(Connections):
         ).fetchall()
         return [job_from_row(r) for r in rows]
 
-    def requeue_or_fail(self, job: Job, *, max_attempts: int, reason: str) -> Job | None:
+    def requeue_or_fail(
+        self, job: Job, *, max_attempts: int, reason: str, counted: bool = True
+    ) -> Job | None:
         """Give an interrupted job another run, or fail it once it has used up its attempts; returns it as it
-        now is (None: it was no longer running)."""
+        now is (None: it was no longer running). `counted=False`: the run that ended does not count (a server
+        shutdown stopped it, its group is gone): the attempt is given back and the job re-queued. A run
+        number is then used again, so the caller must know that run can end nothing any more."""
         with self._write() as db:
-            if job.attempts < max_attempts:
+            if job.attempts < max_attempts or not counted:
                 row = db.execute(
-                    "UPDATE jobs SET status = 'queued', worker = NULL, started_at = NULL, step = 0, "
-                    "progress = 0, phase = 'queued', preview_step = NULL, resumed_from_step = NULL, "
-                    "batch = NULL, "
+                    "UPDATE jobs SET status = 'queued', attempts = attempts - ?, worker = NULL, "
+                    "started_at = NULL, step = 0, progress = 0, phase = 'queued', preview_step = NULL, "
+                    "resumed_from_step = NULL, batch = NULL, "
                     f"{_CLEAR_TIMINGS} "
                     "WHERE id = ? AND status = 'in_progress' RETURNING *",
-                    (job.id,),
+                    (0 if counted else 1, job.id),
                 ).fetchone()
             else:
                 row = db.execute(
