@@ -80,8 +80,9 @@ def test_docker_compose_validates(name):
 
 def test_boxes_share_one_postgresql_store_and_one_videos_folder():
     """docker-compose.boxes.yml: each box's `ithaca` is the one-box service (GPUs, NCCL settings, health
-    check) plus the shared PostgreSQL store, a shared videos folder and its own instance name; PostgreSQL
-    runs only under the `db` profile; the settings that must be given are refused when missing."""
+    check) plus the shared PostgreSQL store, a shared videos folder and its own instance name; the settings
+    that must be given are refused when missing. The database box's file (docker-compose.db.yml) needs its
+    password alone (under the boxes' file it needed every GPU box's settings too)."""
     out = _docker_compose_config("docker-compose.boxes.yml", BOXES_ENV)
     assert out.returncode == 0, out.stderr
     services = yaml.safe_load(out.stdout)["services"]
@@ -90,14 +91,35 @@ def test_boxes_share_one_postgresql_store_and_one_videos_folder():
         assert box[key] == one_box[key], key
     env = box["environment"]
     assert env["ITHACA_STORE"] == BOXES_ENV["ITHACA_STORE"] and env["ITHACA_INSTANCE"] == "box-a"
-    assert env["PGPASSWORD"] == services["postgres"]["environment"]["POSTGRES_PASSWORD"] == "secret"
     assert f"{BOXES_ENV['ITHACA_SHARED_VIDEOS_HOST_DIR']}:{env['ITHACA_RESULTS_DIR']}:rw" in box["volumes"]
-    assert services["postgres"]["profiles"] == ["db"]
-    assert services["postgres"]["environment"]["POSTGRES_DB"] == "ithaca"
     for missing in BOXES_ENV:
         env = {k: v for k, v in BOXES_ENV.items() if k != missing}
         out = _docker_compose_config("docker-compose.boxes.yml", env | {missing: ""})
         assert out.returncode != 0 and missing in out.stderr, (missing, out.stderr)
+    only = {name: "" for name in BOXES_ENV} | {"ITHACA_DB_PASSWORD": "secret"}
+    out = _docker_compose_config("docker-compose.db.yml", only)
+    assert out.returncode == 0, out.stderr
+    database = yaml.safe_load(out.stdout)["services"]["postgres"]["environment"]
+    assert database["POSTGRES_PASSWORD"] == box["environment"]["PGPASSWORD"] == "secret"
+    assert database["POSTGRES_DB"] == "ithaca" and BOXES_ENV["ITHACA_STORE"].endswith("/ithaca")
+    out = _docker_compose_config("docker-compose.db.yml", only | {"ITHACA_DB_PASSWORD": ""})
+    assert out.returncode != 0 and "ITHACA_DB_PASSWORD" in out.stderr
+
+
+def test_every_setting_the_deploy_guide_lists_reaches_the_container():
+    """deploy/.env fills only the `${...}` that an `environment:` line names: a setting of the guide's table
+    without its line was dropped without a word (ITHACA_WARMUP, ITHACA_DTYPE, ITHACA_VAE_DTYPE...)."""
+    with open(os.path.join(DEPLOY, "README.md")) as f:
+        guide = f.read()
+    table = guide[guide.index("## Settings") :]
+    table = table[: table.index("\n## ")]
+    listed = {name for row in table.splitlines() if row.startswith("| `ITHACA")
+              for name in re.findall(r"`(ITHACA_[A-Z_]+)`", row.split("|")[1])}  # fmt: skip
+    assert {"ITHACA_WARMUP", "ITHACA_VAE_DTYPE", "ITHACA_STORE"} <= listed
+    for name in COMPOSE_FILES:
+        for service, svc in _services(name).items():
+            given = set(svc["environment"])
+            assert listed <= given, (name, service, sorted(listed - given))
 
 
 @pytest.mark.parametrize("name", COMPOSE_FILES)
