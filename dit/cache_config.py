@@ -3,11 +3,19 @@ that the command lines and the API check it without importing torch."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 POLICIES = ("off", "fbcache")
 # bench/quality.py, tiny model at 32 steps: 39 % of evaluations skipped, the detector score unchanged
 DEFAULT_THRESHOLD = 0.08
+# The setting as text, wherever it is given (flags, variables, the API's field and its OpenAPI pattern): a
+# threshold from 0 to 1 in at most 6 decimals, so a request and the command line take the same settings
+PATTERN = r"^(off|fbcache)(:(0(\.[0-9]{1,6})?|1(\.0{1,6})?|\.[0-9]{1,6}))?$"
+RULE = (
+    "cache must be off, fbcache, or fbcache:THRESHOLD with a threshold from 0 to 1 in at most 6 decimals "
+    "(e.g. fbcache:0.05)"
+)
 
 
 @dataclass(frozen=True)
@@ -24,17 +32,19 @@ class CacheConfig:
 
     @classmethod
     def parse(cls, text: str | None) -> CacheConfig:
-        """ "off", "fbcache" or "fbcache:0.08" (the command line's and the environment's form)."""
-        if not text:
+        """ "off", "fbcache" or "fbcache:0.08" (`PATTERN`; ValueError saying `RULE` otherwise); None: off."""
+        if text is None:
             return cls()
+        if not re.fullmatch(PATTERN, text):
+            raise ValueError(f"{RULE}, got {text!r}")
         policy, _, threshold = text.partition(":")
-        if not threshold:
-            return cls(policy)
-        try:
-            value = float(threshold)
-        except ValueError:
-            raise ValueError(f"cache must be POLICY[:THRESHOLD], e.g. fbcache:0.1; got {text!r}") from None
-        return cls(policy, value)
+        return cls(policy, float(threshold)) if threshold else cls(policy)
+
+    @staticmethod
+    def checked(text: str) -> str:
+        """`text` as written once `parse` takes it (a checkpoint's key holds the setting so)."""
+        CacheConfig.parse(text)
+        return text
 
     @property
     def enabled(self) -> bool:

@@ -3,7 +3,6 @@ pipeline's subcommands for `ithaca` (`server.cli`): generate and `ithaca parity`
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -22,17 +21,11 @@ from dit.cli_args import (
     run_on_ranks,
     say_error,  # fmt: skip
     sigterm_as_interrupt,
+    typed,
 )
 from dit.files import check_folder
 from dit.parity import add_parity
 from parallel.plan import parse_degree
-
-
-def _degree(text: str) -> int | str:
-    try:
-        return parse_degree(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_subcommands(subparsers) -> None:
@@ -45,16 +38,19 @@ def add_subcommands(subparsers) -> None:
     # no degree given: all auto (parallel.plan's rule, `ithaca plan` shows it); some: the others as before
     g.add_argument(
         "--ulysses",
-        type=_degree,
+        type=typed(parse_degree),
         default=None,
         help="Ulysses degree or auto (default: auto; with --ring/--cfg given: the ranks left over)",
     )
     g.add_argument(
-        "--ring", type=_degree, default=None, help="ring attention degree or auto (default: auto; else 1)"
+        "--ring",
+        type=typed(parse_degree),
+        default=None,
+        help="ring attention degree or auto (default: auto; else 1)",
     )
     g.add_argument(
         "--cfg",
-        type=_degree,
+        type=typed(parse_degree),
         default=None,
         help="1 | 2 (2: prompt and negative prompt in parallel) | auto (default: auto; else 1)",
     )

@@ -15,6 +15,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+from dit.cache_config import CacheConfig
 from dit.settings import MODEL_PATH_HELP, PRESET_HELP, PipelineConfig, flag, options
 from parallel.local_group import local_group
 
@@ -58,7 +59,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def _typed(parse):
+def typed(parse):
     """`parse(text)` as an argparse type: its ValueError is argparse's one-line message after the flag."""
 
     def convert(text: str):
@@ -83,7 +84,7 @@ def add_model_args(p: argparse.ArgumentParser, command: str) -> None:
         if kind == "bool":
             p.add_argument(flag(f), action="store_true", dest=f.name, help=meta["help"])
         elif meta["item"] is not None:
-            p.add_argument(flag(f), **kwargs | dict(action="append", type=_typed(meta["item"]), default=None))
+            p.add_argument(flag(f), **kwargs | dict(action="append", type=typed(meta["item"]), default=None))
         else:
             p.add_argument(flag(f), **kwargs, type=float if kind.startswith("float") else str)
 
@@ -144,6 +145,7 @@ def add_request_args(p: argparse.ArgumentParser, prompt_default: str | None = No
     p.add_argument(
         "--cache",
         default=None,
+        type=typed(CacheConfig.checked),  # before any rank starts
         help="step caching: off | fbcache[:THRESHOLD] (skips most of the DiT at steps where its first "
         "block's output barely moved; default off)",
     )

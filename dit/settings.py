@@ -101,11 +101,6 @@ def _warmup_sizes(text: str) -> tuple[tuple[int, int, int], ...]:
     return tuple(_warmup_size(part) for part in text.replace(";", ",").replace(" ", ",").split(",") if part)
 
 
-def _cache(text: str) -> str:
-    CacheConfig.parse(text)  # checked; kept as written (a checkpoint's key holds it so)
-    return text
-
-
 @dataclass
 class PipelineConfig:
     # "tiny" (trained, shipped), a preset ("tiny-random", "wan2.1-1.3b", ...) or a folder. On the command line
@@ -229,7 +224,7 @@ class PipelineConfig:
         "where its first block's output barely moved)",
         commands=("serve",),
         key=True,
-        parse=_cache,
+        parse=CacheConfig.checked,
     )
     # (height, width, frames) each worker group generates once, a few steps, before it reports ready: the
     # first job of that size then finds its compiled graphs (--compile) and its kernels chosen (dit.warmup)

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers, UploadFile
 
+from dit import cache_config
 from dit.cache_config import CacheConfig
 from dit.request import MAX_SEED
 from server import images, videos
@@ -78,7 +79,6 @@ _EVENT = {
 
 
 # `cache`: off | fbcache[:THRESHOLD], the threshold 0 to 1 in at most 6 decimals
-CACHE_PATTERN = r"^(off|fbcache)(:(0(\.[0-9]{1,6})?|1(\.0{1,6})?|\.[0-9]{1,6}))?$"
 
 
 def integral(value):
@@ -112,7 +112,7 @@ class GenerateBody(BaseModel):
     cache: str | None = Field(
         None,
         max_length=32,
-        pattern=CACHE_PATTERN,  # what the document says; `_cache_rule` says it in words first
+        pattern=cache_config.PATTERN,  # what the document says; `_cache_rule` says it in words first
         description="step caching: off | fbcache[:THRESHOLD], threshold 0–1 (default: the server's)",
         examples=["fbcache:0.05"],
     )
@@ -135,11 +135,8 @@ class GenerateBody(BaseModel):
     @classmethod
     def _cache_rule(cls, value):
         """A string the pattern refuses, refused in words (pydantic's message would quote the pattern)."""
-        if isinstance(value, str) and not re.fullmatch(CACHE_PATTERN, value):
-            raise ValueError(
-                "cache must be off, fbcache, or fbcache:THRESHOLD with a threshold from 0 to 1 in at most 6 "
-                f"decimals (e.g. fbcache:0.05), got {shown(value)}"
-            )
+        if isinstance(value, str) and not re.fullmatch(cache_config.PATTERN, value):
+            raise ValueError(f"{cache_config.RULE}, got {shown(value)}")
         return value
 
     @field_validator("cache")

@@ -513,6 +513,9 @@ def test_degrees_are_checked_before_any_rank_starts(monkeypatch, capsys):
     assert e.value.code == 2 and err == (
         "ithaca generate: error: argument --steps: invalid int value: 'many' (see ithaca generate --help)\n"
     )
+    with pytest.raises(SystemExit) as e:  # the API's rule, before any rank (it ran, or spoke after the load)
+        main(["generate", "a fox", "--nproc", "2", "--cache", "fbcache:1e-2"])
+    assert e.value.code == 2 and "argument --cache: cache must be off, fbcache, or" in capsys.readouterr().err
 
 
 def test_help_describes_every_option_with_its_default():
