@@ -5,6 +5,7 @@ is deterministic and resumes to the same weights."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -178,6 +179,22 @@ def _tiny_run(tmp_path, name: str, interrupt_at: int | None = None):
         assert not out.exists()
     train.train(cfg, work, out, save_every=1)
     return out
+
+
+def test_a_work_folder_resumes_only_its_own_run(tmp_path):
+    """Another seed or scale given the same --work resumed its checkpoints: a model of two runs, written
+    without a word (its text encoder one seed's, its VAE the other's)."""
+    config = dataclasses.asdict(train.TrainConfig())
+    train.Checkpoints(tmp_path, 1, config).save("vae-decoder", {"step": 1})
+    assert train.Checkpoints(tmp_path, 1, config).load("vae-decoder") == {"step": 1}  # the same run resumes
+    with pytest.raises(train.OtherRun, match=r"another run \(seed 0 there, 1 here; dit_steps"):
+        train.Checkpoints(tmp_path, 1, config | {"seed": 1, "dit_steps": 7})
+    (tmp_path / "run.json").unlink()  # checkpoints an earlier version left, their run unnamed
+    with pytest.raises(train.OtherRun, match="an unnamed run"):
+        train.Checkpoints(tmp_path, 1, config)
+    with pytest.raises(SystemExit) as e:
+        train.main(["--scale", "nan"])
+    assert e.value.code == 2
 
 
 @pytest.mark.slow

@@ -106,12 +106,33 @@ def make_dit(cfg: TrainConfig):
         )
 
 
-class Checkpoints:
-    """One file per phase in `work`, rewritten atomically every `every` steps; `load` resumes a phase."""
+class OtherRun(ValueError):
+    """The work folder holds another run's checkpoints: resumed, they would mix two runs in one model."""
 
-    def __init__(self, work: Path, every: int):
+
+class Checkpoints:
+    """One file per phase in `work`, rewritten atomically every `every` steps; `load` resumes a phase. The
+    folder names its run (`run.json`: the TrainConfig), and a run of another config refuses it (OtherRun)."""
+
+    def __init__(self, work: Path, every: int, run: dict):
         self.work, self.every = work, every
         work.mkdir(parents=True, exist_ok=True)
+        run = json.loads(json.dumps(run))  # as the file reads back (tuples as lists)
+        named = work / "run.json"
+        if named.exists():
+            theirs = json.loads(named.read_text())
+            differ = [
+                f"{k} {theirs.get(k)!r} there, {v!r} here" for k, v in run.items() if theirs.get(k) != v
+            ]
+            if differ:
+                raise OtherRun(f"{work} holds the checkpoints of another run ({'; '.join(differ)}): give "
+                               "another --work, or remove that folder to start over")  # fmt: skip
+        elif any(work.glob("*.pt")):
+            raise OtherRun(f"{work} holds checkpoints of an unnamed run: give another --work, or remove it")
+        else:
+            tmp = named.with_suffix(".tmp")
+            tmp.write_text(json.dumps(run, indent=1))
+            tmp.replace(named)
 
     def path(self, phase: str) -> Path:
         return self.work / f"{phase}.pt"
@@ -319,7 +340,7 @@ def train(
     nothing but the work folder (the DiT learns `describe`'s latents, not the VAE's), so two processes may
     run one each, side by side; a last run with both phases finds them finished and writes `out`."""
     torch.manual_seed(cfg.seed)
-    ckpt = Checkpoints(work, save_every)
+    ckpt = Checkpoints(work, save_every, asdict(cfg))
     started = time.monotonic()
     tokenizer = make_tokenizer(cfg)
     text_encoder = make_text_encoder(cfg, len(tokenizer))
@@ -336,6 +357,21 @@ def train(
         print(f"wrote {out} in {(time.monotonic() - started) / 60:.1f} min")
 
 
+def _positive(kind):
+    """An argparse type: a finite number above 0 of `kind`."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"must be a number above 0, not {text!r}")
+        return value
+
+    return parse
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
@@ -345,8 +381,10 @@ def main(argv=None) -> None:
         "--work", type=Path, default=Path("/tmp/ithaca-tiny-train"), help="checkpoints, for resuming"
     )
     p.add_argument("--seed", type=int, default=TrainConfig.seed)
-    p.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps")
-    p.add_argument("--scale", type=float, default=1.0, help="multiply every step count (a quick trial: 0.05)")
+    p.add_argument("--save-every", type=_positive(int), default=100, help="checkpoint every N steps")
+    p.add_argument(
+        "--scale", type=_positive(float), default=1.0, help="multiply every step count (a quick trial: 0.05)"
+    )
     p.add_argument(
         "--phases",
         nargs="+",
@@ -365,6 +403,8 @@ def main(argv=None) -> None:
     )
     try:
         train(cfg, args.work, args.out, args.save_every, tuple(args.phases))
+    except OtherRun as e:
+        p.error(str(e))
     except KeyboardInterrupt:  # the checkpoints hold every step up to the last --save-every
         sys.exit(f"interrupted; the same command resumes from the last checkpoint in {args.work}")
 
