@@ -144,7 +144,9 @@ def _check(module: str, keys: dict[str, str], shapes: dict, targets: dict, param
         name, part, parts = targets[_PARAM[role]]
         dst = params[name].chunk(parts, 0)[part]
         if delta not in (tuple(dst.shape), (dst.shape[0], dst[0].numel())):
-            errors.append(f"{keys[role]}: delta {delta} does not fit {name} {tuple(dst.shape)}")
+            whole = tuple(params[name].shape)
+            fused = "" if parts == 1 else f", part {part + 1} of {parts} of the fused {whole}"
+            errors.append(f"{keys[role]}: delta {delta} does not fit {name} {tuple(dst.shape)}{fused}")
     return errors
 
 

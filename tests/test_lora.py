@@ -170,7 +170,9 @@ def test_keys_that_fit_no_weight_are_listed(tmp_path):
 
     wrong = {"diffusion_model.blocks.0.ffn.0.lora_down.weight": torch.zeros(RANK, 24),
              "diffusion_model.blocks.0.ffn.0.lora_up.weight": torch.zeros(24, RANK),  # ffn.0 has 48 outputs
-             "diffusion_model.blocks.0.ffn.2.lora_down.weight": torch.zeros(RANK, 48)}  # fmt: skip
+             "diffusion_model.blocks.0.ffn.2.lora_down.weight": torch.zeros(RANK, 48),
+             "diffusion_model.blocks.0.self_attn.q.lora_down.weight": torch.zeros(RANK, 12),  # q takes 24
+             "diffusion_model.blocks.0.self_attn.q.lora_up.weight": torch.zeros(24, RANK)}  # fmt: skip
     save_file(wrong, tmp_path / "wrong.safetensors")
     with pytest.raises(ValueError) as e:
         load_transformer(tmp_path / "model", loras=[(tmp_path / "wrong.safetensors", 1.0)])
@@ -178,6 +180,9 @@ def test_keys_that_fit_no_weight_are_listed(tmp_path):
         e.value
     )
     assert "blocks.0.ffn.2: a LoRA needs both its down (A) and up (B) matrix" in str(e.value)
+    # q's share of the fused q/k/v weight, said to be one (it read as the whole weight of q's shape)
+    assert ("self_attn.q.lora_up.weight: delta (24, 12) does not fit blocks.0.self_attn.qkv.weight (24, 24), "
+            "part 1 of 3 of the fused (72, 24)") in str(e.value)  # fmt: skip
     with pytest.raises(FileNotFoundError, match="no such file"):
         load_transformer(tmp_path / "model", loras=[(tmp_path / "missing.safetensors", 1.0)])
 
