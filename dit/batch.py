@@ -43,6 +43,9 @@ class BatchKey:
     image: bool  # must be False: an image-to-video job runs alone
 
 
+_GUIDANCE = {"guided": "guidance_scale", "guided_2": "guidance_scale_2"}  # a key field → the request's
+
+
 def batch_key(req: GenerationRequest) -> BatchKey:
     """The key of a validated request: requests with equal keys may share a batch (when `runs_alone` is
     None)."""
@@ -71,6 +74,9 @@ def check_batch(requests: list[GenerationRequest]) -> None:
     for key in keys[1:]:
         for field in fields(BatchKey):
             mine, first = getattr(key, field.name), getattr(keys[0], field.name)
+            if mine != first and field.name in _GUIDANCE:  # the request's field, not the key's
+                raise ValueError(f"{_GUIDANCE[field.name]}: guided (not 1) and unguided (1) requests differ "
+                                 "within the batch")  # fmt: skip
             if mine != first:
                 raise ValueError(f"{field.name} differs within the batch ({first!r} and {mine!r})")
 

@@ -173,7 +173,7 @@ def test_a_job_stopped_in_its_decode_ends_cancelled_and_the_next_still_decodes(p
     "change, message",
     [
         (dict(num_frames=9), r"num_frames differs within the batch \(5 and 9\)"),
-        (dict(guidance_scale=1.0), r"guided differs"),
+        (dict(guidance_scale=1.0), r"guidance_scale: guided \(not 1\) and unguided \(1\) requests differ"),
         (dict(loras=(("x", 1.0),)), r"loras"),
         (dict(cache="fbcache:0.1"), r"cache: a batch runs with the step cache off"),
     ],
