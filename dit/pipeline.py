@@ -52,7 +52,7 @@ from dit.sampling import (
     denoise,
 )
 from dit.sequence_parallel import set_comm
-from dit.settings import PipelineConfig
+from dit.settings import TWO_EXPERT_LORAS, PipelineConfig
 from dit.text_cache import TextCache
 from dit.vae_frames import cast_decoder
 
@@ -424,9 +424,7 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     boundary = family.boundary_ratio(model_name, folder)
     expand = family.expand_timesteps(folder, model_name)
     if boundary is not None and config.loras:
-        raise ValueError(
-            "LoRAs on a two-expert model (Wan2.2 A14B) are not supported: each expert takes its own file"
-        )
+        raise ValueError(TWO_EXPERT_LORAS)
     check_lora_dir(config)
     raw = []  # (raw transformer, its source, FP8 layers' unquantised weights): LoRAs per request change it
     # a LoRA per request is added to unquantised weights: a pre-quantised checkpoint is then dequantised

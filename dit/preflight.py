@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from dit.settings import PipelineConfig
+from dit.settings import TWO_EXPERT_LORAS, PipelineConfig
 
 # Classifier-free guidance has two branches (prompt, negative prompt): at most one rank each.
 CFG_DEGREES = (1, 2)
@@ -118,8 +118,11 @@ def preflight(
                 f"--timesteps {timesteps} are sampled with --sampler {' or '.join(FIXED_SCHEDULE_SAMPLERS)}, "
                 f"not {whose} {picked}"
             )
-    if config.offload_idle_expert and family.boundary_ratio(model, folder) is None:
+    two_experts = family.boundary_ratio(model, folder) is not None
+    if config.offload_idle_expert and not two_experts:
         raise ValueError("--offload-idle-expert is for two-expert models (Wan2.2 A14B); this model has one")
+    if config.loras and two_experts:
+        raise ValueError(f"--lora: {TWO_EXPERT_LORAS}")
     if request is not None or config.warmup:  # the request, and each warm-up size as a request of that size
         from dit.request import GenerationRequest, check_numbers
         from dit.shape import request_limits

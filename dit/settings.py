@@ -101,6 +101,11 @@ def _warmup_sizes(text: str) -> tuple[tuple[int, int, int], ...]:
     return tuple(_warmup_size(part) for part in text.replace(";", ",").replace(" ", ",").split(",") if part)
 
 
+TWO_EXPERT_LORAS = (
+    "LoRAs on a two-expert model (Wan2.2 A14B) are not supported: each expert takes its own file"
+)
+
+
 @dataclass
 class PipelineConfig:
     # "tiny" (trained, shipped), a preset ("tiny-random", "wan2.1-1.3b", ...) or a folder. On the command line
@@ -188,7 +193,8 @@ class PipelineConfig:
         "per-token activation scales; half the weight memory, lossy)",
         key=True,
     )
-    # (safetensors file, strength) LoRAs merged into the DiT's weights at load (dit.lora: layouts accepted)
+    # (safetensors file, strength) LoRAs merged into the DiT's weights at load (dit.lora: layouts accepted);
+    # not on a two-expert model (TWO_EXPERT_LORAS)
     loras: tuple[tuple[str, float], ...] = setting(
         (),
         "merge LoRA safetensors files into the DiT at load, each PATH[:STRENGTH] (strength 1 by default); "

@@ -210,7 +210,8 @@ def test_a_stopped_one_rank_generate_leaves_no_partial_video(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_offloading_an_idle_expert_of_a_one_expert_model_is_refused(capsys):
+def test_expert_settings_that_do_not_fit_the_model_are_refused_before_any_rank(tmp_path, capsys, monkeypatch):
+    import dit.cli
     from server.cli import main
 
     assert main(["generate", "a red circle", "--offload-idle-expert"]) == 2  # as --guidance-2 is
@@ -218,6 +219,13 @@ def test_offloading_an_idle_expert_of_a_one_expert_model_is_refused(capsys):
         "--offload-idle-expert is for two-expert models (Wan2.2 A14B); this model has one"
         in capsys.readouterr().err
     )
+    monkeypatch.setattr(dit.cli, "run_on_ranks", lambda *a, **k: pytest.fail("ranks launched"))
+    lora = tmp_path / "x.safetensors"
+    lora.write_bytes(b"")  # refused for the model before the file is read
+    assert (
+        main(["generate", "a fox", "--preset", "tiny-moe-random", "--nproc", "2", "--lora", str(lora)]) == 2
+    )
+    assert "error: --lora: LoRAs on a two-expert model (Wan2.2 A14B)" in capsys.readouterr().err
 
 
 def test_a_save_latents_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys):
