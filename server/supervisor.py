@@ -212,7 +212,17 @@ class Supervisor:
         self._thread = threading.Thread(target=self._loop, name="supervisor", daemon=True)
 
     def start(self) -> None:
-        for group in {w["group_id"] for w in self.store.workers(instance=self.config.instance)}:
+        instance, now = self.config.instance, time.time()
+        groups: dict[str, float] = {}  # group → its newest heartbeat
+        for row in self.store.workers(instance=instance):
+            groups[row["group_id"]] = max(groups.get(row["group_id"], 0.0), row["heartbeat_at"])
+        for group, beat in groups.items():
+            if now - beat < FRESH_HEARTBEAT_S and not self.store.drain_requested(group):
+                log.warning(  # a group left behind, or another live server under the same name
+                    "worker group %s of instance %r beat %.1f s ago and was not draining: asking it to drain "
+                    "and re-queuing its jobs; if another server runs as %r, give each its own --instance "
+                    "(ITHACA_INSTANCE)", group, instance, now - beat, instance,
+                )  # fmt: skip
             self.store.request_drain(group)  # a killed server's group must not claim beside ours
         for job in self.store.in_progress(instance=self.config.instance):
             self._requeue(job, "interrupted when the server stopped while it ran")

@@ -96,10 +96,13 @@ def slow(tmp_path_factory):
 
 def test_a_server_drains_groups_an_earlier_one_of_its_instance_left(slow):
     """Where the parent-death signal cannot act (a group started apart, another PID namespace), the new
-    server's supervisor asks every group of its instance to drain (stop claiming) before it starts its own."""
+    server's supervisor asks every group of its instance to drain (stop claiming) before it starts its own;
+    one still beating may be another live server's under the same name, which the log says."""
     store = JobStore(os.path.join(slow.data_dir, "jobs.db"))
     assert store.drain_requested("leftover")
     assert not store.drain_requested(slow.client.get("/ready").json()["group"])
+    warned = [json.loads(line)["message"] for line in slow.log().splitlines() if "leftover" in line]
+    assert any("if another server runs as 'box', give each its own --instance" in m for m in warned), warned
 
 
 def test_the_ranks_keep_compiled_graphs_in_the_data_folder(slow):
