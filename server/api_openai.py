@@ -169,6 +169,14 @@ def map_request(fields: dict, info: dict) -> dict:
     422 naming the field and the allowed range; inside them, the nearest frame count at the model's fps and
     the nearest allowed width and height."""
     limits, defaults = info.get("limits", {}), info.get("defaults", {})
+    asked = [name for name in ("seconds", "size") if fields.get(name) is not None]
+    if asked and not limits:  # the frame rate and sizes come from the workers (an API-only box before them)
+        raise HTTPException(
+            503,
+            f"{' and '.join(asked)}: the model's frame rate and limits are not known until a worker group "
+            "has started; try again (or send the job without them, to run at the model's defaults)",
+            headers={"Retry-After": "5"},
+        )
     spec: dict = {"prompt": fields.get("prompt")}  # the prompt rules are both APIs': Services.check_prompts
     if fields.get(loras_mod.FIELD) is not None:  # read by _create_fields
         spec[loras_mod.FIELD] = fields[loras_mod.FIELD]

@@ -465,3 +465,17 @@ def test_a_prompt_outside_a_declared_vocabulary_is_warned_of_on_both_apis(client
     assert client.post("/generate", json={"prompt": "a red fox in snow"}).json()["warnings"] == []
     assert client.post("/v1/videos", json={"prompt": "a paper boat"}).json()["warnings"] == []
     assert client.get("/limits").json()["vocabulary"] is None
+
+
+def test_v1_seconds_and_size_wait_for_the_models_limits(tmp_path):
+    """An API-only box before any worker group published the model's limits cannot turn seconds and a size
+    into frames and pixels: a 503 to retry (it took them at 16 fps and unchecked, and the job failed later
+    naming num_frames, a field the client never sent). Without them the job runs at the model's defaults."""
+    from testing.published import published_app
+
+    with TestClient(published_app(tmp_path), raise_server_exceptions=False) as client:
+        r = client.post("/v1/videos", data={"prompt": "a fox", "seconds": "4", "size": "832x480"})
+        assert r.status_code == 503 and r.headers["retry-after"] == "5", r.text
+        error = r.json()["error"]
+        assert error["message"].startswith("seconds and size: the model's frame rate and limits are not")
+        assert client.post("/v1/videos", json={"prompt": "a fox"}).status_code == 200
