@@ -57,7 +57,6 @@ import signal
 import sys
 import threading
 import time
-import traceback
 import uuid
 from functools import partial
 
@@ -438,9 +437,10 @@ def _start(config: ServeConfig, group_id: str) -> Worker:
 
 
 def _fail(config: ServeConfig, group_id: str, error: BaseException) -> None:
-    """Print the traceback, record the first error of the group for the supervisor, exit at once."""
-    traceback.print_exc()
+    """Log the traceback (in the log's format: one JSON object with --log-format json), record the first
+    error of the group for the supervisor, exit at once."""
     rank = os.environ.get("RANK", "0")
+    log.critical("rank %s failed: %s: %s", rank, type(error).__name__, error, exc_info=error)
     if config.node_rank != 0:  # a --no-api node has no job store: its error stays in its log
         _exit_now()
     try:

@@ -8,6 +8,7 @@ run in order and share one data folder (one job store) across server restarts.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -139,14 +140,17 @@ def test_api_restart_runs_queued_jobs_and_requeues_the_interrupted_one(data_dir)
 
 
 def test_group_that_never_becomes_ready_ends_the_server(tmp_path):
-    srv = ServerProcess(
-        tmp_path, "--pipeline-module", "tests.no_such_pipeline", "--restart-budget", "2", restarts=True
-    )
+    srv = ServerProcess(tmp_path, "--pipeline-module", "tests.no_such_pipeline", "--restart-budget", "2",
+                        "--log-format", "json", restarts=True)  # fmt: skip
     try:
         assert srv.proc.wait(timeout=120) == 1  # non-zero: the container's restart policy takes over
         last = srv.log().strip().splitlines()[-1]  # the last line says why: the failing rank's first error
         assert "failed 2 times in a row before becoming ready" in last
         assert "ModuleNotFoundError: No module named 'tests.no_such_pipeline'" in last
+        # the failing rank's traceback is a log record too (it was printed, many lines outside the JSON)
+        failed = [json.loads(line) for line in srv.log().splitlines() if '"rank 0 failed' in line]
+        assert failed and "Traceback" in failed[0]["exception"]
+        assert not any(line.startswith(("Traceback", "  File ")) for line in srv.log().splitlines())
     finally:
         srv.stop()
 
