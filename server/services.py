@@ -262,9 +262,11 @@ class Services:
 
     def preview(self, job: Job) -> bytes:
         """The job's latest live preview, a WebP (404 before its first, or when the file is gone)."""
-        webp = None if job.preview_step is None else videos.read_preview(self.config.videos_dir, job.id)
-        if webp is None:
+        if job.preview_step is None:
             raise HTTPException(404, f"job {job.id} has no preview yet (status {job.status})")
+        webp = videos.read_preview(self.config.videos_dir, job.id)
+        if webp is None:  # written, but not here: another server's, its results folder not shared
+            raise HTTPException(404, videos.missing_video(self.config, job, "preview"))
         return webp
 
     def _video_file(self, job: Job) -> str | None:

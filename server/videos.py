@@ -39,16 +39,17 @@ def video_file(config, job: Job) -> str:
     return os.path.join(config.videos_dir, os.path.basename(job.video or ""))
 
 
-def missing_video(config, job: Job) -> str:
-    """Why a completed job's MP4 is not in this server's results folder, for its 404. Servers sharing a job
-    store (PostgreSQL) serve every job's video only when their results folders are one shared folder."""
+def missing_video(config, job: Job, what: str = "video") -> str:
+    """Why a job's MP4 (or its `what`: "preview") is not in this server's results folder, for its 404.
+    Servers sharing a job store (PostgreSQL) serve every job's files only when their results folders are one
+    shared folder."""
     if job.instance and job.instance != config.instance:
         return (
-            f"the video of job {job.id} is not in this server's results folder ({config.videos_dir}): server "
-            f"{job.instance!r} wrote it; servers that share a job store must share the results folder "
+            f"the {what} of job {job.id} is not in this server's results folder ({config.videos_dir}): "
+            f"server {job.instance!r} wrote it; servers that share a job store must share the results folder "
             "(--results-dir on a shared file system)"
         )
-    return f"the video of job {job.id} is gone from {config.videos_dir}"
+    return f"the {what} of job {job.id} is gone from {config.videos_dir}"
 
 
 def input_path(videos_dir: str, job_id: str) -> str:

@@ -214,3 +214,17 @@ def test_the_document_describes_what_the_routes_take(client):
     for text in ("0x480", "832x0", "00x480", "0016x0480", "99999x1", "1x1", "832x480"):
         r = client.post("/v1/videos", data={"prompt": "fox", "size": text})
         assert (r.status_code != 422) == bool(size.fullmatch(text)), (text, r.text)
+
+
+def test_a_file_another_server_wrote_is_a_404_naming_it(client):
+    """Servers sharing a store but not a results folder: the video's and the preview's 404 name the server
+    that wrote them (the preview's said "no preview yet" of a completed job)."""
+    store = client.app.state.services.store
+    job, _ = store.create({"prompt": "fox"})
+    store.claim("other/g/replica0", "other-box")
+    store.set_preview(job.id, "other/g/replica0", 2)
+    store.finish(job.id, "other/g/replica0", "completed", video=f"{job.id}.mp4")
+    for url in (f"/jobs/{job.id}/video", f"/jobs/{job.id}/preview"):
+        r = client.get(url)
+        assert r.status_code == 404 and "server 'other-box' wrote it" in r.json()["detail"], (url, r.text)
+    assert "the preview of job" in client.get(f"/jobs/{job.id}/preview").json()["detail"]
