@@ -53,14 +53,22 @@ def _unready_reason(supervisor) -> str:
     return supervisor.unready() if supervisor else "no worker group of this job store serves (--no-workers)"
 
 
-@router.get("/metrics", response_class=PlainTextResponse, responses=responses(401, 503))
+@router.get("/metrics", response_class=PlainTextResponse, responses=responses(401))
 def prometheus(request: Request):
+    """Answered through a store outage too (a scrape that failed would read as a server down): the series
+    the store holds are left out then, and `ithaca_store_up` says why."""
     services = svc(request)
+    try:
+        counts, counters, info = services.store.counts(), services.store.counters(), services.worker_info()
+        ready = services.ready()
+    except StoreBusy:
+        counts = counters = None
+        info, ready = {}, False
     text = metrics.render(
-        counts=services.store.counts(),
-        counters=services.store.counters(),
+        counts=counts,
+        counters=counters,
         restarts=services.supervisor.restarts if services.supervisor else 0,
-        ready=services.ready(),
-        comm=services.worker_info().get("comm"),
+        ready=ready,
+        comm=info.get("comm"),
     )
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")

@@ -67,37 +67,38 @@ def lora_switches(count: int, seconds: float | None) -> dict[str, float]:
 
 def render(
     *,
-    counts: dict[str, int],
-    counters: dict[str, float],
+    counts: dict[str, int] | None,
+    counters: dict[str, float] | None,
     restarts: int,
     ready: bool,
     comm: dict | None = None,
 ) -> str:
+    """The exposition; `counts` and `counters` None: the store did not answer, and the series it holds are
+    left out (`ithaca_store_up` 0), so a scrape still reads the rest."""
     lines = [
-        "# HELP ithaca_queue_depth Jobs waiting to run",
-        "# TYPE ithaca_queue_depth gauge",
-        f"ithaca_queue_depth {counts.get('queued', 0)}",
-        "# HELP ithaca_jobs Jobs in the store by state",
-        "# TYPE ithaca_jobs gauge",
-        *(f'ithaca_jobs{{state="{state}"}} {n}' for state, n in counts.items()),
+        "# HELP ithaca_store_up Whether the job store answered this scrape",
+        "# TYPE ithaca_store_up gauge",
+        f"ithaca_store_up {int(counts is not None)}",
+    ]
+    if counts is not None:
+        lines += [
+            "# HELP ithaca_queue_depth Jobs waiting to run",
+            "# TYPE ithaca_queue_depth gauge",
+            f"ithaca_queue_depth {counts.get('queued', 0)}",
+            "# HELP ithaca_jobs Jobs in the store by state",
+            "# TYPE ithaca_jobs gauge",
+            *(f'ithaca_jobs{{state="{state}"}} {n}' for state, n in counts.items()),
+        ]
+    lines += [
         "# HELP ithaca_worker_restarts_total Worker group restarts by this server's supervisor",
         "# TYPE ithaca_worker_restarts_total counter",
         f"ithaca_worker_restarts_total {restarts}",
         "# HELP ithaca_ready Whether the worker group is loaded and answering",
         "# TYPE ithaca_ready gauge",
         f"ithaca_ready {int(ready)}",
-        f"# HELP {EVALUATIONS} Transformer passes of completed jobs (one per CFG pass per step), run in "
-        "full or skipped by the step cache",
-        f"# TYPE {EVALUATIONS} counter",
-        *(f'{EVALUATIONS}{{result="{r}"}} {int(counters.get(f"{EVALUATIONS}:{r}", 0))}' for r in RESULTS),
-        f"# HELP {LORA_SWITCHES} Changes of a replica's applied LoRA set (--lora-dir) between jobs, to "
-        "another set or back to the base weights",
-        f"# TYPE {LORA_SWITCHES} counter",
-        f"{LORA_SWITCHES} {int(counters.get(LORA_SWITCHES, 0))}",
-        f"# HELP {LORA_SWITCH_SECONDS} Seconds those switches took (base restored, files read, merged)",
-        f"# TYPE {LORA_SWITCH_SECONDS} counter",
-        f"{LORA_SWITCH_SECONDS} {counters.get(LORA_SWITCH_SECONDS, 0.0)}",
     ]
+    if counters is not None:
+        lines += _counted(counters)
     if comm:
         lines += [
             "# HELP ithaca_comm_mode The sequence-parallel exchange in use (1 for its mode)",
@@ -112,6 +113,30 @@ def render(
                 "# TYPE ithaca_comm_probe_ms gauge",
                 *(f'ithaca_comm_probe_ms{{mode="{row["mode"]}"}} {row["ms"]:.4g}' for row in probed),
             ]
+    if counters is not None:
+        lines += _histograms(counters)
+    return "\n".join(lines) + "\n"
+
+
+def _counted(counters: dict[str, float]) -> list[str]:
+    """The store's counters: transformer evaluations and LoRA switches."""
+    return [
+        f"# HELP {EVALUATIONS} Transformer passes of completed jobs (one per CFG pass per step), run in "
+        "full or skipped by the step cache",
+        f"# TYPE {EVALUATIONS} counter",
+        *(f'{EVALUATIONS}{{result="{r}"}} {int(counters.get(f"{EVALUATIONS}:{r}", 0))}' for r in RESULTS),
+        f"# HELP {LORA_SWITCHES} Changes of a replica's applied LoRA set (--lora-dir) between jobs, to "
+        "another set or back to the base weights",
+        f"# TYPE {LORA_SWITCHES} counter",
+        f"{LORA_SWITCHES} {int(counters.get(LORA_SWITCHES, 0))}",
+        f"# HELP {LORA_SWITCH_SECONDS} Seconds those switches took (base restored, files read, merged)",
+        f"# TYPE {LORA_SWITCH_SECONDS} counter",
+        f"{LORA_SWITCH_SECONDS} {counters.get(LORA_SWITCH_SECONDS, 0.0)}",
+    ]
+
+
+def _histograms(counters: dict[str, float]) -> list[str]:
+    lines = []
     for name, (buckets, help_text, label) in _HISTOGRAMS.items():
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
         for value in label[1] if label else [None]:
@@ -127,7 +152,7 @@ def render(
                 f"{_series(f'{name}_count', **labels)} {count}",
                 f"{_series(f'{name}_sum', **labels)} {counters.get(_key(name, 'sum', value), 0.0)}",
             ]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _series(name: str, **labels) -> str:

@@ -228,3 +228,19 @@ def test_a_file_another_server_wrote_is_a_404_naming_it(client):
         r = client.get(url)
         assert r.status_code == 404 and "server 'other-box' wrote it" in r.json()["detail"], (url, r.text)
     assert "the preview of job" in client.get(f"/jobs/{job.id}/preview").json()["detail"]
+
+
+def test_metrics_answer_through_a_store_outage(client, monkeypatch):
+    """A scrape that failed would read as the server down: /metrics answers, the store's series left out and
+    `ithaca_store_up 0` saying why (it was a 503)."""
+    from server.store import StoreBusy
+
+    assert "ithaca_store_up 1" in client.get("/metrics").text
+
+    def busy(*args, **kwargs):
+        raise StoreBusy("the job store is unreachable")
+
+    monkeypatch.setattr(client.app.state.services.store, "counts", busy)
+    r = client.get("/metrics")
+    assert r.status_code == 200 and "ithaca_store_up 0" in r.text and "ithaca_ready 0" in r.text
+    assert "ithaca_queue_depth" not in r.text and "ithaca_worker_restarts_total 0" in r.text
