@@ -241,7 +241,7 @@ class ServeConfig:
         parse=_checkpoint_every,
     )
     restart_budget: int = _opt(
-        3, "consecutive worker-group failures before the server exits", parse=_at_least(0)
+        3, "consecutive worker-group failures before the server exits", parse=_at_least(1)
     )
     orphan_timeout: float = _opt(
         60.0,

@@ -61,6 +61,7 @@ def test_a_bad_value_names_its_variable_or_flag(capsys):
         ({"ITHACA_MAX_BATCH": "0"}, "ITHACA_MAX_BATCH: must be 1 or more, not 0"),
         ({"ITHACA_DATA_DIR": ""}, "ITHACA_DATA_DIR: must not be empty, not ''"),
         ({"ITHACA_INSTANCE": " "}, "ITHACA_INSTANCE: must not be empty, not ' '"),
+        ({"ITHACA_RESTART_BUDGET": "0"}, "ITHACA_RESTART_BUDGET: must be 1 or more, not 0"),  # it acted as 1
     ):
         with pytest.raises(ValueError) as e:
             _parse([], env)
