@@ -280,7 +280,10 @@ _WEIGHTS = ("transformer", "transformer_2")
 def check_parts(folder: Path) -> None:
     """ValueError unless a pipeline folder holds every part its `model_index.json` names, and its
     transformers their weights: the loader would otherwise put the tiny random VAE or text encoder in the
-    place of a missing one, and make noise, or a video that ignores its prompt."""
+    place of a missing one, and make noise, or a video that ignores its prompt. Each part's JSON files must
+    read and its safetensors files hold what their headers list, named when not: a part only the replica
+    leader loads (the text encoder, the image encoder) broke only that rank, and the others said so in a
+    collective's traceback."""
     index = folder / "model_index.json"
     if not index.is_file():  # a transformer folder alone
         return
@@ -299,6 +302,30 @@ def check_parts(folder: Path) -> None:
     for part in _WEIGHTS:
         if (folder / part).is_dir() and not any((folder / part).glob("*.safetensors")):
             raise ValueError(f"{part}/ holds no *.safetensors weights: copy the whole pipeline folder")
+    parts = [folder / part for part in named if not part.startswith("_") and (folder / part).is_dir()]
+    for path in sorted(p for part in parts for p in part.iterdir()):
+        if path.suffix == ".json":
+            _read_json(path)
+        elif path.suffix == ".safetensors":
+            _check_safetensors(path)
+
+
+def _check_safetensors(path: Path) -> None:
+    """ValueError naming a file that is not safetensors, or holds less data than its header lists (cut short
+    in a copy). Reads the header alone: torch-free and quick, before any rank starts."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        length = int.from_bytes(f.read(8), "little") if size >= 8 else -1
+        try:
+            header = json.loads(f.read(length)) if 0 < length <= size - 8 else None
+        except ValueError:
+            header = None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path} is not a readable safetensors file (its header does not read)")
+    ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
+    needed = 8 + length + max(ends, default=0)
+    if size < needed:
+        raise ValueError(f"{path} is cut short ({size} of its {needed} bytes): copy it again")
 
 
 # A folder's fixed schedule: a list of timesteps under this key (LightX2V's name for it) in its

@@ -256,8 +256,8 @@ def _copy_of_tiny(tmp_path) -> Path:
 
 def test_a_folder_missing_a_part_is_refused_not_stood_in_for(tmp_path, capsys):
     """A pipeline folder without its vae/ or text_encoder/ made noise, or a video that ignored its prompt:
-    the tiny random stand-ins took their place. Refused before the model loads, and by load_pipeline; weights
-    cut short in a copy are one line too, once the load finds them."""
+    the tiny random stand-ins took their place. Refused before any rank starts, and by load_pipeline, as are
+    a part's config that is not JSON and weights cut short in a copy, each named."""
     from dit.pipeline import PipelineConfig, load_pipeline
     from server.cli import main
 
@@ -277,6 +277,12 @@ def test_a_folder_missing_a_part_is_refused_not_stood_in_for(tmp_path, capsys):
             f / "scheduler/scheduler_config.json"
         ).write_text("{"),
         "diffusion_pytorch_model.safetensors is not a readable safetensors file": cut_short,
+        # parts rank 0 alone loads: on 2 ranks the other said a collective's traceback, exit 1
+        "text_encoder/model.safetensors is cut short (5000 of its": lambda f: os.truncate(
+            f / "text_encoder/model.safetensors", 5000
+        ),
+        "tokenizer/tokenizer.json is not JSON": lambda f: (f / "tokenizer/tokenizer.json").write_text("{bad"),
+        "vae/config.json is not JSON": lambda f: (f / "vae/config.json").write_text("{bad"),
     }
     for i, (said, damage) in enumerate(breaks.items()):
         folder = _copy_of_tiny(tmp_path / str(i))
@@ -284,7 +290,8 @@ def test_a_folder_missing_a_part_is_refused_not_stood_in_for(tmp_path, capsys):
         with pytest.raises(ValueError, match=re.escape(said)):
             load_pipeline(PipelineConfig(model=str(folder), device="cpu"))
         out = tmp_path / "x.mp4"
-        assert main(["generate", "a red circle", "--model-path", str(folder), "--out", str(out)]) == 2
+        argv = ["generate", "a red circle", "--model-path", str(folder), "--out", str(out), "--nproc", "2"]
+        assert main(argv) == 2  # said before any rank starts
         assert said in capsys.readouterr().err and not out.exists()
 
 
