@@ -9,6 +9,7 @@ running job is cancelled. Screenshots go to pytest's tmp_path."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -304,6 +305,24 @@ def test_a_long_queue_leaves_the_page_connections_to_submit(browser, tmp_path):
         publish(store, TINY_LIMITS, config.image_limits, loras=LORA_CATALOGUE)
         store.close()
         page.get_by_text("1 in the catalogue").wait_for(timeout=10_000)
+
+        # a restart with another model: a value typed stays, one the page filled in takes the new default;
+        # an image the model needs is asked for, and no longer once the next model takes none (the hidden
+        # input stayed required and Generate did nothing, without a word)
+        page.get_by_label("Width").fill("48")
+        steps = page.get_by_label("Steps")
+        for model, shown in ((replace(TINY_LIMITS, image=True, default_steps=5), True), (TINY_LIMITS, False)):
+            store = open_store(config)
+            publish(store, model, config.image_limits)
+            store.close()
+            page.locator("#image-field").wait_for(state="visible" if shown else "hidden", timeout=10_000)
+            assert page.locator("#image").evaluate("input => input.required") is shown
+            assert (
+                steps.input_value() == str(model.default_steps)
+                and page.get_by_label("Width").input_value() == "48"
+            )
+        page.get_by_role("button", name="Generate").click()
+        page.locator("li.job", has_text="one more").nth(1).wait_for(timeout=10_000)  # sent: nothing blocks it
     finally:
         context.close()
         server.stop()

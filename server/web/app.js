@@ -114,8 +114,9 @@ function applyLimits({ model, limits, vocabulary: declared, loras }) {
     input.max = spec.max;
     // HTML counts `step` from `min`, as the published multiple is counted
     input.step = spec.multiple_of || (name === "guidance_scale" ? "any" : 1);
-    // read again after a key is entered: a value the user typed stays while the model still takes it
-    const kept = input.value !== "" && input.checkValidity();
+    // read again after a key is entered, or a restart with another model: a value the user typed stays
+    // while the model still takes it; one the page filled in becomes this model's default
+    const kept = input.dataset.typed === "1" && input.value !== "" && input.checkValidity();
     if (spec.default !== undefined && !kept) input.value = spec.default;
     const every = spec.multiple_of ? ` in steps of ${spec.multiple_of}` : "";
     $(`${name}-hint`).textContent = spec.min === spec.max ? `fixed: ${spec.min}` : `${spec.min}–${spec.max}${every}`;
@@ -123,9 +124,9 @@ function applyLimits({ model, limits, vocabulary: declared, loras }) {
   const image = limits.image;
   const takesImage = Boolean(image && (image.required || image.optional));
   $("image-field").hidden = !takesImage;
+  $("image").required = takesImage && Boolean(image.required); // a hidden required input blocks the submit
   if (takesImage) {
     const input = $("image");
-    input.required = image.required;
     input.accept = image.formats.join(",");
     const mb = (image.max_bytes / 2 ** 20).toFixed(0);
     $("image-hint").textContent = `${image.required ? "required" : "optional"}: PNG, JPEG or WebP, at most ${mb} MiB`;
@@ -197,6 +198,7 @@ function hintPrompt() {
 }
 
 $("prompt").addEventListener("input", hintPrompt);
+for (const name of NUMBERS) $(name).addEventListener("input", () => ($(name).dataset.typed = "1"));
 
 $("generate-form").addEventListener("submit", async (event) => {
   event.preventDefault();
