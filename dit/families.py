@@ -320,9 +320,12 @@ def _check_safetensors(path: Path) -> None:
             header = json.loads(f.read(length)) if 0 < length <= size - 8 else None
         except ValueError:
             header = None
-    if not isinstance(header, dict):
+    try:
+        ends = [int(entry["data_offsets"][1]) for key, entry in header.items() if key != "__metadata__"]
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError):  # no header, or not of tensors
+        ends = None
+    if ends is None:
         raise ValueError(f"{path} is not a readable safetensors file (its header does not read)")
-    ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
     needed = 8 + length + max(ends, default=0)
     if size < needed:
         raise ValueError(f"{path} is cut short ({size} of its {needed} bytes): copy it again")

@@ -295,6 +295,28 @@ def test_a_folder_missing_a_part_is_refused_not_stood_in_for(tmp_path, capsys):
         assert said in capsys.readouterr().err and not out.exists()
 
 
+def test_a_weights_header_is_read_without_torch_and_its_data_counted(tmp_path):
+    """What the parts check reads of a safetensors file: its header, and the size the header promises."""
+    import json
+    import struct
+
+    from dit.families import _check_safetensors
+
+    def write(name: str, header, data: bytes = b"") -> Path:
+        text = json.dumps(header).encode()
+        (tmp_path / name).write_bytes(struct.pack("<Q", len(text)) + text + data)
+        return tmp_path / name
+
+    entry = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+    _check_safetensors(write("whole.safetensors", {"a": entry, "__metadata__": {"format": "pt"}}, b"x" * 8))
+    with pytest.raises(ValueError, match=r"short.safetensors is cut short \(\d+ of its \d+ bytes\)"):
+        _check_safetensors(write("short.safetensors", {"a": entry}, b"x" * 4))
+    (tmp_path / "junk.safetensors").write_bytes(b"\xff" * 20)
+    for path in (write("odd.safetensors", {"a": [1, 2]}), tmp_path / "junk.safetensors"):
+        with pytest.raises(ValueError, match="is not a readable safetensors file"):
+            _check_safetensors(path)
+
+
 def test_a_request_mistake_is_reported_before_any_model_code_loads(tmp_path):
     """The limits come from the folder's configs and card: diffusers, transformers (and the peft diffusers
     pulls in) are never imported, which is what made a wrong --frames take the model's load time."""
