@@ -43,6 +43,7 @@ class SafeJSONResponse(JSONResponse):
 
 
 def shown(value, limit: int = 80) -> str:
-    """A client's value as an error message quotes it: its repr (which escapes lone surrogates), cut short."""
-    text = repr(value)
+    """A client's value as an error message quotes it: its repr (which escapes lone surrogates), cut short;
+    true, false and null as the client wrote them (JSON), not Python's True, False and None."""
+    text = json.dumps(value) if value is None or isinstance(value, bool) else repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

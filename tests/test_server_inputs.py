@@ -337,6 +337,8 @@ def test_v1_takes_a_seed_and_says_it(client):
     for bad in (2**63, -1, "abc", True, 1.5):
         r = client.post("/v1/videos", json={"prompt": "fox", "seed": bad})
         assert r.status_code == 422 and _field(r) == "seed", r.text
+    r = client.post("/v1/videos", json={"prompt": "fox", "seconds": True})  # quoted as the client wrote it
+    assert r.status_code == 422 and r.json()["error"]["message"].startswith("seconds=true must be a number")
 
 
 def test_a_store_from_an_earlier_version_gains_the_hash_column(tmp_path):
