@@ -133,8 +133,8 @@ def launch_group(config: ServeConfig, group_id: str) -> subprocess.Popen:
     )
 
 
-def _times(n: int) -> str:
-    return "once" if n == 1 else f"{n} times"
+def _in_a_row(n: int) -> str:
+    return "once" if n == 1 else f"{n} times in a row"
 
 
 def kill_group(proc: subprocess.Popen | None, group_id: str | None, sig=signal.SIGKILL) -> None:
@@ -176,7 +176,7 @@ class NodeShare:
                 return
             quick = quick + 1 if time.monotonic() - started < RELAUNCH_STABLE_S else 0
             if quick >= self.config.relaunch_budget:
-                self.fatal = (f"this node's share of the worker group exited {_times(quick)} in a row within "
+                self.fatal = (f"this node's share of the worker group exited {_in_a_row(quick)} within "
                               f"{RELAUNCH_STABLE_S:g} s of its launch, the last time with code {code} (its "
                               "error is above)")  # fmt: skip
                 log.critical("%s; giving up", self.fatal)
@@ -331,7 +331,7 @@ class Supervisor:
         if self._failures_in_a_row < self.config.restart_budget:
             return False
         self.fatal = (
-            f"the worker group failed {_times(self._failures_in_a_row)} in a row before becoming ready; "
+            f"the worker group failed {_in_a_row(self._failures_in_a_row)} before becoming ready; "
             f"the last time: {error or f'exit code {code}, see the log above'}"
         )
         log.critical("%s; stopping the server", self.fatal)
