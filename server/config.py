@@ -73,8 +73,11 @@ def _store_url(text: str) -> str:
     if not text.startswith(("sqlite:///", "postgresql://", "postgres://")):
         raise ValueError(f"must be sqlite:///PATH or postgresql://USER@HOST:PORT/DB, not {text!r}")
     path = text.removeprefix("sqlite:///") if text.startswith("sqlite:///") else None
-    # SQLite would give each connection a database of its own (empty, :memory:), or a file named as the query
-    if path is not None and (path in ("", ":memory:") or path.endswith("/") or "?" in path):
+    # SQLite would give each connection a database of its own (empty, :memory:), or a file named as the
+    # query; a folder cannot be one
+    if path is not None and (
+        path in ("", ":memory:") or path.endswith("/") or "?" in path or os.path.isdir(path)
+    ):
         raise ValueError(
             f"must name a file the server's processes share: sqlite:///PATH (relative) or "
             f"sqlite:////ABSOLUTE/PATH, no query, not {text!r}"

@@ -70,7 +70,13 @@ def test_a_bad_value_names_its_variable_or_flag(capsys):
         _parse(["--ring", "two"], {})
     assert "argument --ring: 'two' is not an integer" in capsys.readouterr().err
     # a store each connection would see afresh (every request a 500), or a file named after the query
-    for url in ("sqlite:///", "sqlite:///:memory:", "sqlite:///jobs/", "sqlite:////srv/jobs.db?mode=ro"):
+    for url in (
+        "sqlite:///",
+        "sqlite:///:memory:",
+        "sqlite:///jobs/",
+        "sqlite:////srv/jobs.db?mode=ro",
+        "sqlite:///.",
+    ):
         with pytest.raises(ValueError, match="must name a file the server's processes share"):
             _parse([], {"ITHACA_STORE": url})
     assert _parse([], {"ITHACA_STORE": "sqlite:////srv/jobs.db"}).db_path == "/srv/jobs.db"
