@@ -62,5 +62,14 @@ def local_model(model: str | None) -> str | None:
         raise ValueError(f"{named}: the repository has no revision {revision!r}") from None
     except HfHubHTTPError as e:
         raise ValueError(f"{named}: the Hub answered {str(e).splitlines()[0]}") from None
+    from dit.families import check_parts
+
+    try:  # a download that stopped part way: said of the name, with what mends it
+        check_parts(Path(folder))
+    except ValueError as e:
+        raise ValueError(
+            f"{named}: its cached snapshot {folder} is incomplete ({e}); download it again (hf download "
+            f"{repo}{f' --revision {revision}' if revision else ''})"
+        ) from None
     os.environ["HF_HUB_OFFLINE"] = "1"  # for the processes this one starts: the files are cached now
     return folder

@@ -65,3 +65,24 @@ def test_serve_takes_a_hub_name(hub_env, tmp_path):
         assert model.endswith(os.path.join("models--acme--tiny-video", "snapshots", REVISION)), model
     finally:
         srv.stop()
+
+
+def test_a_snapshot_a_download_left_incomplete_says_download_it_again(hub_env, tmp_path, monkeypatch):
+    """It was refused as a folder lacking a part, named by its cache path, with a copy's advice."""
+    from dit.hub import local_model
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--acme--partial" / "snapshots" / REVISION
+    shutil.copytree(SHIPPED["tiny"], snapshot)
+    shutil.rmtree(snapshot / "vae")
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text(REVISION)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # read at import: no network asked
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+    with pytest.raises(ValueError) as e:
+        local_model("acme/partial")
+    assert str(e.value).startswith("--model-path acme/partial: its cached snapshot ")
+    assert "names vae/, which the folder lacks" in str(
+        e.value
+    ) and "download it again (hf download acme/partial)" in str(e.value)
