@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from dit.model_card import apply_card
+from dit.parts import read_json
 from dit.presets import PRESETS, SHIPPED, register_preset, resolve
 from dit.sampling import (
     FIXED_SCHEDULE_SAMPLERS,
@@ -262,73 +263,7 @@ def folder_config(folder: Path | None, component: str, file: str) -> dict:
     """A diffusers pipeline folder's `component/file` JSON, or {} when absent; ValueError naming the file
     when it is not JSON."""
     path = folder / component / file if folder is not None else None
-    return _read_json(path) if path is not None and path.is_file() else {}
-
-
-def _read_json(path: Path) -> dict:
-    """A config file's JSON; ValueError naming the file when it is not JSON."""
-    try:
-        return json.loads(path.read_text())
-    except ValueError as e:
-        raise ValueError(f"{path} is not JSON ({e})") from None
-
-
-# A part whose weights the loader reads from *.safetensors files
-_WEIGHTS = ("transformer", "transformer_2")
-
-
-def check_parts(folder: Path) -> None:
-    """ValueError unless a pipeline folder holds every part its `model_index.json` names, and its
-    transformers their weights: the loader would otherwise put the tiny random VAE or text encoder in the
-    place of a missing one, and make noise, or a video that ignores its prompt. Each part's JSON files must
-    read and its safetensors files hold what their headers list, named when not: a part only the replica
-    leader loads (the text encoder, the image encoder) broke only that rank, and the others said so in a
-    collective's traceback."""
-    index = folder / "model_index.json"
-    if not index.is_file():  # a transformer folder alone
-        return
-    named = _read_json(index)
-    missing = [
-        f"{part}/"
-        for part, spec in named.items()
-        if not part.startswith("_") and isinstance(spec, list) and spec[0] is not None
-        if not (folder / part).is_dir()
-    ]
-    if missing:
-        raise ValueError(
-            f"model_index.json names {' and '.join(missing)}, which the folder lacks: copy the whole "
-            "pipeline folder"
-        )
-    for part in _WEIGHTS:
-        if (folder / part).is_dir() and not any((folder / part).glob("*.safetensors")):
-            raise ValueError(f"{part}/ holds no *.safetensors weights: copy the whole pipeline folder")
-    parts = [folder / part for part in named if not part.startswith("_") and (folder / part).is_dir()]
-    for path in sorted(p for part in parts for p in part.iterdir()):
-        if path.suffix == ".json":
-            _read_json(path)
-        elif path.suffix == ".safetensors":
-            _check_safetensors(path)
-
-
-def _check_safetensors(path: Path) -> None:
-    """ValueError naming a file that is not safetensors, or holds less data than its header lists (cut short
-    in a copy). Reads the header alone: torch-free and quick, before any rank starts."""
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        length = int.from_bytes(f.read(8), "little") if size >= 8 else -1
-        try:
-            header = json.loads(f.read(length)) if 0 < length <= size - 8 else None
-        except ValueError:
-            header = None
-    try:
-        ends = [int(entry["data_offsets"][1]) for key, entry in header.items() if key != "__metadata__"]
-    except (AttributeError, KeyError, IndexError, TypeError, ValueError):  # no header, or not of tensors
-        ends = None
-    if ends is None:
-        raise ValueError(f"{path} is not a readable safetensors file (its header does not read)")
-    needed = 8 + length + max(ends, default=0)
-    if size < needed:
-        raise ValueError(f"{path} is cut short ({size} of its {needed} bytes): copy it again")
+    return read_json(path) if path is not None and path.is_file() else {}
 
 
 # A folder's fixed schedule: a list of timesteps under this key (LightX2V's name for it) in its

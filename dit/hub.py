@@ -62,7 +62,7 @@ def local_model(model: str | None) -> str | None:
         raise ValueError(f"{named}: the repository has no revision {revision!r}") from None
     except HfHubHTTPError as e:
         raise ValueError(f"{named}: the Hub answered {str(e).splitlines()[0]}") from None
-    from dit.families import check_parts
+    from dit.parts import check_parts
 
     try:  # a download that stopped part way: said of the name, with what mends it
         check_parts(Path(folder))

@@ -31,7 +31,6 @@ from dit.families import (
     TINY_LIMITS,
     Limits,
     ModelFamily,
-    check_parts,
     model_family,
     model_limits,
     pick_scheduler,
@@ -41,6 +40,7 @@ from dit.fp8_linear import QUANTS, quantise
 from dit.image import fit
 from dit.lora_catalogue import LoraCatalogue
 from dit.lora_switch import LoraSwitch, check_lora_dir, lora_switch
+from dit.parts import check_parts
 from dit.presets import resolve
 from dit.preview import LatentPreview, PreviewCallback, read_preview, vae_preview
 from dit.request import GenerationRequest, check_guidance, check_numbers, check_text

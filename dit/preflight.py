@@ -72,8 +72,9 @@ def preflight(
             "--attn-backend flash needs a CUDA device and flash-attn installed; use auto or sdpa"
         )
 
-    from dit.families import check_parts, model_family, model_names, pick_sampling
+    from dit.families import model_family, model_names, pick_sampling
     from dit.fp8_linear import QUANTS
+    from dit.parts import check_parts
     from dit.pipeline import DTYPES
     from dit.presets import resolve
     from dit.sampling import FIXED_SCHEDULE_SAMPLERS, SAMPLERS, FixedSchedule

@@ -300,7 +300,7 @@ def test_a_weights_header_is_read_without_torch_and_its_data_counted(tmp_path):
     import json
     import struct
 
-    from dit.families import _check_safetensors
+    from dit.parts import _check_safetensors
 
     def write(name: str, header, data: bytes = b"") -> Path:
         text = json.dumps(header).encode()
