@@ -78,9 +78,6 @@ _EVENT = {
 }
 
 
-# `cache`: off | fbcache[:THRESHOLD], the threshold 0 to 1 in at most 6 decimals
-
-
 def integral(value):
     """JSON's 9.0 is an integer (JSON Schema says so): as an int; any other value as it is."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
