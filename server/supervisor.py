@@ -217,9 +217,9 @@ class Supervisor:
 
     def start(self) -> None:
         instance, now = self.config.instance, time.time()
-        groups: dict[str, float] = {}  # group → its newest heartbeat
+        groups: dict[str, float] = {}  # group → its newest heartbeat (the rows come newest first)
         for row in self.store.workers(instance=instance):
-            groups[row["group_id"]] = max(groups.get(row["group_id"], 0.0), row["heartbeat_at"])
+            groups.setdefault(row["group_id"], row["heartbeat_at"])
         for group, beat in groups.items():
             if now - beat < FRESH_HEARTBEAT_S and not self.store.drain_requested(group):
                 log.warning(  # a group left behind, or another live server under the same name
