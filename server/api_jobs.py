@@ -15,6 +15,7 @@ import os
 import re
 import time
 from typing import Annotated, Literal
+from urllib.parse import parse_qsl
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -46,6 +47,8 @@ _BIG = 1_000_000
 VIDEO = {200: {"content": {"video/mp4": {"schema": {"type": "string", "format": "binary"}}}}}
 PREVIEW = {200: {"content": {"image/webp": {"schema": {"type": "string", "format": "binary"}}}}}
 MULTIPART = "multipart/form-data"
+URLENCODED = "application/x-www-form-urlencoded"
+_MAX_FIELDS = 1000  # Starlette's bound for a multipart form
 _GENERATE_TYPES = ("application/json", MULTIPART)
 # /generate's bodies in the OpenAPI document; `schema_with_limits` writes both schemas
 _GENERATE_BODY = {
@@ -224,10 +227,14 @@ async def form_fields(request: Request, file_field: str) -> dict:
     """A form's fields, text as it came; `file_field` alone may be a file part (its bytes). A text part may
     be as long as the body (a data URL in it, URL-encoded up to thrice its length in a urlencoded form): the
     middleware bounds the body, the fields' own rules the other fields."""
-    config = svc(request).config
-    form = await request.form(max_part_size=config.max_body_bytes + images.room(config.max_image_bytes))
+    if _media_type(request.headers) == URLENCODED:
+        items = _urlencoded(await request.body())
+    else:
+        config = svc(request).config
+        form = await request.form(max_part_size=config.max_body_bytes + images.room(config.max_image_bytes))
+        items = form.multi_items()
     parts = []
-    for key, item in form.multi_items():
+    for key, item in items:
         if isinstance(item, UploadFile):
             if key != file_field:
                 raise unprocessable(key, f"{shown(key)} cannot be a file; only {file_field} can")
@@ -239,6 +246,17 @@ async def form_fields(request: Request, file_field: str) -> dict:
         if keys.count(key) > 1:
             raise unprocessable(key, f"{shown(key)} is given {keys.count(key)} times; give it once")
     return dict(parts) | ({} if loras is None else {loras_mod.FIELD: loras})
+
+
+def _urlencoded(body: bytes) -> list[tuple[str, str]]:
+    """A urlencoded form's fields, read as UTF-8 (its only charset). Starlette reads the bytes as Latin-1,
+    so `curl -d 'prompt=café'` (raw UTF-8, not percent-encoded) would become "cafÃ©"."""
+    try:
+        return parse_qsl(body.decode(), keep_blank_values=True, errors="strict", max_num_fields=_MAX_FIELDS)
+    except UnicodeDecodeError:
+        raise HTTPException(400, "the form is not UTF-8 (raw or percent-encoded)") from None
+    except ValueError:  # more fields than any request has
+        raise HTTPException(400, f"the form has more than {_MAX_FIELDS} fields") from None
 
 
 def job_view(services: Services, job: Job) -> dict:

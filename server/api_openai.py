@@ -25,9 +25,11 @@ from dit.request import MAX_SEED
 from server import limits as limits_mod
 from server import loras as loras_mod
 from server.api_jobs import (
+    MULTIPART,
     PREVIEW,
     PROMPT_PATTERN,
     TEXT_PATTERN,
+    URLENCODED,
     VIDEO,
     form_fields,
     integral,
@@ -54,7 +56,7 @@ _SEED = re.compile(r"[0-9]{1,19}")  # not OpenAI's: the SDK sends it with extra_
 # The document's `seconds`: what `_seconds` takes, (0, 3600] (not 0, below 3600 or 3600 itself)
 _SECONDS_RULE = r"^(?!0+(\.0+)?$)(([0-9]{1,3}|[0-2][0-9]{3}|3[0-5][0-9]{2})(\.[0-9]{1,6})?|3600(\.0{1,6})?)$"
 MAX_MODEL_CHARS = 256
-_FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")
+_FORMS = (MULTIPART, URLENCODED)
 _FORM_SCHEMA = {
     "type": "object",
     "required": ["prompt"],

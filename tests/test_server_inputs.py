@@ -69,10 +69,22 @@ def test_utf7_form_cannot_smuggle_a_surrogate(client):
     r = client.post(
         "/v1/videos", content=b"prompt=%2B2AA-", headers={"content-type": "application/x-www-form-urlencoded"}
     )
-    assert r.status_code in (200, 422)  # urlencoded is read as UTF-8/latin-1: no surrogate can appear
+    assert r.status_code in (200, 422)  # urlencoded is read as UTF-8: no surrogate can appear
     form = b'--B\r\nContent-Disposition: form-data; name="prompt"\r\n\r\n+2AA-\r\n--B--\r\n'
     r = _raw(client, "/v1/videos", form, "multipart/form-data; charset=utf-7; boundary=B")
     assert r.status_code in (200, 422) and client.get("/v1/videos").status_code == 200
+
+
+def test_urlencoded_form_is_read_as_utf8(client):
+    """`curl -d 'prompt=…'` sends UTF-8 raw, not percent-encoded: the prompt must be the one typed."""
+    form = "application/x-www-form-urlencoded"
+    for body in ("prompt=a+café+fox&seed=3".encode(), b"prompt=a+caf%C3%A9+fox&seed=3"):
+        r = _raw(client, "/v1/videos", body, form)
+        assert r.status_code == 200, r.text
+        assert client.get(f"/jobs/{r.json()['id']}").json()["request"]["prompt"] == "a café fox"
+    for body in (b"prompt=caf\xe9", b"prompt=caf%E9"):  # Latin-1, raw or percent-encoded
+        r = _raw(client, "/v1/videos", body, form)
+        assert r.status_code == 400 and "not UTF-8" in r.text, r.text
 
 
 def test_reads_survive_a_stored_lone_surrogate(client, tmp_path):
