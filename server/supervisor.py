@@ -62,13 +62,14 @@ def group_ready(store: JobStore, *, group_id: str | None = None) -> bool:
     return serving(store.workers(group_id=group_id), whole=group_id is not None)
 
 
+def _fresh(heartbeat_at: float) -> bool:
+    return time.time() - heartbeat_at < FRESH_HEARTBEAT_S
+
+
 def serving(workers: list[dict], *, whole: bool) -> bool:
     """`workers` (rows of `JobStore.workers`) have fresh heartbeats and serve; `whole`: all of one group's
     replicas."""
-    fresh = [
-        w for w in workers
-        if w["state"] in ("ready", "busy") and time.time() - w["heartbeat_at"] < FRESH_HEARTBEAT_S
-    ]  # fmt: skip
+    fresh = [w for w in workers if w["state"] in ("ready", "busy") and _fresh(w["heartbeat_at"])]
     if not fresh:
         return False
     return not whole or len(fresh) == fresh[0]["info"].get("dp_size", 1)
@@ -216,16 +217,16 @@ class Supervisor:
         self._thread = threading.Thread(target=self._loop, name="supervisor", daemon=True)
 
     def start(self) -> None:
-        instance, now = self.config.instance, time.time()
+        instance = self.config.instance
         groups: dict[str, float] = {}  # group → its newest heartbeat (the rows come newest first)
         for row in self.store.workers(instance=instance):
             groups.setdefault(row["group_id"], row["heartbeat_at"])
         for group, beat in groups.items():
-            if now - beat < FRESH_HEARTBEAT_S and not self.store.drain_requested(group):
+            if _fresh(beat) and not self.store.drain_requested(group):
                 log.warning(  # a group left behind, or another live server under the same name
                     "worker group %s of instance %r beat %.1f s ago and was not draining: asking it to drain "
                     "and re-queuing its jobs; if another server runs as %r, give each its own --instance "
-                    "(ITHACA_INSTANCE)", group, instance, now - beat, instance,
+                    "(ITHACA_INSTANCE)", group, instance, time.time() - beat, instance,
                 )  # fmt: skip
             self.store.request_drain(group)  # a killed server's group must not claim beside ours
         for job in self.store.in_progress(instance=self.config.instance):
