@@ -24,10 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from bench.common import at_least  # noqa: E402
 from dit.cache_config import CacheConfig  # noqa: E402
+from dit.cli_args import typed  # noqa: E402
 from dit.fp8_linear import QUANTS  # noqa: E402
 from dit.pipeline import PipelineConfig, load_pipeline  # noqa: E402
 from dit.tiny.language import all_scenes  # noqa: E402
 from dit.tiny.score import generate_and_read, rates  # noqa: E402
+from parallel.kernels import BACKENDS  # noqa: E402
 
 SCORES = ("color", "shape", "direction", "all", "held_out_all")
 
@@ -88,17 +90,18 @@ def main(argv=None) -> None:
     p.add_argument("--model", default="tiny")
     p.add_argument("--steps", type=at_least(1), nargs="+", default=[4, 8, 16])
     p.add_argument("--guidance", type=float, nargs="+", default=[1.0, 3.0, 5.0])
-    p.add_argument("--cache", nargs="+", default=["off"], help="step caches: off | fbcache[:THRESHOLD]")
+    p.add_argument(  # checked before the 72 reference videos, not after them
+        "--cache",
+        nargs="+",
+        type=typed(CacheConfig.checked),
+        default=["off"],
+        help="step caches: off | fbcache[:THRESHOLD]",
+    )
     p.add_argument("--quant", nargs="+", choices=QUANTS, default=["none"], help="FP8 linear layers: fp8")
-    p.add_argument("--attn", nargs="+", default=["auto"], help="attention backends, e.g. auto fp8")
+    p.add_argument("--attn", nargs="+", choices=BACKENDS, default=["auto"], help="attention backends")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = p.parse_args(argv)
-    for cache in args.cache:  # before the 72 reference videos, not after them
-        try:
-            CacheConfig.parse(cache)
-        except ValueError as e:
-            p.error(f"--cache {cache}: {e}")
     rows = run(args.model, args.steps, args.guidance, args.cache, args.seed, args.quant, args.attn)
     if args.json:
         print(json.dumps(rows, indent=1))

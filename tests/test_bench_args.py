@@ -51,7 +51,8 @@ def test_a_case_whose_process_died_ends_the_run():
             ["--models", "tiny", "--request", "num_inference_steps=0"],  # a traceback, after a load
             "tiny: num_inference_steps must be an integer between 1 and 50, got 0",
         ),
-        ("bench.quality", ["--cache", "bogus"], "--cache bogus: cache must be off, fbcache, or fbcache:"),
+        ("bench.quality", ["--cache", "bogus"], "argument --cache: cache must be off, fbcache, or fbcache:"),
+        ("bench.quality", ["--attn", "fp9"], "invalid choice: 'fp9'"),  # ran after the 72 reference videos
         ("bench.quality", ["--quant", "bogus"], "invalid choice: 'bogus'"),  # ran, rows labelled bogus
         ("parallel.demo", ["--nproc", "0"], "--nproc must be 1 or more, got 0"),  # nothing run, exit 0
         ("bench.fp8_accumulation", ["--bogus"], "unrecognized arguments: --bogus"),  # ran whatever it got
