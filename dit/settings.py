@@ -21,7 +21,7 @@ COMMANDS = ("generate", "parity", "serve")
 MODEL_PATH_HELP = (
     "diffusers-format pipeline folder, or its Hugging Face Hub name ORG/NAME[@REVISION] (cached; "
     "HF_HUB_OFFLINE=1: no network); the family comes from its transformer/config.json (e.g. "
-    "Wan-AI/Wan2.1-T2V-1.3B-Diffusers, HunyuanVideo-1.5-Diffusers-480p_t2v)"
+    "Wan-AI/Wan2.1-T2V-1.3B-Diffusers, hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v)"
 )
 PRESET_HELP = (
     "tiny (the trained default: coloured shapes moving on black, see the README) | random weights: "
