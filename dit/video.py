@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import threading
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,35 +20,49 @@ from dit.files import full_disk
 PRESET = "veryfast"
 
 
+# After the last frame ffmpeg encodes what x264 held back and writes the file's index: a second or so. A
+# stalled disk must not hold the job (and every job closing after it) until --job-timeout.
+FINISH_TIMEOUT_S = 120.0
+
+
 class VideoNotWritten(OSError):
-    """The MP4 could not be written; the message says why in one line (ffmpeg's own error reaches us only as
-    a broken pipe, and its command line and output are no message for a user)."""
+    """The MP4 could not be written; the message says why in one line (a full disk, or ffmpeg's own last
+    line), not ffmpeg's command line."""
 
 
 class Mp4Writer:
     """An H.264 yuv420p MP4 written as frames come: ffmpeg encodes in its own process while the caller makes
     the next ones (a decode chunk by chunk), so the file is closed soon after the last frame. A write that
     fails (ffmpeg gone, the disk full) is kept and raised by `close` as `VideoNotWritten`: the caller's decode
-    goes on meanwhile, as the other ranks decoding with it would wait for this one. A with-block that ends in
-    an exception, its own or the close's, removes the partial file."""
+    goes on meanwhile, as the other ranks decoding with it would wait for this one. `close` also fails when
+    ffmpeg ends with an error after the last frame (x264 writes most of a short file, and its index, only
+    then). A with-block that ends in an exception, its own or the close's, removes the partial file."""
 
     def __init__(self, path: str | Path, height: int, width: int, fps: int, preset: str = PRESET):
         if height % 2 or width % 2:
             raise ValueError(f"height and width must be even for yuv420p, got {height}x{width}")
         self.path, self.shape = Path(path), (height, width, 3)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._writer = imageio_ffmpeg.write_frames(
-            str(self.path),
-            (width, height),
-            fps=fps,
-            codec="libx264",
-            pix_fmt_out="yuv420p",
-            macro_block_size=2,  # keep the size as asked: 16-multiples are not required by H.264 itself
-            output_params=["-crf", "18", "-preset", preset],
-        )
-        self._writer.send(None)  # start ffmpeg
+        self._ffmpeg = subprocess.Popen(
+            [imageio_ffmpeg.get_ffmpeg_exe(), "-y", "-v", "error", "-f", "rawvideo", "-pix_fmt", "rgb24",
+             "-s", f"{width}x{height}", "-r", str(fps), "-i", "-", "-an", "-c:v", "libx264",
+             "-pix_fmt", "yuv420p", "-crf", "18", "-preset", preset, str(self.path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            process_group=0,  # a Ctrl-C to the caller does not cut the file short; the caller ends it
+        )  # fmt: skip
+        self._said: deque[str] = deque(maxlen=4)  # ffmpeg's last lines: why it failed
+        self._reader = threading.Thread(target=self._read, name="ffmpeg-stderr", daemon=True)
+        self._reader.start()
         self.frames = 0
         self.error: VideoNotWritten | None = None
+        self._closed = False
+
+    def _read(self) -> None:
+        for line in self._ffmpeg.stderr:
+            if line.strip():
+                self._said.append(line.decode(errors="replace").strip())
 
     def write(self, frames: np.ndarray) -> None:
         """uint8 frames `[n, H, W, 3]` at the size given."""
@@ -52,45 +70,66 @@ class Mp4Writer:
         if frames.ndim != 4 or frames.shape[1:] != self.shape:
             height, width, _ = self.shape
             raise ValueError(f"frames must be uint8 [n, {height}, {width}, 3], got {frames.shape}")
-        if self.error is not None:
-            return
-        try:
-            for frame in frames:
-                self._writer.send(frame)
-        except Exception as e:
-            self.error = self._not_written(e)
+        if self.error is None:
+            try:
+                self._ffmpeg.stdin.write(frames.data)
+                self._ffmpeg.stdin.flush()  # nothing left for the close to flush: a stalled ffmpeg holds it
+            except OSError as e:  # ffmpeg gone: a broken pipe; why is in its exit and last line
+                self.error = self._not_written(f"{type(e).__name__}: {e}")
         self.frames += len(frames)
 
     def close(self) -> Path:
         """Wait for ffmpeg to finish the file; VideoNotWritten when it could not."""
-        try:
-            self._writer.close()
-        except Exception as e:
-            self.error = self.error or self._not_written(e)
+        if not self._closed:
+            self._closed = True
+            with contextlib.suppress(OSError):  # a broken pipe: ffmpeg's exit says why
+                self._ffmpeg.stdin.close()
+            try:
+                code = self._ffmpeg.wait(FINISH_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self._end()
+                self.error = self._not_written(
+                    f"ffmpeg did not finish the file within {FINISH_TIMEOUT_S:g} s of its last frame"
+                )
+            else:
+                self._reader.join()
+                if code != 0:
+                    how = f"signal {-code}" if code < 0 else f"exit code {code}"
+                    self.error = self._not_written(f"ffmpeg ended with {how}", last=True)
         if self.error is not None:
             raise self.error
         return self.path
 
-    def _not_written(self, error: Exception) -> VideoNotWritten:
-        first = (str(error).strip().splitlines() or [""])[0]  # not the ffmpeg command and output after it
-        why = full_disk(self.path.parent) or f"ffmpeg stopped ({type(error).__name__}: {first})"
-        not_written = VideoNotWritten(f"the MP4 was not written: {why}")
-        not_written.__cause__ = error
-        return not_written
+    def abort(self) -> None:
+        """Stop ffmpeg at once and remove the file (a cancel: no one will watch it)."""
+        if not self._closed:
+            self._closed = True
+            self._end()
+        self.path.unlink(missing_ok=True)
+
+    def _end(self) -> None:
+        self._ffmpeg.kill()
+        self._ffmpeg.wait()
+        with contextlib.suppress(OSError):  # a broken pipe now
+            self._ffmpeg.stdin.close()
+        self._reader.join()
+
+    def _not_written(self, why: str, last: bool = False) -> VideoNotWritten:
+        said = f": {self._said[-1]}" if last and self._said else ""
+        return VideoNotWritten(f"the MP4 was not written: {full_disk(self.path.parent) or why + said}")
 
     def __enter__(self) -> Mp4Writer:
         return self
 
     def __exit__(self, kind, error, trace) -> None:
+        if kind is not None:  # the block's own error is the one to tell
+            self.abort()
+            return
         try:
             self.close()
         except VideoNotWritten:
             self.path.unlink(missing_ok=True)
-            if kind is None:
-                raise
-            return  # the block's own error is the one to tell
-        if kind is not None:
-            self.path.unlink(missing_ok=True)
+            raise
 
 
 def write_mp4(frames: np.ndarray, path: str | Path, fps: int, preset: str = PRESET) -> Path:

@@ -45,6 +45,7 @@ class JobEnd:
             run.video.drop()
             self.finish(run, "cancelled", error="cancelled while decoding; no video was written")
             return
+        frames = None if run.video.streamed else frames  # a close waiting its turn holds only what it needs
         self.closer.submit(
             run.job_id, len(run.step_times), functools.partial(self._close, run, frames, evaluations)
         )
@@ -65,11 +66,18 @@ class JobEnd:
         """On the closer's thread: finish the file, then complete the job. The file is renamed into place
         before the job completes, so readers of a completed job always find it; a cancel that lands in
         between is found by `finish`, and the file goes again. A close that fails fails the job: its frames
-        are gone, and a run again would be a whole new generation for what is most likely a disk's fault."""
+        are gone, and a run again would be a whole new generation for what is most likely a disk's fault. A
+        run whose job was re-queued meanwhile (its heartbeats lost, the job claimed again) leaves the name to
+        the run after it."""
         job_id, image = run.job_id, "image" in run.spec
         path = os.path.join(self.videos_dir, f"{job_id}.mp4")
         try:
-            os.replace(run.video.close(frames), path)  # readers never see a half-written file
+            closed = run.video.close(frames)
+            if not self.store.running(job_id, self.name, run.attempt):
+                log.warning("job %s: no longer this run's (attempt %d); its MP4 goes", job_id, run.attempt)
+                run.video.drop()
+                return
+            os.replace(closed, path)  # readers never see a half-written file
         except Exception as e:
             run.video.drop()
             error = f"the MP4 was not written: {type(e).__name__}: {e}"

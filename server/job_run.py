@@ -25,7 +25,7 @@ class JobRun:
         self.phases = PhaseClock()
         self.recorded = "encoding"  # the phase the claim recorded (server.store.runs)
         self.start = self._last = time.perf_counter()
-        self.video = StreamedVideo(worker.config.videos_dir, self.job_id, self.spec["fps"])
+        self.video = StreamedVideo(worker.config.videos_dir, self.job_id, self.attempt, self.spec["fps"])
         self.over = False  # `ended`
 
     def callback(self, step: int, total: int) -> bool:

@@ -1,5 +1,5 @@
-"""The results folder: finished MP4s named `<job id>.mp4`, written as `<job id>.partial.mp4` first, and in its
-`inputs/` folder the first-frame image of each image-to-video job, the bytes the client sent as
+"""The results folder: finished MP4s named `<job id>.mp4`, written as `<job id>.<attempt>.partial.mp4` first,
+and in its `inputs/` folder the first-frame image of each image-to-video job, the bytes the client sent as
 `<job id>.png`, `.jpg` or `.webp`, written before the job is queued and kept beside it (the worker reads it
 when it claims the job, again if the job is re-queued).
 
@@ -115,9 +115,16 @@ def _remove(path: str) -> None:
         os.remove(path)
 
 
+def partial_video(videos_dir: str, job_id: str, attempt: int) -> str:
+    """Where a run writes its job's MP4 until the job completes: a name per attempt, so a run whose job was
+    re-queued while it lived on (its heartbeats lost) never writes into the file of the run after it."""
+    return os.path.join(videos_dir, f"{job_id}.{attempt}{PARTIAL_SUFFIX}")
+
+
 def _unreachable_video(name: str, job: Job) -> bool:
     if name.endswith(PARTIAL_SUFFIX):
-        return job.status != "in_progress"
+        mine = os.path.basename(partial_video("", job.id, job.attempts))  # an earlier attempt's is not
+        return job.status != "in_progress" or name != mine
     return job.deleted or job.status != "completed"
 
 
@@ -169,8 +176,7 @@ def _sweep(
         return []
     removed, unknown = [], []
     for name in names:
-        partial = name.endswith(PARTIAL_SUFFIX)
-        job_id = name.removesuffix(PARTIAL_SUFFIX) if partial else os.path.splitext(name)[0]
+        job_id = name.split(".", 1)[0]  # <job id>.mp4, <job id>.<attempt>.partial.mp4, ...
         job = store.get(job_id, include_deleted=True)
         if job is None and not drop_unknown:
             unknown.append(name)

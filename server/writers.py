@@ -13,7 +13,6 @@ fails is logged and left out: previews and checkpoints are worth having, never w
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import os
@@ -28,7 +27,7 @@ from PIL import Image
 
 from dit.denoise_state import Checkpointing, DenoiseState, save_file
 from dit.files import full_disk
-from dit.video import Mp4Writer, VideoNotWritten, write_mp4
+from dit.video import Mp4Writer, write_mp4
 from server import videos
 from server.store import JobStore
 
@@ -137,16 +136,16 @@ class CheckpointWriter(LatestWriter):
 
 
 class StreamedVideo:
-    """`frames(chunk)` as the decode's `on_frames`: the first chunk opens `<job id>.partial.mp4` (what
+    """`frames(chunk)` as the decode's `on_frames`: the first chunk opens `videos.partial_video` (what
     `videos.sweep` removes if the process dies), each is encoded as it comes. `close()` finishes the file and
     returns its path; `drop()` removes it (a cancel or a failure mid-decode). A write that fails (ffmpeg gone,
     the disk full; the writer keeps it, `Mp4Writer`) or a writer that cannot start is raised by `close`: the
     decode goes on meanwhile, since the group's other ranks are in it too and would wait for this one, and
     the close's failure fails the job (`JobEnd`)."""
 
-    def __init__(self, videos_dir: str, job_id: str, fps: int):
+    def __init__(self, videos_dir: str, job_id: str, attempt: int, fps: int):
         os.makedirs(videos_dir, exist_ok=True)
-        self.path = os.path.join(videos_dir, job_id + videos.PARTIAL_SUFFIX)
+        self.path = videos.partial_video(videos_dir, job_id, attempt)
         self.fps, self._writer, self._error = fps, None, None
 
     def frames(self, chunk: np.ndarray) -> None:
@@ -159,7 +158,12 @@ class StreamedVideo:
         except Exception as e:  # ffmpeg could not start
             self._error = e
 
-    def close(self, frames: np.ndarray) -> str:
+    @property
+    def streamed(self) -> bool:
+        """Whether the frames went to ffmpeg as they came (or failed to): `close` then needs none."""
+        return self._writer is not None or self._error is not None
+
+    def close(self, frames: np.ndarray | None) -> str:
         """The finished file; written from `frames` whole when the pipeline streamed none (a pipeline
         without `on_frames`)."""
         if self._error is not None:
@@ -170,12 +174,9 @@ class StreamedVideo:
 
     def drop(self) -> None:
         writer, self._writer = self._writer, None
-        try:
-            if writer is not None:
-                with contextlib.suppress(VideoNotWritten):  # the file goes: why it could not be is moot
-                    writer.close()
-        finally:
-            Path(self.path).unlink(missing_ok=True)
+        if writer is not None:
+            writer.abort()
+        Path(self.path).unlink(missing_ok=True)
 
 
 class VideoCloser(LatestWriter):

@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from dit.video import read_mp4
+from testing import fake_ffmpeg
 
 ITHACA = shutil.which("ithaca") or str(Path(sys.executable).parent / "ithaca")
 
@@ -63,7 +64,9 @@ def test_the_readmes_python_block_makes_the_clis_video(tmp_path, monkeypatch, ca
     assert (read_mp4(tmp_path / "video.mp4").frames == read_mp4(tmp_path / "cli.mp4").frames).all()
 
 
-def test_a_video_that_cannot_be_made_is_one_line_exit_1_and_no_file(tmp_path, monkeypatch, capsys):
+def test_a_video_that_cannot_be_made_is_one_line_exit_1_and_no_file(
+    tmp_path, tmp_path_factory, monkeypatch, capsys
+):
     from dit import vae_frames
     from dit.failures import GenerationFailed
     from server.cli import main
@@ -80,11 +83,11 @@ def test_a_video_that_cannot_be_made_is_one_line_exit_1_and_no_file(tmp_path, mo
     assert not out.exists()
     monkeypatch.undo()
 
-    def full(path, *args, **kwargs):  # ffmpeg died of a full disk: a broken pipe, then the disk says why
-        yield
-        raise BrokenPipeError(32, "Broken pipe")
-
-    monkeypatch.setattr("imageio_ffmpeg.write_frames", full)
+    # ffmpeg died of a full disk: a broken pipe, then the disk says why
+    monkeypatch.setenv(
+        "IMAGEIO_FFMPEG_EXE",
+        fake_ffmpeg.fake_ffmpeg(tmp_path_factory.mktemp("bin"), fake_ffmpeg.DIES_MID_WRITE),
+    )
     monkeypatch.setattr("shutil.disk_usage", lambda folder: SimpleNamespace(free=0))
     assert main(["generate", "a red circle", "--out", str(out), "--steps", "2", "--frames", "5"]) == 1
     said = capsys.readouterr().err.splitlines()[-1].removeprefix("ithaca generate: error: ")

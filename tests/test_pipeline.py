@@ -14,6 +14,7 @@ from dit.pipeline import (
     load_pipeline,
 )
 from dit.video import Mp4Writer, read_mp4, write_mp4
+from testing import fake_ffmpeg
 
 SMALL = dict(num_frames=5, height=32, width=48, num_inference_steps=2)
 
@@ -153,22 +154,37 @@ def test_an_mp4_written_chunk_by_chunk_is_the_whole_one(tmp_path):
         writer.write(frames[:, :16])
 
 
-def test_an_mp4_that_cannot_be_written_is_one_line_at_the_close_and_no_file(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "failure,said",
+    [
+        (
+            fake_ffmpeg.DIES_MID_WRITE,
+            "ffmpeg ended with exit code 1: Error writing output: No space left on device",
+        ),
+        # after the last frame: a file that no player opens, which the old close took for done
+        (
+            fake_ffmpeg.FAILS_AT_CLOSE,
+            "ffmpeg ended with exit code 1: [out#0/mp4] Error closing file: No space left on device",
+        ),
+        (fake_ffmpeg.STALLS, "ffmpeg did not finish the file within 0.5 s of its last frame"),
+    ],
+    ids=["dies-mid-write", "fails-at-close", "stalls"],
+)
+def test_an_mp4_that_cannot_be_written_is_one_line_at_the_close_and_no_file(
+    tmp_path, monkeypatch, failure, said
+):
     """ffmpeg gone mid-write reaches the writer as a broken pipe: `write` keeps it (a decode goes on, its
-    other ranks with it), the close raises VideoNotWritten in one line, and the file goes."""
+    other ranks with it); ffmpeg's exit is checked at the close, which raises VideoNotWritten in one line
+    (ffmpeg's own last one), and the file goes; a close that stalls is ended."""
     from dit import video as video_mod
 
-    def broken(path, *args, **kwargs):
-        open(path, "wb").write(b"part of an MP4")
-        yield
-        raise BrokenPipeError(32, "Broken pipe")
-
-    monkeypatch.setattr(video_mod.imageio_ffmpeg, "write_frames", broken)
+    monkeypatch.setenv("IMAGEIO_FFMPEG_EXE", fake_ffmpeg.fake_ffmpeg(tmp_path, failure))
+    monkeypatch.setattr(video_mod, "FINISH_TIMEOUT_S", 0.5)
     frames = np.zeros((5, 32, 48, 3), np.uint8)
     with pytest.raises(video_mod.VideoNotWritten) as e, Mp4Writer(tmp_path / "v.mp4", 32, 48, 8) as writer:
         writer.write(frames[:1])
         writer.write(frames[1:])  # the decode's next chunk: nothing raised mid-decode
-    assert str(e.value) == "the MP4 was not written: ffmpeg stopped (BrokenPipeError: [Errno 32] Broken pipe)"
+    assert str(e.value) == f"the MP4 was not written: {said}"
     assert not (tmp_path / "v.mp4").exists()
 
 

@@ -11,18 +11,18 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from dit import video as video_mod
 from dit.video import read_mp4
 from server import videos
 from server.config import ServeConfig
 from server.store import JobStore
 from server.worker import IDLE_AFTER_S, IDLE_POLL_S, Worker
 from server.writers import StreamedVideo
-from testing import fake_pipeline
+from testing import fake_ffmpeg, fake_pipeline
 from testing.server_process import wait_until
 
 MESH = SimpleNamespace(is_replica_leader=True, dp_rank=0, dp_size=1, world_size=1, sp_size=1, ulysses_size=1,
@@ -40,7 +40,7 @@ def served(tmp_path, monkeypatch):
 
     def held_close(video: StreamedVideo, frames):
         assert gate.wait(WAIT_S)
-        if os.path.basename(video.path).removesuffix(videos.PARTIAL_SUFFIX) in fail:
+        if os.path.basename(video.path).split(".")[0] in fail:
             raise OSError("No space left on device")
         return real_close(video, frames)
 
@@ -70,8 +70,7 @@ def _mp4(config: ServeConfig, job_id: str) -> str:
 
 
 def _files(config: ServeConfig, job_id: str) -> list[str]:
-    names = (f"{job_id}.mp4", job_id + videos.PARTIAL_SUFFIX)
-    return [n for n in names if os.path.exists(os.path.join(config.videos_dir, n))]
+    return sorted(n for n in os.listdir(config.videos_dir) if n.startswith(job_id))
 
 
 def _at(s, job_id: str, what, phase: str | None = None):
@@ -92,7 +91,7 @@ def test_the_next_job_runs_while_the_last_mp4_closes_and_completes_once_it_is_in
     _at(s, second.id, "in_progress", "writing")  # claimed, denoised and decoded: the first file is still held
     held = s.store.get(first.id)
     assert (held.status, held.phase, held.video) == ("in_progress", "writing", None)
-    assert _files(s.config, first.id) == [f"{first.id}{videos.PARTIAL_SUFFIX}"]
+    assert _files(s.config, first.id) == [f"{first.id}.1{videos.PARTIAL_SUFFIX}"]
     s.gate.set()
     done = [_at(s, job.id, "completed") for job in (first, second)]
     assert s.finished == {job.id: ("completed", True) for job in (first, second)}  # the file, then the job
@@ -144,20 +143,14 @@ def test_a_close_that_fails_fails_its_job_and_the_worker_goes_on(served):
     assert _files(s.config, after.id) == [f"{after.id}.mp4"]
 
 
-def test_a_write_that_fails_mid_decode_fails_its_job_at_the_close_and_the_worker_goes_on(served, monkeypatch):
+def test_a_write_that_fails_mid_decode_fails_its_job_at_the_close_and_the_worker_goes_on(
+    served, monkeypatch, tmp_path_factory
+):
     s = served
     broken, _ = s.store.create(SPEC)
-    real_ffmpeg = video_mod.imageio_ffmpeg.write_frames
-
-    def ffmpeg(path, *args, **kwargs):  # its pipe breaks after the first frame: ffmpeg died of a full disk
-        def full():
-            yield
-            yield
-            raise BrokenPipeError(32, "Broken pipe")
-
-        return full() if broken.id in path else real_ffmpeg(path, *args, **kwargs)
-
-    monkeypatch.setattr(video_mod.imageio_ffmpeg, "write_frames", ffmpeg)
+    # its pipe breaks after the first frame: ffmpeg died of a full disk
+    ffmpeg = fake_ffmpeg.fake_ffmpeg(tmp_path_factory.mktemp("bin"), fake_ffmpeg.DIES_MID_WRITE, broken.id)
+    monkeypatch.setenv("IMAGEIO_FFMPEG_EXE", ffmpeg)
     monkeypatch.setattr("shutil.disk_usage", lambda folder: SimpleNamespace(free=4096))
     after, _ = s.store.create(SPEC)
     s.gate.set()
@@ -177,11 +170,14 @@ def test_a_job_whose_mp4_never_closed_is_re_queued_never_completed(served):
     running = s.store.in_progress(worker_prefix=f"{s.config.instance}/group/")
     assert [j.id for j in running] == [job.id]
     s.store.requeue_or_fail(running[0], max_attempts=3, reason="the worker group exited")
+    # ... or its heartbeats were lost while it lived on, and the run after it has put its file in place
+    Path(_mp4(s.config, job.id)).write_bytes(b"the next run's MP4")
     s.gate.set()  # a close that ends after all finds the job no longer its own
     s.thread.join(WAIT_S)
     again = s.store.get(job.id)
     assert (again.status, again.attempts, again.video) == ("queued", 1, None)
-    assert s.finished[job.id] == ("completed", True) and _files(s.config, job.id) == []
+    assert job.id not in s.finished and _files(s.config, job.id) == [f"{job.id}.mp4"]  # its partial gone
+    assert Path(_mp4(s.config, job.id)).read_bytes() == b"the next run's MP4"  # replaced, then removed before
 
 
 def test_an_idle_leader_polls_the_queue_slower_and_fast_again_after_a_job(tmp_path, monkeypatch):

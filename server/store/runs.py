@@ -138,6 +138,14 @@ class JobRuns(Connections):
         job = log_change(job_from_row(row))
         return job is None or job.cancel_requested
 
+    def running(self, job_id: str, worker: str, attempt: int) -> bool:
+        """Whether the job is still in progress in this run (`finish`'s condition with `attempt`)."""
+        row = self._db.execute(
+            "SELECT 1 FROM jobs WHERE id = ? AND status = 'in_progress' AND worker = ? AND attempts = ?",
+            (job_id, worker, attempt),
+        ).fetchone()
+        return row is not None
+
     def finish(
         self,
         job_id: str,
