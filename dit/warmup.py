@@ -20,9 +20,10 @@ STEPS = 2
 
 def warm_up(pipe, sizes, request_type) -> list[dict]:
     """Generate once at each (height, width, frames) of `sizes` with `pipe`; `request_type`: the pipeline
-    module's GenerationRequest. [{"size": "HxWxF", "seconds": s}] in order, each also logged."""
+    module's GenerationRequest. [{"size": "HxWxF", "seconds": s}] in order, each also logged; a size given
+    twice is warmed up once (a second run would only delay the ready)."""
     done = []
-    for size in sizes:
+    for size in dict.fromkeys(sizes):
         start = time.perf_counter()
         pipe.generate(warmup_request(pipe.limits, size, request_type))
         seconds = round(time.perf_counter() - start, 3)

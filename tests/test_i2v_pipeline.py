@@ -137,7 +137,7 @@ def test_the_image_is_required_or_refused():
         preflight(preset="tiny-random", device="cpu", request=GenerationRequest("a fox", image=_image()))
     # `serve --warmup` on an image-to-video model warms up with a first frame (its workers died without one)
     preflight(preset="tiny-i2v-random", device="cpu", warmup=((32, 32, 5),))
-    assert [run["size"] for run in warm_up(i2v, [(32, 32, 5)], GenerationRequest)] == ["32x32x5"]
+    assert [run["size"] for run in warm_up(i2v, [(32, 32, 5)] * 2, GenerationRequest)] == ["32x32x5"]
 
 
 def _i2v(layout):
