@@ -343,6 +343,8 @@ async def json_fields(request: Request):
         raise HTTPException(400, f"the body is not valid JSON: {e.msg} at character {e.pos}") from None
     except (UnicodeDecodeError, RecursionError):  # not UTF-8/16/32, or nested past Python's recursion limit
         raise HTTPException(400, "the body is not readable JSON: not UTF-8, or nested too deeply") from None
+    except ValueError:  # Python's int() limit: a number of more than 4300 digits
+        raise HTTPException(400, "the body is not readable JSON: a number of more than 4300 digits") from None
 
 
 def _generate(services: Services, body: GenerateBody, image: bytes | str | None, idempotency_key: str | None):

@@ -13,6 +13,9 @@ async def _send_json(scope, send, status: int, detail: str, headers: dict | None
 
 
 _FORMS = (b"multipart/form-data", b"application/x-www-form-urlencoded")
+# headers read once: given twice, this guard and the route could each take another one (a JSON body past
+# the guard as a form, another key than the one checked)
+_ONCE = (b"authorization", b"content-type", b"idempotency-key")
 
 
 class _DataUrlRoom:
@@ -77,6 +80,13 @@ class GuardMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        names = [name for name, _ in scope["headers"]]
+        for name in _ONCE:
+            if names.count(name) > 1:
+                header = name.decode().title()
+                return await _send_json(
+                    scope, send, 400, f"{header} is given {names.count(name)} times; give it once"
+                )
         headers = dict(scope["headers"])
         if self.expected is not None and scope["path"] not in self.public_paths:
             scheme, _, key = headers.get(b"authorization", b"").partition(b" ")

@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
 from server.jsonsafe import SafeJSONResponse, shown
@@ -133,6 +134,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
         return error_response(request.scope["path"], 422, _validation_errors(exc.errors()))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect):  # no one reads it; no traceback in the log
+        return error_response(request.scope["path"], 400, "the client went away before its body ended")
 
     @app.exception_handler(StoreBusy)
     async def _busy(request: Request, exc: StoreBusy):

@@ -169,8 +169,9 @@ class Services:
         errors += loras.check(spec.get("loras"), info)
         if errors:
             raise HTTPException(422, [_error(image_field if f == "image" else f, m) for f, m in errors])
-        if idempotency_key is not None and len(idempotency_key) > 255:
-            raise HTTPException(400, "Idempotency-Key is longer than 255 characters")
+        if idempotency_key is not None and not 0 < len(idempotency_key) <= 255:
+            # an empty one (a client's template left it blank) would be every such client's one key
+            raise HTTPException(400, "Idempotency-Key must be 1 to 255 characters")
         # early, before the image is decoded; `create` counts for sure, after it looks a key up: a retry of a
         # request whose job is queued gets that job, however full the queue
         queued = self.store.queued_count() if idempotency_key is None else 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -150,6 +151,47 @@ def test_deeply_nested_or_undecodable_json(client, path):
     for body in (b'{"prompt": "fox"', b"not json", b""):  # a 400 on both routes, as the README says
         r = _raw(client, path, body)
         assert r.status_code == 400 and "the body is not valid JSON" in r.text, r.text
+    r = _raw(
+        client, path, b'{"prompt": "fox", "seed": %s}' % (b"9" * 5000)
+    )  # past Python's int() limit: a 500
+    assert r.status_code == 400 and "a number of more than 4300 digits" in r.text, r.text
+
+
+def test_a_header_given_twice_that_the_guard_and_the_route_read_is_refused(client):
+    """Two Content-Types took a large JSON body past the guard's JSON bound (it read the last, a form; the
+    route the first); two keys, another key than the one checked."""
+    body = b'{"prompt": "fox"' + b" " * 100_000 + b"}"
+    for name, values in (
+        ("content-type", ["application/json", "multipart/form-data"]),
+        ("idempotency-key", ["a", "b"]),
+        ("authorization", ["Bearer x", "Bearer y"]),
+    ):
+        headers = [("content-type", "application/json")] * (name != "content-type")
+        r = client.post("/generate", content=body, headers=headers + [(name, v) for v in values])
+        assert r.status_code == 400 and r.json()["detail"] == f"{name.title()} is given 2 times; give it once"
+
+
+def test_a_client_gone_mid_body_is_no_error_in_the_log(client, caplog):
+    """The body ends in a disconnect: a quiet 400 (no one reads it), not an ASGI traceback."""
+    messages = [
+        {"type": "http.request", "body": b'{"prompt"', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent = []
+
+    async def receive():
+        return messages.pop(0)
+
+    async def send(message):
+        sent.append(message)
+
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"40")]
+    scope = {"type": "http", "method": "POST", "path": "/generate", "raw_path": b"/generate",
+             "headers": headers, "query_string": b"", "http_version": "1.1", "scheme": "http",
+             "server": ("test", 80), "client": ("test", 1), "root_path": ""}  # fmt: skip
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(client.app(scope, receive, send))
+    assert sent[0]["status"] == 400 and not caplog.records, caplog.text
 
 
 def test_a_value_past_a_sanity_bound_hears_the_models_range(client):
@@ -297,6 +339,12 @@ def test_idempotency_key_conflict_scope_and_reuse_after_delete(client):
     assert client.delete(f"/v1/videos/{v1.json()['id']}").status_code == 200
     reused = client.post("/v1/videos", json={"prompt": "cat"}, headers=key)  # free again once deleted
     assert reused.status_code == 200 and reused.json()["id"] != v1.json()["id"]
+    empty = client.post(
+        "/generate", json={"prompt": "fox"}, headers={"Idempotency-Key": ""}
+    )  # every client's
+    assert (
+        empty.status_code == 400 and empty.json()["detail"] == "Idempotency-Key must be 1 to 255 characters"
+    )
 
 
 def test_a_retried_request_gets_its_job_from_a_full_queue(tmp_path):
