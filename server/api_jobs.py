@@ -30,7 +30,7 @@ from dit.request import MAX_SEED
 from server import images, videos
 from server import limits as limits_mod
 from server import loras as loras_mod
-from server.file_response import ConditionalFile
+from server.file_response import PARTS, ConditionalFile
 from server.jsonsafe import SafeJSONResponse, render, shown
 from server.openai_errors import responses
 from server.services import MAX_PROMPT_CHARS, Services, unprocessable
@@ -79,6 +79,10 @@ _EVENT = {
         },
     },
 }
+
+
+# checked by `Services.submit` (a 400 saying so); the document says it too
+IdempotencyKey = Annotated[str | None, Header(json_schema_extra={"minLength": 1, "maxLength": 255})]
 
 
 def integral(value):
@@ -297,7 +301,7 @@ def _preview_url(job_id: str) -> str:
     responses=responses(400, 401, 409, 413, 415, 422, 429, 503),
     openapi_extra=_GENERATE_BODY,
 )
-async def generate(request: Request, idempotency_key: Annotated[str | None, Header()] = None):
+async def generate(request: Request, idempotency_key: IdempotencyKey = None):
     form = media_type(request, *_GENERATE_TYPES) == MULTIPART
     if form:
         fields = await form_fields(request, "image")
@@ -404,7 +408,7 @@ def video_file(request: Request, job_id: str) -> ConditionalFile:
     return ConditionalFile(services.video_path(job), media_type="video/mp4", filename=f"{job.id}.mp4")
 
 
-_VIDEO_ROUTE = {"response_class": FileResponse, "responses": VIDEO | responses(401, 404, 503)}
+_VIDEO_ROUTE = {"response_class": FileResponse, "responses": VIDEO | PARTS | responses(401, 404, 416, 503)}
 
 
 @router.get("/jobs/{job_id}/video", **_VIDEO_ROUTE)

@@ -17,7 +17,7 @@ import re
 from fractions import Fraction
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -31,6 +31,7 @@ from server.api_jobs import (
     TEXT_PATTERN,
     URLENCODED,
     VIDEO,
+    IdempotencyKey,
     form_fields,
     integral,
     json_fields,
@@ -40,6 +41,7 @@ from server.api_jobs import (
     svc,
     video_file,
 )
+from server.file_response import PARTS
 from server.jsonsafe import shown
 from server.number_patterns import decimal_range
 from server.openai_errors import responses
@@ -309,7 +311,7 @@ def _create(services: Services, fields: dict, idempotency_key: str | None):
     openapi_extra={"requestBody": _CREATE_BODY},
     responses=responses(400, 401, 409, 413, 415, 422, 429, 503, openai=True),
 )
-async def create_video(request: Request, idempotency_key: Annotated[str | None, Header()] = None):
+async def create_video(request: Request, idempotency_key: IdempotencyKey = None):
     fields = await _create_fields(request)
     return await run_in_threadpool(_create, svc(request), fields, idempotency_key)
 
@@ -350,7 +352,8 @@ def delete_video(request: Request, video_id: str):
 _CONTENT_ROUTE = {
     "response_class": FileResponse,
     "responses": {200: {"content": VIDEO[200]["content"] | PREVIEW[200]["content"]}}
-    | responses(401, 404, 422, 503, openai=True),
+    | PARTS
+    | responses(401, 404, 416, 422, 503, openai=True),
 }
 
 

@@ -29,6 +29,7 @@ _REASONS = {
     409: "Conflict: the job is finished, or the Idempotency-Key was used with another body",
     413: "The request body is larger than --max-body-bytes",
     415: "Unsupported Content-Type",
+    416: "The Range starts past the end of the file",
     422: "A field is invalid; the reply names it and the allowed values",
     429: "The queue is full; retry after Retry-After seconds",
     503: "The job store is locked, busy or unreachable (the message says); retry after Retry-After seconds",

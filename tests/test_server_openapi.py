@@ -133,9 +133,10 @@ def test_a_video_answers_head(client, tmp_path):
     assert client.head(f"/jobs/{'b' * 32}/video").status_code == 404
 
 
-def test_a_file_held_is_not_sent_again(client, tmp_path):
+def test_a_file_held_is_not_sent_again(client, tmp_path, monkeypatch):
     """If-None-Match naming the ETag: 304, no body, the validators kept (RFC 9110 §13.1.2, §15.4.5); a
-    Range in another unit is ignored (§14.2), one in bytes still honoured; a file deleted meanwhile: 404."""
+    Range in another unit or malformed is ignored (§14.2), one in bytes still honoured, one past the end a 416
+    in the route's shape; a file deleted before it is opened: 404; after: served whole."""
     store = client.app.state.services.store
     job, _ = store.create({"prompt": "fox"})
     store.claim("w", "box")
@@ -154,11 +155,27 @@ def test_a_file_held_is_not_sent_again(client, tmp_path):
     app_js = client.get("/web/app.js", headers={"If-None-Match": client.get("/web/app.js").headers["etag"]})
     assert app_js.headers["cache-control"] == "no-cache"  # kept on the 304: the page revalidates every time
     url = f"/jobs/{job.id}/video"
-    assert client.get(url, headers={"Range": "items=0-9"}).content == bytes(range(200))
+    for ignored in ("items=0-9", "bytes", "bytes=5-2"):  # Starlette answered the last two a plain-text 400
+        whole = client.get(url, headers={"Range": ignored})
+        assert whole.status_code == 200 and whole.content == bytes(range(200)), ignored
     part = client.get(url, headers={"Range": "bytes=10-19"})
     assert part.status_code == 206 and part.content == bytes(range(10, 20))
+    past = client.get(url, headers={"Range": "bytes=999-"})
+    assert past.status_code == 416 and past.headers["content-range"] == "bytes */200"
+    assert past.json()["detail"] == "the range 'bytes=999-' starts past the file's 200 bytes"
+    past = client.get(f"/v1/videos/{job.id}/content", headers={"Range": "bytes=999-"})
+    assert past.status_code == 416 and "starts past" in past.json()["error"]["message"]
+    answer = ConditionalFile._answer
+
+    async def deleted_once_open(response, *args):  # a DELETE between the open and the body
+        video.unlink()
+        await answer(response, *args)
+
+    monkeypatch.setattr(ConditionalFile, "_answer", deleted_once_open)
+    sent = client.get(url)
+    assert sent.status_code == 200 and sent.content == bytes(range(200))  # the body stopped short: 0 bytes
+    monkeypatch.undo()
     gone = Starlette(routes=[Route("/", lambda request: ConditionalFile(video))])  # found, then deleted
-    video.unlink()
     with TestClient(gone) as raced:
         assert raced.get("/").status_code == 404
 
