@@ -118,7 +118,9 @@ class LoraCatalogue:
                 try:
                     plan = lora.plan(model, [(path, 1.0)], resolve)[0]
                 except (ValueError, OSError, SafetensorError) as e:  # a misfit, or not a safetensors file
-                    plan = f"{path.relative_to(self.folder)}: {str(e).removeprefix(f'LoRA {path}: ')}"
+                    name = path.relative_to(self.folder)  # clients see this: no path of the server's
+                    said = str(e).removeprefix(f"LoRA {path}: ").replace(str(path), "it")
+                    plan = f"{name}: {said}"
                 self._plans[expert, fid] = plan
         if isinstance(plan, str):
             raise ValueError(f"loras: {plan}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import pytest
 import torch
@@ -238,7 +239,12 @@ def test_the_catalogue_and_the_request_checks(folder, tmp_path):
         load().validate(GenerationRequest(**SMALL, loras=[["x", 1.0]]))
 
     wan_lora(folder / "later.safetensors", 5, blocks=(0,))  # seen without a restart
-    assert "later" in [e["name"] for e in pipe.lora_catalogue.entries()]
+    (folder / "sub").mkdir()
+    (folder / "sub" / "broken.safetensors").write_text("not a safetensors file")
+    listed = {e["name"]: e for e in pipe.lora_catalogue.entries()}
+    assert "later" in listed and listed["sub/broken"]["error"].startswith("sub/broken.safetensors: ")
+    assert str(folder) not in listed["sub/broken"]["error"]  # a client sees no path of the server's
+    shutil.rmtree(folder / "sub")
     with pytest.raises(ValueError, match="no such folder"):
         load(lora_dir=str(tmp_path / "missing"))
 
