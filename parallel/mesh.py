@@ -111,12 +111,13 @@ def init_parallel(
     if not dist.is_initialized() and "WORLD_SIZE" not in os.environ:
         fit_degrees(1, ulysses, ring, cfg)
         return ParallelMesh(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    # every group's, not the default group's alone: torch gives a new group 30 minutes whatever that has
+    timeout = timedelta(seconds=timeout or float(os.environ.get("ITHACA_DIST_TIMEOUT", 600)))
     if not dist.is_initialized():
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        timeout = timeout or float(os.environ.get("ITHACA_DIST_TIMEOUT", 600))
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout), **_rendezvous(timeout))
+        dist.init_process_group(backend, timeout=timeout, **_rendezvous(timeout.total_seconds()))
     backend = backend or dist.get_backend()
     world, rank = dist.get_world_size(), dist.get_rank()
     u, r, c = fit_degrees(world, ulysses, ring, cfg)
@@ -135,7 +136,7 @@ def init_parallel(
     def make(rank_lists, size, be=backend):  # every rank creates every group, in the same order
         mine = None
         for ranks in rank_lists:
-            g = dist.new_group(ranks, backend=be) if size > 1 else None
+            g = dist.new_group(ranks, backend=be, timeout=timeout) if size > 1 else None
             if rank in ranks:
                 mine = g
         return mine

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.distributed import run_distributed
+from tests.distributed import COLLECTIVE_TIMEOUT_S, run_distributed
 
 
 def _mesh_facts():
@@ -32,6 +32,13 @@ def _mesh_facts():
             cfg_gather=got.flatten().tolist(),
             broadcast=obj,
             replica=dist.get_process_group_ranks(m.replica_group),  # the VAE decodes across it
+            # ITHACA_DIST_TIMEOUT (tests.distributed's 15 s) bounds every group's collectives: torch gives a
+            # new group 30 minutes, so a rank stuck before an all-to-all held the others that long
+            timeouts={
+                g._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+                for g in (m.ulysses_group, m.ring_group, m.sp_group, m.cfg_group, m.control_group)
+                if g is not None
+            },
         )
     x = torch.arange(2 * 11 * 3, dtype=torch.float32).view(2, 11, 3)
     for layout in ("contiguous", "zigzag"):
@@ -52,6 +59,7 @@ def test_mesh_layout_groups_and_sharding():
         assert cfg["u"] == (2, rank % 2) and cfg["c"] == (2, rank // 2) and cfg["dp"] == (1, 0)
         assert cfg["cfg_gather"] == [rank % 2, rank % 2 + 2] and cfg["broadcast"] == {"leader": 0}
         assert cfg["replica"] == [0, 1, 2, 3]  # both CFG halves: they hold the same final latents
+        assert all(d["timeouts"] == {COLLECTIVE_TIMEOUT_S} for d in f.values() if isinstance(d, dict))
         hyb = f["{'ulysses': 2, 'ring': 2}"]
         assert hyb["r"] == (2, rank // 2) and hyb["sp"] == (4, rank) and hyb["cfg_gather"] == [rank]
         dp = f["{'ulysses': 2}"]  # two data-parallel replicas of 2 ranks, each with its own leader
