@@ -109,16 +109,20 @@ def run_generate(args) -> int:
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         try:
             return run_on_ranks(args.nproc, sys.argv[1:]).returncode  # the ranks see WORLD_SIZE: no re-launch
-        except Interrupted as stop:  # rank 0 said so
+        except Interrupted as stop:  # said here: ranks stopped while starting say nothing
+            print(f"ithaca generate: {INTERRUPTED}", file=sys.stderr)
             return stop.code
     # SIGTERM (a rank's launcher passes Ctrl-C on as one) cleans up as Ctrl-C does: no partial video left
     try:
         with sigterm_as_interrupt():
             return _generate(args, config)
     except KeyboardInterrupt:  # the partial video is gone (Mp4Writer); no traceback for a Ctrl-C
-        if os.environ.get("RANK", "0") == "0":
-            print("ithaca generate: interrupted; no video written", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0" and "ITHACA_LOCAL_GROUP" not in os.environ:  # else its command
+            print(f"ithaca generate: {INTERRUPTED}", file=sys.stderr)
         return 130
+
+
+INTERRUPTED = "interrupted; no video written"
 
 
 def _generate(args, config) -> int:

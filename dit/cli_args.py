@@ -18,6 +18,7 @@ from pathlib import Path
 from dit.cache_config import CacheConfig
 from dit.settings import MODEL_PATH_HELP, PRESET_HELP, PipelineConfig, flag, options
 from parallel.local_group import local_group
+from parallel.parent_death import with_parent
 
 # request flag → GenerationRequest field (the prompt apart: positional in generate, --prompt in parity)
 REQUEST = {"negative_prompt": "negative_prompt", "frames": "num_frames", "height": "height", "width": "width",
@@ -260,7 +261,8 @@ def run_forwarding(command: list[str], capture: bool = False) -> subprocess.Comp
     once it has ended raise `Interrupted` here: the command stops too."""
     pipe = subprocess.PIPE if capture else None
     heard = []
-    with subprocess.Popen(command, stdout=pipe, stderr=pipe, text=True) as child:
+    # it dies with this process, even of a SIGKILL (and its ranks with it: parallel.local_group)
+    with subprocess.Popen(command, stdout=pipe, stderr=pipe, text=True, **with_parent()) as child:
 
         def forward(signum, _frame):
             heard.append(signum)
@@ -274,4 +276,5 @@ def run_forwarding(command: list[str], capture: bool = False) -> subprocess.Comp
                 signal.signal(sig, handler)
     if heard:
         raise Interrupted(heard[0])
-    return subprocess.CompletedProcess(child.args, child.returncode, out, err)
+    code = child.returncode  # a signal's death as a shell reports it (-9: 137, not 247 once returned)
+    return subprocess.CompletedProcess(child.args, 128 - code if code < 0 else code, out, err)

@@ -32,6 +32,8 @@ import sys
 import threading
 import time
 
+from parallel.parent_death import with_parent
+
 LOOPBACK = "127.0.0.1"
 LOOPBACK_INTERFACE = "lo"  # Linux's name for it
 MAPPED_LOOPBACK = "::ffff:127.0.0.1"  # the address whose name torch's store client looks up
@@ -104,7 +106,9 @@ class Group:
                 if listener is not None and rank == 0:
                     fds = (listener.fileno(),)
                     mine["ITHACA_STORE_FD"] = str(listener.fileno())
-                proc = subprocess.Popen(self.command, env=mine, pass_fds=fds, start_new_session=True)
+                proc = subprocess.Popen(  # a launcher killed with SIGKILL takes its ranks along
+                    self.command, env=mine, pass_fds=fds, start_new_session=True, **with_parent()
+                )
                 self.procs.append(proc)
         except BaseException:
             self.terminate(signal.SIGKILL)

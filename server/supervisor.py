@@ -32,7 +32,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import signal
@@ -42,10 +41,10 @@ import time
 import uuid
 
 from parallel.local_group import local_group
+from parallel.parent_death import with_parent
 from parallel.torchrun import torchrun
 from server import videos
 from server.config import ServeConfig
-from server.lifetime import die_with_parent
 from server.store import JobStore, StoreBusy
 from server.store.retry import PatientStore, StoreOutage
 
@@ -130,7 +129,7 @@ def launch_group(config: ServeConfig, group_id: str) -> subprocess.Popen:
         cmd,
         env=env,
         start_new_session=True,  # Ctrl-C reaches the API only
-        preexec_fn=functools.partial(die_with_parent, os.getpid()),
+        **with_parent(),
     )
 
 

@@ -67,13 +67,13 @@ from dit.settings import checkpoint_key
 from dit.startup import start
 from dit.vocabulary import read_vocabulary
 from dit.warmup import warm_up
+from parallel.parent_death import die_with_parent
 from server import limits as limits_mod
 from server import logs, metrics, videos
 from server.batching import companion_ids
 from server.config import ServeConfig, add_arguments, from_args
 from server.job_end import JobEnd
 from server.job_run import JobRun
-from server.lifetime import die_with_parent
 from server.store import Job, StoreBusy, lora_set, open_store
 from server.store.retry import MAX_RETRY_S, LatestStep, PatientStore, StoreOutage
 from server.writers import CheckpointWriter, PreviewWriter

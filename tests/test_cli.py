@@ -150,11 +150,30 @@ def test_a_stopped_generate_leaves_no_rank_and_the_out_it_found(tmp_path):
     time.sleep(2)  # the ranks past their start, into the model's load or the steps
     parent.send_signal(signal.SIGTERM)
     assert parent.wait(timeout=60) == 128 + signal.SIGTERM, parent.stderr.read()
+    said = parent.stderr.read().splitlines()  # once, by the command (ranks stopped while starting: nothing)
+    assert said.count("ithaca generate: interrupted; no video written") == 1 and said[-1].endswith("written")
     deadline = time.monotonic() + 10
     while ranks() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert ranks() == [] and out.read_bytes() == b"an earlier video"
     assert [p.name for p in tmp_path.iterdir()] == ["kept.mp4"]
+
+
+def test_a_generate_stopped_while_its_ranks_start_says_so(monkeypatch, capsys):
+    """Ranks that a SIGTERM reaches before they can say anything (importing torch) end silently: the
+    command says it, once the launcher has stopped them (it exited 143 with nothing said)."""
+    import signal
+
+    import dit.cli
+    from dit.cli_args import Interrupted
+    from server.cli import main
+
+    def stopped(nproc, argv):
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(dit.cli, "run_on_ranks", stopped)
+    assert main(["generate", "a red circle", "--nproc", "2"]) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err == "ithaca generate: interrupted; no video written\n"
 
 
 def test_a_stopped_parity_stops_every_mode_and_leaves_nothing(tmp_path):

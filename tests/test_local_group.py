@@ -6,10 +6,12 @@ launcher reaches every rank."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -79,6 +81,47 @@ def test_a_failed_rank_ends_the_others_and_a_signal_reaches_every_rank(tmp_path)
     launcher.send_signal(signal.SIGTERM)
     assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
     assert sorted(p.name for p in tmp_path.glob("term*")) == ["term0", "term1", "term2"]
+
+
+def test_a_command_killed_with_sigkill_takes_its_launcher_and_ranks_along(tmp_path):
+    """`generate --nproc N` is a command (run_forwarding) over a launcher over ranks: a `kill -9` of the
+    command, or of the launcher, left the ranks computing on with no one to answer to."""
+    (tmp_path / "rank.py").write_text(SLEEPER)
+    command = (
+        "import sys; from dit.cli_args import run_forwarding; from parallel.local_group import local_group; "
+        f"run_forwarding([*local_group(3), {str(tmp_path / 'rank.py')!r}, {str(tmp_path)!r}, '-1'])"
+    )
+    for killed in ("command", "launcher"):
+        for p in tmp_path.glob("up*"):
+            p.unlink()
+        parent = subprocess.Popen([sys.executable, "-c", command])
+        deadline = time.monotonic() + 30
+        while len(list(tmp_path.glob("up*"))) < 3:
+            assert time.monotonic() < deadline and parent.poll() is None
+            time.sleep(0.02)
+        processes = _processes_with(str(tmp_path))
+        launcher = [pid for pid, line in processes.items() if "-m parallel.local_group" in line]
+        assert len(processes) == 5 and len(launcher) == 1, processes  # the command, its launcher, 3 ranks
+        os.kill(parent.pid if killed == "command" else launcher[0], signal.SIGKILL)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while _processes_with(str(tmp_path)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _processes_with(str(tmp_path)) == {}, killed
+
+
+def _processes_with(text: str) -> dict[int, str]:
+    """Live processes whose command line holds `text`, by pid (Linux /proc)."""
+    found = {}
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()):
+        try:
+            line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in line and state != "Z":
+            found[pid] = line
+    return found
 
 
 MISTAKEN = """
