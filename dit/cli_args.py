@@ -181,12 +181,13 @@ def read_image(path: str):
 
 
 def request_argv(args: argparse.Namespace) -> list[str]:
-    """`generate`'s arguments that ask for the same request as `args` (its image file included)."""
-    argv = [args.prompt]
+    """`generate`'s arguments that ask for the same request as `args` (its image file included), to go
+    last: `--flag=VALUE` and the prompt after `--`, so a text that starts with "-" stays text."""
+    argv = []
     for dest in (*REQUEST, "image"):
         if getattr(args, dest) is not None:
-            argv += ["--" + dest.replace("_", "-"), str(getattr(args, dest))]
-    return argv
+            argv.append(f"--{dest.replace('_', '-')}={getattr(args, dest)}")
+    return [*argv, "--", args.prompt]
 
 
 def found_model(args, command: str) -> bool:

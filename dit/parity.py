@@ -58,7 +58,12 @@ def add_parity(subparsers) -> None:
         + ", ".join(f"{k} {v:g}" for k, v in EXACT_TOL.items())
         + ")",
     )
-    p.add_argument("--fp8-tol", type=float, default=FP8_TOL, help="fp8 mode, relative")
+    p.add_argument(
+        "--fp8-tol",
+        type=float,
+        default=FP8_TOL,
+        help="fp8 mode, and ring and hybrid in bfloat16/float16 or with --quant/--attn-backend fp8; relative",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     p.set_defaults(func=run_parity)
 
@@ -104,12 +109,14 @@ def _mode_layout(mode: str, n: int, heads: int) -> tuple[int, int, int, str] | s
 def _launch(argv: list[str], nproc: int, out: Path) -> tuple[dict | None, str]:
     """The run's saved latents and frames, or None and the most telling line of why not. `Interrupted`
     once the run has ended when a signal stopped it (it went on to the run's ranks)."""
-    argv = ["generate", *argv, "--out", str(out.with_suffix(".mp4")), "--save-latents", str(out)]
+    argv = ["generate", "--out", str(out.with_suffix(".mp4")), "--save-latents", str(out), *argv]
     command = on_ranks(nproc, argv) if nproc > 1 else [sys.executable, "-m", "server.cli", *argv]
     proc = run_forwarding(command, capture=True)
     if proc.returncode != 0:  # the most telling line: the last error message, else the last line
         lines = (proc.stdout + proc.stderr).strip().splitlines() or [f"exit code {proc.returncode}"]
         return None, next((ln for ln in reversed(lines) if "rror" in ln), lines[-1]).strip()
+    if not out.exists():
+        return None, "the run saved no latents"
     import torch
 
     return torch.load(out), ""
@@ -150,16 +157,19 @@ def _run_parity(args) -> int:
         say_error("parity", ValueError(f"no mode of --modes runs on --nproc {args.nproc}: {reasons}"))
         return 2
     exact_tol = args.tol if args.tol is not None else EXACT_TOL[args.dtype]
-    common = request_argv(args) + pipeline_argv(args)
+    common, request = pipeline_argv(args), request_argv(args)  # the request last: it ends with the prompt
     rows: list[ParityRow] = []
     # A run takes tens of seconds: each row prints as its run ends. With --json the table is progress on
     # stderr and stdout holds only the JSON document.
     table = _Table(sys.stderr if args.json else sys.stdout)
     with tempfile.TemporaryDirectory(prefix="ithaca-parity-") as tmp:
         start = time.perf_counter()
-        ref, err = _launch(common, 1, Path(tmp) / "reference.pt")
+        ref, err = _launch([*common, *request], 1, Path(tmp) / "reference.pt")
         if ref is None:
             print(f"ithaca parity: the 1-rank reference run failed: {err}", file=sys.stderr)
+            if args.json:  # still the one document stdout promises
+                failed = {"ok": False, "dtype": args.dtype, "error": f"the reference run failed: {err}"}
+                print(json.dumps({**failed, "rows": []}, indent=2))
             return 1
         reference = ParityRow("reference", 1, "1x1x1", "alltoall", "ok", seconds=time.perf_counter() - start)
         table.print(reference)
@@ -169,9 +179,10 @@ def _run_parity(args) -> int:
                 table.print(rows[-1])
                 continue
             u, r, c, comm = layout
-            tol = args.fp8_tol if "fp8" in comm else exact_tol
+            lossy = "fp8" in comm or _drifts(args, r)
+            tol = args.fp8_tol if lossy else exact_tol
             row = ParityRow(mode, args.nproc, f"{u}x{r}x{c}", comm, "error", tol=tol)
-            argv = [*common, "--ulysses", str(u), "--ring", str(r), "--cfg", str(c), "--comm", comm]
+            argv = [*common, "--ulysses", str(u), "--ring", str(r), "--cfg", str(c), "--comm", comm, *request]
             start = time.perf_counter()
             got, err = _launch(argv, args.nproc, Path(tmp) / f"{mode}.pt")
             row.seconds = time.perf_counter() - start
@@ -179,7 +190,7 @@ def _run_parity(args) -> int:
                 row.note = err
             else:
                 row.latents_max_abs, row.latents_rel, row.frames_max_abs, row.frames_rel = _compare(ref, got)
-                frames_ok = "fp8" in comm or row.frames_max_abs <= FRAME_TOL_EXACT
+                frames_ok = lossy or row.frames_max_abs <= FRAME_TOL_EXACT
                 row.status = "ok" if row.latents_rel <= tol and frames_ok else "FAIL"
             rows.append(row)
             table.print(row)
@@ -198,6 +209,17 @@ def _run_parity(args) -> int:
     return 1 if bad else 0
 
 
+def _drifts(args, ring: int) -> bool:
+    """Whether a layout with `ring` ring ranks drifts from one rank by more than rounding: its blocks' partial
+    attention rounds to bfloat16/float16 on its own, or FP8 attention gives each span its own K and V
+    scales, or an FP8 linear layer's input crosses an e4m3 step (the merge rounds float32 otherwise); the
+    steps amplify it (ring on 2 ranks of the trained tiny model: 1.9e-2 to 1.0e-1 in bfloat16, 7.5e-3 to
+    1.1e-2 in float16; Ulysses and CFG give one rank's latents exactly). Held to --fp8-tol, as FP8's
+    exchange is: a broken exchange gives about 1."""
+    lossy_compute = args.dtype != "float32" or args.quant == "fp8" or args.attn_backend == "fp8"
+    return ring > 1 and lossy_compute
+
+
 def _refused(modes: list[str], args) -> str | None:
     """Why the run cannot go or would check nothing (an unknown mode, none, a negative tolerance), or None;
     before any model is looked for (`_run_parity` checks the modes against the model)."""
@@ -206,6 +228,8 @@ def _refused(modes: list[str], args) -> str | None:
         return f"unknown mode {unknown!r}; choose from {', '.join(MODES)}"
     if not modes:
         return f"--modes names no mode; choose from {', '.join(MODES)}"
+    if args.nproc < 2:  # one rank against one rank checks nothing
+        return f"--nproc must be 2 or more (each mode's run against one rank), got {args.nproc}"
     for flag, tol in (("--tol", args.tol), ("--fp8-tol", args.fp8_tol)):
         if tol is not None and not tol >= 0:
             return f"{flag} must be 0 or more, got {tol}"
