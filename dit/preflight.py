@@ -16,9 +16,6 @@ from pathlib import Path
 
 from dit.settings import TWO_EXPERT_LORAS, PipelineConfig
 
-# Classifier-free guidance has two branches (prompt, negative prompt): at most one rank each.
-CFG_DEGREES = (1, 2)
-
 
 def preflight(
     config: PipelineConfig | None = None,
@@ -43,7 +40,7 @@ def preflight(
     model code loads."""
     from parallel.comm import COMM_MODES, comm_config
     from parallel.kernels import BACKENDS
-    from parallel.plan import AUTO, check_fixed, needs_model
+    from parallel.plan import AUTO, CFG_DEGREES, check_fixed, needs_model
 
     preset = settings.pop("preset", None)  # not a field: the model by name, which a folder overrides
     model = model_path or preset

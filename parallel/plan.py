@@ -35,6 +35,10 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+# Classifier-free guidance has two branches (prompt, negative prompt): at most one rank each.
+CFG_DEGREES = (1, 2)
+
+
 def fit_degrees(world: int, ulysses: int | None, ring: int, cfg: int) -> tuple[int, int, int]:
     """(ulysses, ring, cfg) for `world` ranks (ulysses None: what the others leave), or a ValueError listing
     every layout that fits. Pure, so a launcher can check degrees before any process group exists."""
@@ -43,6 +47,7 @@ def fit_degrees(world: int, ulysses: int | None, ring: int, cfg: int) -> tuple[i
         choices = [
             (u, r, c)
             for c in _divisors(world)
+            if c in CFG_DEGREES
             for r in _divisors(world // c)
             for u in _divisors(world // c // r)
         ]
@@ -202,7 +207,7 @@ def candidates(world: int) -> list[Layout]:
     """Every ulysses × ring × cfg layout of `world` ranks in one replica (cfg 1 or 2)."""
     return [
         Layout.of(u, world // c // u, c)
-        for c in (1, 2)
+        for c in CFG_DEGREES
         if world % c == 0
         for u in range(1, world // c + 1)
         if world // c % u == 0

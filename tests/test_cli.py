@@ -509,6 +509,10 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
     for settings, message in cases:
         line = _preflight_error(**settings)
         assert message in line and "\n" not in line, (settings, line)
+    # CFG has two branches: "1x1x3", which --cfg refuses, is no longer offered
+    assert _preflight_error(nproc=3, cfg=2).endswith(
+        "valid ulysses x ring x cfg for world size 3: 1x1x1, 3x1x1, 1x3x1"
+    )
     if not __import__("torch").cuda.is_available():
         assert "no CUDA device here" in _preflight_error(device="cuda")
         assert "--attn-backend flash needs a CUDA device" in _preflight_error(attn_backend="flash")
