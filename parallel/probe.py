@@ -69,7 +69,7 @@ class ProbeResult:
     def summary(self) -> str:
         """One line for logs: each mode's time or error, then the choice."""
         parts = [f"{r.mode} {r.ms:.2f} ms" if r.error is None else f"{r.mode} ({r.error})" for r in self.rows]
-        return f"{', '.join(parts) or 'no exchange (sp size 1)'} -> {self.chosen}"
+        return f"{', '.join(parts) or 'no all-to-all (ulysses 1)'} -> {self.chosen}"
 
 
 def is_lossy(mode: str) -> bool:
@@ -107,7 +107,7 @@ def probe_comm(
     if not candidates:
         raise ValueError(f"no mode of {list(modes)} to probe (the FP8 ones need allow_lossy=True)")
     shape, name = tuple(shape), str(dtype).removeprefix("torch.")
-    if mesh.sp_size == 1:  # no exchange to time
+    if mesh.ulysses_size == 1:  # no all-to-all to time: the ring's exchange is its own, whatever the mode
         return ProbeResult(shape, name, (), candidates[0])
     device = torch.device(device) if device is not None else mesh.device
     rows, probe_mesh = [], None

@@ -95,6 +95,18 @@ def test_lossy_modes_only_when_allowed():
     assert [row.mode for row in ranks[0][0].rows] == ["alltoall", "p2p", "alltoall+overlap2", "p2p+overlap2"]
 
 
+def _probe_ring_only():
+    import parallel
+
+    return parallel.probe_comm(parallel.init_parallel(ulysses=1, ring=2), SHAPE, timeout_s=TIMEOUT_S, iters=3)
+
+
+def test_a_ring_only_layout_times_no_exchange():
+    """Attention takes no all-to-all at ulysses 1, whatever the mode: timing one "chose" noise."""
+    result = run_distributed(2, _probe_ring_only, timeout=60)[0]
+    assert result.rows == () and result.summary() == "no all-to-all (ulysses 1) -> alltoall"
+
+
 def test_slow_all_to_all_picks_p2p():
     ranks = run_distributed(2, _probe, _slow, timeout=60)
     result = ranks[0][0]
