@@ -53,8 +53,12 @@ def main(argv=None) -> None:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--text", type=int, default=16, help="joint text tokens")
     args = p.parse_args(argv)
-    if args.nproc < 1:  # spawned no process and said nothing
-        p.error(f"--nproc must be 1 or more, got {args.nproc}")
+    for flag in ("nproc", "seq", "heads", "head_dim", "text"):  # 0 tokens: a traceback from every rank
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be 1 or more, got {getattr(args, flag)}")
+    world = int(os.environ.get("WORLD_SIZE", args.nproc))
+    if args.heads < world:  # the demo's layout is Ulysses over every rank
+        p.error(f"--heads {args.heads} cannot split over {world} ranks (Ulysses: every rank needs a head)")
     if "WORLD_SIZE" in os.environ:
         return run(args)
     spawn_local(run, args.nproc, args)

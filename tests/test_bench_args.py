@@ -55,6 +55,8 @@ def test_a_case_whose_process_died_ends_the_run():
         ("bench.quality", ["--attn", "fp9"], "invalid choice: 'fp9'"),  # ran after the 72 reference videos
         ("bench.quality", ["--quant", "bogus"], "invalid choice: 'bogus'"),  # ran, rows labelled bogus
         ("parallel.demo", ["--nproc", "0"], "--nproc must be 1 or more, got 0"),  # nothing run, exit 0
+        ("parallel.demo", ["--text", "0"], "--text must be 1 or more, got 0"),  # a traceback from every rank
+        ("parallel.demo", ["--nproc", "4", "--heads", "3"], "--heads 3 cannot split over 4 ranks"),
         ("bench.fp8_accumulation", ["--bogus"], "unrecognized arguments: --bogus"),  # ran whatever it got
         ("bench.layouts", ["--worlds", "2", "--heads", "4"], "--worlds 2 divides every --heads (4)"),
     ],
