@@ -12,13 +12,15 @@ from server import api_jobs, api_openai, api_ops, api_web, images, openai_errors
 from server.config import ServeConfig
 from server.head import HeadAsGet
 from server.jsonsafe import SafeJSONResponse
-from server.middleware import GuardMiddleware
+from server.middleware import GuardMiddleware, secured
 from server.retention import Retention
 from server.services import Services
 from server.store import open_store
 from server.supervisor import Supervisor
 
 log = logging.getLogger("ithaca.server")
+# without a key: the page loads without one (its API calls need it), a probe's /health too
+PUBLIC_PATHS = ("/health", *api_web.PAGE_FILES)
 
 
 def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
@@ -61,7 +63,8 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
         """FastAPI's document (built once) with the limits the workers published, as of this request."""
         info = services.worker_info()
         document = api_jobs.schema_with_limits(FastAPI.openapi(app), info)
-        return api_openai.schema_with_limits(document, info)
+        document = api_openai.schema_with_limits(document, info)
+        return secured(document, PUBLIC_PATHS) if config.api_key else document
 
     app.openapi = openapi
     app.add_middleware(HeadAsGet)  # inside the guard: a HEAD needs the key a GET needs
@@ -71,6 +74,6 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
         max_body_bytes=config.max_body_bytes,
         upload_bytes=images.room(config.max_image_bytes),  # an image rides in the submit routes' bodies
         upload_paths=("/generate", "/v1/videos"),
-        public_paths=("/health", *api_web.PAGE_FILES),  # the page loads without a key; its API calls need one
+        public_paths=PUBLIC_PATHS,
     )
     return app

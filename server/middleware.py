@@ -47,6 +47,18 @@ class _DataUrlRoom:
         return len(body) - (self.end + 1 - self.start) <= self.plain
 
 
+def secured(document: dict, public_paths) -> dict:
+    """The OpenAPI document (a copy of its own: `schema_with_limits`) saying what the guard asks: a bearer key
+    on every operation but those of `public_paths`."""
+    schemes = document.setdefault("components", {}).setdefault("securitySchemes", {})
+    schemes["apiKey"] = {"type": "http", "scheme": "bearer", "description": "--api-key (ITHACA_API_KEY)"}
+    document["security"] = [{"apiKey": []}]
+    for path in public_paths:
+        for operation in document["paths"].get(path, {}).values():
+            operation["security"] = []
+    return document
+
+
 class GuardMiddleware:
     """Every route but `public_paths` (/health, the web page's files) needs `Authorization: Bearer <key>`
     when a key is set; larger bodies get 413.

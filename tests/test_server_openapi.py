@@ -55,6 +55,16 @@ def test_openapi_tells_the_truth(client):
     assert probe.status_code == client.get("/ready").status_code == 200 and probe.content == b""
 
 
+def test_the_document_says_which_routes_need_the_key(tmp_path):
+    with TestClient(tiny_random_app(tmp_path, api_key="k")) as keyed:
+        doc = keyed.get("/openapi.json", headers={"Authorization": "Bearer k"}).json()
+    assert doc["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
+    assert doc["security"] == [{"apiKey": []}] and doc["paths"]["/health"]["get"]["security"] == []
+    assert "security" not in doc["paths"]["/jobs"]["get"]  # the document's own: a key
+    with TestClient(tiny_random_app(tmp_path / "open")) as open_:
+        assert "security" not in open_.get("/openapi.json").json()
+
+
 @pytest.mark.slow  # hundreds of requests
 def test_schema_fuzzing(tmp_path):
     """Every operation of the app's own OpenAPI, positive and negative examples, under every schemathesis
