@@ -64,9 +64,11 @@ def time_loopback_lookup(warn=_say, slow_s: float = SLOW_LOOKUP_S) -> float:
     return seconds
 
 
-def local_group(nproc: int) -> list[str]:
-    """The command that starts `nproc` ranks on this machine; append `-m MODULE ARGS...` or a script."""
-    return [sys.executable, "-m", "parallel.local_group", f"--nproc={nproc}"]
+def local_group(nproc: int, quiet: bool = False) -> list[str]:
+    """The command that starts `nproc` ranks on this machine; append `-m MODULE ARGS...` or a script.
+    `quiet`: the launcher says nothing of its own (a caller that logs in its own format says it: a failed
+    rank's exit is the group's, the slow loopback lookup `time_loopback_lookup`)."""
+    return [sys.executable, "-m", "parallel.local_group", f"--nproc={nproc}", *(["--quiet"] if quiet else [])]
 
 
 def rank_env(rank: int, nproc: int, port: int | None) -> dict[str, str]:
@@ -79,8 +81,8 @@ def rank_env(rank: int, nproc: int, port: int | None) -> dict[str, str]:
 class Group:
     """The ranks of one launch: `start()`, then `wait()` for the launcher's exit code."""
 
-    def __init__(self, nproc: int, command: list[str]):
-        self.nproc, self.command = nproc, command
+    def __init__(self, nproc: int, command: list[str], quiet: bool = False):
+        self.nproc, self.command, self.quiet = nproc, command, quiet
         self.procs: list[subprocess.Popen] = []
         self.stopping: int | None = None  # the signal the launcher was asked to stop by
 
@@ -95,7 +97,8 @@ class Group:
         if self.nproc > 1:
             env.setdefault("OMP_NUM_THREADS", "1")
             listener = socket.create_server((LOOPBACK, 0), backlog=max(128, self.nproc))
-            threading.Thread(target=time_loopback_lookup, name="loopback-lookup", daemon=True).start()
+            if not self.quiet:
+                threading.Thread(target=time_loopback_lookup, name="loopback-lookup", daemon=True).start()
         port = listener.getsockname()[1] if listener else None
         try:
             for rank in range(self.nproc):
@@ -153,8 +156,9 @@ class Group:
         if failed and self.stopping is None:
             rank, code = failed[0]
             how = f"signal {-code}" if code < 0 else f"exit code {code}"
-            print(f"parallel.local_group: rank {rank} ended with {how}; stopping the others", file=sys.stderr,
-                  flush=True)  # fmt: skip
+            if not self.quiet:
+                print(f"parallel.local_group: rank {rank} ended with {how}; stopping the others",
+                      file=sys.stderr, flush=True)  # fmt: skip
             self.terminate()
         self._settle(time.monotonic() + TERM_GRACE_S)
         self.terminate(signal.SIGKILL)
@@ -163,16 +167,18 @@ class Group:
         return 128 + self.stopping if self.stopping is not None else 1
 
 
-USAGE = "usage: python -m parallel.local_group --nproc=N (-m MODULE | SCRIPT) [ARGS...]"
+USAGE = "usage: python -m parallel.local_group --nproc=N [--quiet] (-m MODULE | SCRIPT) [ARGS...]"
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     nproc, command = (argv[0].removeprefix("--nproc="), argv[1:]) if argv else ("", [])
+    quiet = command[:1] == ["--quiet"]
+    command = command[quiet:]
     if not (argv and argv[0].startswith("--nproc=") and nproc.isdigit() and int(nproc) >= 1 and command):
         print(f"{USAGE}\n{local_group.__doc__}", file=sys.stderr)
         return 2
-    group = Group(int(nproc), [sys.executable, *command])
+    group = Group(int(nproc), [sys.executable, *command], quiet)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, group.stop)
     group.start()

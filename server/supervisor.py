@@ -40,7 +40,7 @@ import threading
 import time
 import uuid
 
-from parallel.local_group import local_group
+from parallel.local_group import local_group, time_loopback_lookup
 from parallel.parent_death import with_parent
 from parallel.torchrun import torchrun
 from server import videos
@@ -87,12 +87,18 @@ def _pids_with_env(entry: str) -> list[int]:
     return pids
 
 
+def _quiet_launcher(config: ServeConfig) -> bool:
+    """In JSON logs the local launcher says nothing of its own (a plain line would break them); this log says
+    it instead."""
+    return config.nnodes == 1 and config.log_format == "json"
+
+
 def launcher_argv(config: ServeConfig) -> list[str]:
     """The launcher of this machine's share of the group: the whole group (`parallel.local_group`), or with
     --nnodes > 1 one node of a c10d rendezvous that node 0's torchrun (`parallel.torchrun`) hosts at
     --rdzv-endpoint, no restarts (the supervisor restarts the group)."""
     if config.nnodes == 1:
-        return local_group(config.nproc)
+        return local_group(config.nproc, quiet=_quiet_launcher(config))
     host = "1" if config.node_rank == 0 else "0"  # node 0 serves the rendezvous store, the others join it
     return [
         *torchrun(), "--nnodes", str(config.nnodes), "--node-rank", str(config.node_rank), "--nproc-per-node",
@@ -115,6 +121,8 @@ def launch_group(config: ServeConfig, group_id: str) -> subprocess.Popen:
     `parallel.launch.number_ranks_by_node`); ITHACA_GROUP_ID finds them again (`kill_group`)."""
     cmd = [*launcher_argv(config), "-m", "server.lifetime", "server.worker", *config.worker_argv()]
     log.info("starting worker group %s: %s", group_id, " ".join(cmd))
+    if _quiet_launcher(config) and config.nproc > 1:
+        threading.Thread(target=time_loopback_lookup, args=(log.warning,), daemon=True).start()
     env = (
         {"TORCHINDUCTOR_CACHE_DIR": compile_cache(config)}
         | os.environ

@@ -70,6 +70,11 @@ def test_a_failed_rank_ends_the_others_and_a_signal_reaches_every_rank(tmp_path)
     assert launcher.wait(timeout=30) == 1
     assert "rank 1 ended with exit code 3; stopping the others" in launcher.stderr.read()
     assert sorted(p.name for p in tmp_path.glob("term*")) == ["term0", "term2"]
+    for p in [*tmp_path.glob("term*"), *tmp_path.glob("up*")]:
+        p.unlink()
+    quiet = subprocess.run([*local_group(3, quiet=True), str(tmp_path / "rank.py"), str(tmp_path), "1"],
+                           capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert (quiet.returncode, quiet.stderr) == (1, "")  # serve's JSON logs: the server's log says it
 
     for p in [*tmp_path.glob("term*"), *tmp_path.glob("up*")]:
         p.unlink()

@@ -87,6 +87,8 @@ def test_torchrun_joins_node_zeros_rendezvous():
     from server.supervisor import launcher_argv
 
     assert launcher_argv(_config(["--nproc", "4"])) == local_group(4)  # one machine: no torchrun
+    json_logs = _config(["--nproc", "4", "--log-format", "json"])  # no plain line of the launcher among them
+    assert launcher_argv(json_logs) == local_group(4, quiet=True)
     node1 = _config(["--nproc", "2", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "h0:29400",
                      "--node-addr", "h1", "--no-api"])  # fmt: skip
     argv = launcher_argv(node1)
