@@ -69,7 +69,7 @@ def run_job(kit: Kit, pipe, req, name: str) -> dict:
 
     sync = torch.cuda.synchronize if kit.cuda else (lambda: None)
     marks: dict[str, float] = {}
-    video = StreamedVideo(str(kit.tmp), name, fps=16)
+    video = StreamedVideo(str(kit.tmp), name, attempt=1, fps=16)
 
     def on_phase(phase: str) -> None:
         sync()  # the previous phase's kernels belong to it
