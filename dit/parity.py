@@ -84,7 +84,7 @@ class ParityRow:
     note: str = ""
 
 
-def _mode_layout(mode: str, n: int, heads: int) -> tuple[int, int, int, str] | str:
+def _mode_layout(mode: str, n: int, heads: int, guided: bool) -> tuple[int, int, int, str] | str:
     """(ulysses, ring, cfg, comm) for a mode at n ranks of a model of `heads` attention heads, or why it
     cannot run."""
     if mode in ("alltoall", "fp8", "p2p"):
@@ -98,6 +98,8 @@ def _mode_layout(mode: str, n: int, heads: int) -> tuple[int, int, int, str] | s
     elif mode == "cfg":
         if n % 2:
             return "needs an even --nproc"
+        if not guided:
+            return "needs guidance above 1 (no negative pass for the second half of the ranks)"
         layout = n // 2, 1, 2, "alltoall"
     else:
         raise ValueError(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
@@ -150,8 +152,9 @@ def _run_parity(args) -> int:
         args, "parity", config := pipeline_config(args), ulysses="auto", ring="auto", cfg=1
     ):
         return 2
-    heads = model_shape(config.model, sampler=config.sampler, timesteps=config.timesteps).heads
-    layouts = {mode: _mode_layout(mode, args.nproc, heads) for mode in modes}
+    sampling = dict(sampler=config.sampler, timesteps=config.timesteps)
+    shape = model_shape(config.model, guidance=args.guidance, **sampling)
+    layouts = {mode: _mode_layout(mode, args.nproc, shape.heads, shape.guided) for mode in modes}
     if all(isinstance(why, str) for why in layouts.values()):
         reasons = "; ".join(f"{mode} {why}" for mode, why in layouts.items())
         say_error("parity", ValueError(f"no mode of --modes runs on --nproc {args.nproc}: {reasons}"))

@@ -140,6 +140,8 @@ def preflight(
     with _degrees(nproc):  # reads the model's configs only for an auto degree
         layout = plan_layout(model, nproc, node=local_nproc, ulysses=ulysses, ring=ring, cfg=cfg,
                              sampler=sampler, timesteps=timesteps, video=video).layout  # fmt: skip
+    if request is not None:  # one video (generate, parity): a rank without work of its own is a mistake
+        _one_video(layout, nproc, model, video, sampler, timesteps)
     if not needs_model(ulysses, ring, cfg):  # an auto choice keeps within the heads
         heads = model_shape(model, sampler=sampler, timesteps=timesteps).heads
         if layout.ulysses > heads:
@@ -157,6 +159,25 @@ def preflight(
             check_loras(model, config.loras)
         except (FileNotFoundError, ValueError) as e:
             raise ValueError(f"--lora: {e}") from None
+
+
+def _one_video(layout, nproc: int, model: str, video: dict, sampler, timesteps) -> None:
+    """One video's layout leaves no rank idle: replicas would each make the same video, and CFG's second
+    half has nothing to do without guidance (`ithaca plan` says "n/a" of both)."""
+    from dit.shape import model_shape
+
+    used = layout.ulysses * layout.ring * layout.cfg
+    if used < nproc:
+        raise ValueError(
+            f"--ulysses {layout.ulysses} x --ring {layout.ring} x --cfg {layout.cfg} use {used} of the "
+            f"{nproc} ranks, and the others would make the same video again: give them to --ulysses or "
+            f"--ring, or run --nproc {used}"
+        )
+    if layout.cfg == 2 and not model_shape(model, sampler=sampler, timesteps=timesteps, **video).guided:
+        raise ValueError(
+            "--cfg 2 runs the negative prompt's pass on half the ranks, and guidance 1 makes none: that half "
+            "would have nothing to do; use --cfg 1, or --guidance above 1"
+        )
 
 
 @contextmanager

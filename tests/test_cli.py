@@ -468,6 +468,8 @@ def _preflight_error(**settings) -> str:
 
 
 def test_preflight_names_the_option_and_what_it_allows(tmp_path):
+    from dit.request import GenerationRequest
+
     (tmp_path / "empty").mkdir()
     (tmp_path / "other" / "transformer").mkdir(parents=True)
     (tmp_path / "other" / "transformer" / "config.json").write_text(
@@ -495,6 +497,9 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
         (dict(nproc=4, ulysses=3), "do not fit --nproc 4: ulysses=3 x ring=1 x cfg=1 does not divide world "
                                    "size 4; valid ulysses x ring x cfg for world size 4: 1x1x1, 2x1x1"),
         (dict(nproc=6, ring=4), "do not fit --nproc 6: ring=4 x cfg=1 does not divide world size 6"),
+        # one video: ranks without work of their own (a second replica made the same video again)
+        (dict(nproc=2, ulysses=1, request=GenerationRequest("fox")), "use 1 of the 2 ranks, and the others"),
+        (dict(nproc=2, cfg=2, request=GenerationRequest("fox", guidance_scale=1.0)), "--cfg 2 runs the neg"),
         # found in the ranks before: "4 heads cannot split over ulysses=5"
         (dict(nproc=5, ulysses=5), "do not fit this model: ulysses 5 is more than its 4 attention heads"),
         (dict(nproc=5, cfg=1), "ulysses 5 is more than its 4 attention heads"),  # ulysses: the ranks left
