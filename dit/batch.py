@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from dit.cache import Evaluations
-from dit.callbacks import DecodeCallback, FramesCallback, PhaseCallback, enter_phase
+from dit.callbacks import DecodeCallback, FramesCallback, PhaseCallback, RowAnswers, enter_phase, goes_on
 from dit.denoise_state import Checkpointing, DenoiseState
 from dit.failures import GenerationCancelled, GenerationFailed
 from dit.preview import PreviewCallback
@@ -132,8 +132,8 @@ def denoise_batch(
     if second is not None:
         second.guidance = _scales(requests, "guidance_scale_2", latents.device)
 
-    def callback(step: int, total: int) -> list[bool]:  # the replica leader's: each live job's answer
-        return [jobs[j].callback is None or jobs[j].callback(step, total) is not False for j in live]
+    def callback(step: int, total: int) -> RowAnswers:  # the replica leader's: each live job's answer
+        return RowAnswers(jobs[j].callback is None or goes_on(jobs[j].callback(step, total)) for j in live)
 
     def on_rows(step: int, rows: list[int]) -> None:
         for j in sorted(set(live) - {live[row] for row in rows}):

@@ -12,6 +12,17 @@ FramesCallback = Callable[[np.ndarray], None]  # decoded uint8 frames [n, H, W, 
 DecodeCallback = Callable[[int, int], "bool | None"]
 
 
+def goes_on(answer) -> bool:
+    """A callback's answer: None (it returned nothing) or a true value goes on; False or any other false
+    value (numpy's False, a 0-d tensor holding False, 0) stops. Only the object False stopped before."""
+    return answer is None or bool(answer)
+
+
+class RowAnswers(list):
+    """A batch's answer to a step, one go-on per row (dit.batch): not one callback's answer, a list a user's
+    callback may return."""
+
+
 def enter_phase(on_phase: PhaseCallback | None, phase: str) -> None:
     if on_phase is not None:
         on_phase(phase)

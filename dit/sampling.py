@@ -13,8 +13,9 @@ import torch
 
 import parallel
 from dit.cache import Evaluations, StepCache, attached, real_tokens
+from dit.callbacks import RowAnswers, goes_on
 from dit.denoise_state import Checkpointing, DenoiseState, capture, capture_rows, restore
-from dit.failures import GenerationCancelled
+from dit.failures import GenerationCancelled, GenerationFailed
 from dit.flow_schedulers import FlowMatchEulerScheduler, FlowScheduler, UniPCFlowScheduler
 
 # Ithaca's schedulers (dit.flow_schedulers: torch only, diffusers' numbers) by their `--sampler` name; a
@@ -174,12 +175,20 @@ def after_step(
     """(go on, take a checkpoint now), asked on the replica leader: its callback and its `checkpoints`;
     every rank of the replica gets the same answers, in one broadcast. A batch's callback answers a list,
     one go-on per row, passed on as it is."""
-    keep, due = True, False
+    keep, due, raised = True, False, None
     if mesh.is_replica_leader:
-        answer = True if callback is None else callback(step, total)
-        keep = answer if isinstance(answer, list) else answer is not False
-        due = checkpoints is not None and checkpoints.due(step, total)
-    return mesh.broadcast_object((keep, due))
+        try:  # a callback that raises ends the run on every rank: the others wait in the broadcast
+            answer = True if callback is None else callback(step, total)
+            keep = answer if isinstance(answer, RowAnswers) else goes_on(answer)
+            due = checkpoints is not None and checkpoints.due(step, total)
+        except Exception as e:
+            raised = e
+    keep, due, failed = mesh.broadcast_object((keep, due, raised is not None))
+    if raised is not None:
+        raise raised
+    if failed:
+        raise GenerationFailed(f"the callback raised on the replica leader (rank {mesh.replica_leader})")
+    return keep, due
 
 
 @dataclass

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from dit.callbacks import goes_on
 from dit.failures import DecodeCancelled, GenerationFailed, alike
 from parallel import RowBands
 
@@ -178,7 +179,7 @@ def decode(
     frames = z.shape[FRAMES]
 
     def checked(video: torch.Tensor, decoded: int) -> torch.Tensor:  # group rank 0's chunk
-        if go_on is not None and go_on(decoded, frames) is False:
+        if go_on is not None and not goes_on(go_on(decoded, frames)):
             raise DecodeCancelled(decoded, frames)
         return finish(video)
 

@@ -29,6 +29,7 @@ from PIL import Image
 
 from dit.batch import check_batch
 from dit.cache import Evaluations
+from dit.callbacks import RowAnswers, goes_on
 from dit.denoise_state import capture
 from dit.image import fit
 from dit.pipeline import (
@@ -142,7 +143,9 @@ class FakePipeline:
             if checkpoints is not None and checkpoints.due(step, total):
                 state = partial(capture, step, torch.zeros(1), SimpleNamespace(), None, None)
                 checkpoints.take(lambda state=state: [(j, state()) for j in live])
-            answers = [jobs[j].callback is None or jobs[j].callback(step, total) is not False for j in live]
+            answers = RowAnswers(
+                jobs[j].callback is None or goes_on(jobs[j].callback(step, total)) for j in live
+            )
             keep = should_continue(lambda *_, said=answers: said, step, total, self.mesh)
             for j, go in zip(list(live), keep, strict=True):
                 if not go:  # told at once, as the real batch tells it

@@ -15,6 +15,7 @@ from dit.pipeline import (
 )
 from dit.video import Mp4Writer, read_mp4, write_mp4
 from testing import fake_ffmpeg
+from tests.distributed import run_distributed
 
 SMALL = dict(num_frames=5, height=32, width=48, num_inference_steps=2)
 
@@ -101,6 +102,31 @@ def test_callback_reports_every_step_and_cancels(pipe):
     with pytest.raises(GenerationCancelled) as info:
         pipe.generate(req, callback=lambda s, n: seen.append(s) or s < 2)
     assert (info.value.step, info.value.total, seen) == (2, 5, [1, 2])
+    # any false answer but None stops (only the object False did: numpy's False ran on to the end), and a
+    # list is an answer like any other (it was taken for a batch's rows: a TypeError)
+    for stop in (np.False_, torch.tensor(False), 0, []):
+        with pytest.raises(GenerationCancelled):
+            pipe.generate(req, callback=lambda s, n, stop=stop: stop)
+    assert pipe.generate(req, callback=lambda s, n: [True, False]).shape[0] == SMALL["num_frames"]
+
+
+def _callback_raising_on_the_leader():
+    import parallel
+    from dit.sampling import after_step
+
+    mesh = parallel.init_parallel(ulysses=2)
+    try:
+        after_step(lambda step, total: 1 / 0, None, 1, 2, mesh)
+    except Exception as e:  # noqa: BLE001 - which one each rank meets is the point
+        return type(e).__name__, str(e)
+
+
+def test_a_callback_that_raises_ends_the_run_on_every_rank():
+    """It runs on the replica leader alone: its exception skipped the broadcast the others waited in, and
+    they hung until the collective timeout (600 s by default)."""
+    leader, other = run_distributed(2, _callback_raising_on_the_leader, timeout=60)
+    assert leader == ("ZeroDivisionError", "division by zero")
+    assert other == ("GenerationFailed", "the callback raised on the replica leader (rank 0)")
 
 
 def test_a_decode_callback_sees_each_latent_frame_and_stops_the_decode_at_one(pipe):
