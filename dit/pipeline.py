@@ -169,6 +169,27 @@ class Pipeline:
         the probe's result. Collective over the replica."""
         return choose_comm(self, self.mesh, allow_lossy, timeout_s)[1]
 
+    def _validated(self, req: GenerationRequest) -> GenerationRequest:
+        """`validate` on every rank of the replica alike. With LoRAs it reads each rank's own disk (the
+        catalogue): when it fails on some ranks only (a file gone from one disk), GenerationFailed with the
+        first one's reason on every rank, where the others waited in a collective that rank never reached;
+        when on all, each raises its ValueError. Without LoRAs it is the same on every rank."""
+        group = self.mesh.replica_group
+        if not req.loras or group is None:
+            return self.validate(req)
+        error = checked = None
+        try:
+            checked = self.validate(req)
+        except ValueError as e:
+            error = e
+        mine = None if error is None else GenerationFailed(f"rank {self.mesh.rank}: {error}")
+        failed, every = parallel.failures(mine, group, self.mesh.device)
+        if every:
+            raise error
+        if failed is not None:
+            raise failed
+        return checked
+
     def apply_loras(self, loras: tuple[tuple[str, float], ...]) -> None:
         """Make a validated request's LoRA set (or none: the base) the applied one; every rank, before any
         forward of the job (GenerationFailed on every rank when one cannot). Nothing without a catalogue."""
@@ -215,7 +236,7 @@ class Pipeline:
         dit.preview.MAX_SIDE on its long side) every `config.preview_every` steps and after the last.
         `resume` (every rank) goes on from a checkpoint of this request; `checkpoints` (the leader only)
         hears the state every few steps (dit.denoise_state)."""
-        req = self.validate(req)
+        req = self._validated(req)
         self.apply_loras(req.loras)
         enter_phase(on_phase, "encoding")
         cond, uncond = self.conditioning(req)

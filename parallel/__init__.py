@@ -4,7 +4,7 @@ with halo exchange (band-parallel convolution). The names below load on first us
 from parallel.lazy import lazy_exports
 
 _MODULES = {
-    "parallel.agree": ("first_failure",),
+    "parallel.agree": ("failures", "first_failure"),
     "parallel.sequence_attention": ("attention", "cfg_all_gather"),
     "parallel.comm": (
         "COMM_MODES",

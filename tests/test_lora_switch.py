@@ -193,18 +193,32 @@ def _one_rank_cannot_read(folder: str):
                 out.append(str(failed))
     finally:
         dit.lora.read = real
+
+    def unknown(loras):  # gone from rank 1's folder before the job: its catalogue no longer names it
+        raise ValueError("loras: no LoRA named 'x' in the catalogue")
+
+    if dist.get_rank() == 1:
+        pipe.lora_catalogue.plans = unknown
+    try:
+        pipe.denoise(GenerationRequest(**SMALL, loras=(("x", 0.7),)))
+    except (ValueError, GenerationFailed) as e:  # rank 0 waited in apply_loras' collective until the timeout
+        out.append(f"{type(e).__name__}: {e}")
+    finally:
+        vars(pipe.lora_catalogue).pop("plans", None)
+    out.append(pipe.denoise(GenerationRequest(**SMALL)))  # the next job runs
     return out
 
 
 def test_a_set_one_rank_cannot_apply_fails_the_job_on_every_rank_and_the_next_job_runs(folder):
     want = _switching(str(folder), 1, 1)[0]  # the base
-    (failed, after), (failed_too, after_too) = run_distributed(
+    (failed, after, unknown, then), (failed_too, after_too, unknown_too, then_too) = run_distributed(
         2, _one_rank_cannot_read, str(folder), timeout=120
     )
     assert failed == failed_too and failed.startswith(
         "loras: the set could not be applied: FileNotFoundError"
     )
-    for got in (after, after_too):  # in step, and the weights the base's on both ranks
+    assert unknown == unknown_too == "GenerationFailed: rank 1: loras: no LoRA named 'x' in the catalogue"
+    for got in (after, after_too, then, then_too):  # in step, and the weights the base's on both ranks
         assert ((got - want).abs().max() / want.abs().max()).item() <= EXACT_REL
 
 
