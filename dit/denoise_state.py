@@ -173,6 +173,12 @@ def load_file(path: str, key: dict, expected: Expected) -> tuple[DenoiseState | 
     return (None, f"malformed ({why})") if why else (DenoiseState(**data["state"]), None)
 
 
+def unusable(state: DenoiseState, expected: Expected) -> str | None:
+    """What a resume of the job `expected` could not use in `state` (the Python API's, not a file's), or
+    None: another request's step count or size went on past the last step, or at the state's size."""
+    return _malformed(vars(state), expected)
+
+
 def _malformed(state, expected: Expected) -> str | None:
     """What in a file's state a resume could not use, or None."""
     names = {f.name for f in fields(DenoiseState)}

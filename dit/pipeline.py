@@ -25,7 +25,7 @@ from dit.cache_config import CacheConfig
 from dit.callbacks import DecodeCallback, FramesCallback, PhaseCallback, enter_phase
 from dit.comm_choice import choose_comm
 from dit.compile import compile_blocks
-from dit.denoise_state import Checkpointing, DenoiseState
+from dit.denoise_state import Checkpointing, DenoiseState, Expected, unusable
 from dit.failures import DecodeCancelled, GenerationCancelled, GenerationFailed
 from dit.families import (
     TINY_LIMITS,
@@ -237,6 +237,11 @@ class Pipeline:
         `resume` (every rank) goes on from a checkpoint of this request; `checkpoints` (the leader only)
         hears the state every few steps (dit.denoise_state)."""
         req = self._validated(req)
+        if resume is not None:
+            replica = self.mesh.sp_size * self.mesh.cfg_size  # a step-cache state a rank
+            why = unusable(resume, Expected(req.num_inference_steps, self.latent_shape(req), ranks=replica))
+            if why is not None:
+                raise ValueError(f"resume: the state does not fit this request: {why}")
         self.apply_loras(req.loras)
         enter_phase(on_phase, "encoding")
         cond, uncond = self.conditioning(req)

@@ -42,6 +42,10 @@ def test_every_step_resumes_to_the_same_latents(sampler):
         got, _ = _run(pipe, req, resume=state)
         assert torch.equal(got, want), (sampler, state.step)
     assert (pipe.evaluations.evaluated, pipe.evaluations.skipped) == (2 * steps, 0)  # resumed counts kept
+    # a state of another request's steps or size: it ran on past the last step, or made the state's size
+    for other, why in (({"num_inference_steps": 2}, "step 2 is not 1 to 1"), ({"height": 48}, "of shape")):
+        with pytest.raises(ValueError, match=f"^resume: the state does not fit this request: .*{why}"):
+            pipe.denoise(GenerationRequest(**REQUEST | other), resume=saved[1])
 
 
 def test_every_n_steps_and_the_two_experts_across_their_switch():
