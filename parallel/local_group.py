@@ -16,7 +16,8 @@ other process can take the port between its choice and its use; the other ranks 
 `env://` (which would bind the port again).
 
 Like torchrun: each rank runs in a session of its own; a rank that fails (a non-zero exit, a signal) has the
-others sent SIGTERM, then SIGKILL after TERM_GRACE_S, and the launcher exits 1. Exit code 2 apart: a mistake
+others sent SIGTERM, then SIGKILL after TERM_GRACE_S, and the launcher exits 1, or 128 + N when signal N
+ended the rank (137: SIGKILL, the kernel's out-of-memory killer's too). Exit code 2 apart: a mistake
 in the command every rank meets (said by rank 0 alone, so once), the others get MISTAKE_GRACE_S to end by
 themselves, and when all end with 2 so does the launcher, with nothing of its own to say. SIGTERM, SIGINT or
 SIGHUP to the launcher is passed on to every rank as SIGTERM. A group across machines still uses torchrun's
@@ -164,7 +165,9 @@ class Group:
         self.terminate(signal.SIGKILL)
         for proc in self.procs:
             proc.wait()
-        return 128 + self.stopping if self.stopping is not None else 1
+        if self.stopping is not None:
+            return 128 + self.stopping
+        return 128 - failed[0][1] if failed[0][1] < 0 else 1  # a rank a signal ended: as a shell says it
 
 
 USAGE = "usage: python -m parallel.local_group --nproc=N [--quiet] (-m MODULE | SCRIPT) [ARGS...]"

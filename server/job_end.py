@@ -43,7 +43,7 @@ class JobEnd:
         run.phases.enter("writing")
         if self.store.set_phase(run.job_id, self.name, "writing", run.phases.timings):
             run.video.drop()
-            self.finish(run, "cancelled", error="cancelled while decoding; no video was written")
+            self.over(run, "cancelled", error="cancelled while decoding; no video was written")
             return
         frames = None if run.video.streamed else frames  # a close waiting its turn holds only what it needs
         self.closer.submit(
@@ -61,6 +61,15 @@ class JobEnd:
         return self.store.finish(
             run.job_id, self.name, status, timings=timings, attempt=run.attempt, **fields
         )
+
+    def over(self, run: JobRun, status: str, **fields):
+        """`finish`, and when the job ended in this run, its checkpoint gone: kept until the MP4 was in place,
+        so a run killed while the file closed resumes from it (it ran every step again); another run's
+        checkpoint stays."""
+        job = self.finish(run, status, **fields)
+        if job is not None:
+            videos.remove_checkpoint(self.videos_dir, run.job_id)
+        return job
 
     def _close(self, run: JobRun, frames, evaluations) -> None:
         """On the closer's thread: finish the file, then complete the job. The file is renamed into place
@@ -84,11 +93,11 @@ class JobEnd:
             if isinstance(e, VideoNotWritten):  # its one line says why (a full disk)
                 error = str(e)
             log.error("job %s: %s", job_id, error)
-            self.finish(run, "failed", error=error)
+            self.over(run, "failed", error=error)
             self.drop_files(job_id, image)
             return
         counts = {"evaluated": evaluations.evaluated, "skipped": evaluations.skipped}
-        job = self.finish(run, "completed", video=os.path.basename(path), timings=counts)
+        job = self.over(run, "completed", video=os.path.basename(path), timings=counts)
         if job is None or job.status != "completed":  # cancelled meanwhile, or no longer this run's
             os.remove(path)
         else:

@@ -76,12 +76,12 @@ class JobRun:
             self.video.drop()
             worker._flush(job_id)
             if isinstance(outcome, worker.module.GenerationCancelled):
-                steps = f"after step {len(self.step_times)}"
+                steps = f"after step {outcome.step}"  # of the job: a resumed run's own count starts late
                 error = f"cancelled {'while decoding' if isinstance(outcome, DecodeCancelled) else steps}"
                 worker.ending.finish(self, "cancelled", error=error)
             else:
                 worker.ending.finish(self, "failed", error=str(outcome))
             return
         worker.previews.submit(job_id, self.spec["num_inference_steps"], frame_preview(outcome))
-        worker._flush(job_id)
+        worker._flush(None)  # the checkpoint stays until the MP4 is in place: a run killed meanwhile resumes
         worker.ending.hand_off(self, outcome, evaluations)

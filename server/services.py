@@ -257,8 +257,11 @@ class Services:
                 os.remove(path)
         if delete and job.terminal:  # a running job may still be re-queued: its worker removes it at the end
             videos.remove_input(self.config.videos_dir, job.id)
-        if delete:  # one a running job's worker writes after this goes when the job ends (the worker)
+        # and one no route reaches (a re-queue cleared it); a running job's later one goes with its worker
+        if delete or (job.terminal and job.preview_step is None):
             videos.remove_preview(self.config.videos_dir, job.id)
+        if job.terminal:  # cancelled while queued to run again: it never resumes from its checkpoint
+            videos.remove_checkpoint(self.config.videos_dir, job.id)
         return job
 
     def preview(self, job: Job) -> bytes:

@@ -141,6 +141,13 @@ def launch_group(config: ServeConfig, group_id: str) -> subprocess.Popen:
     )
 
 
+def _exit_said(code: int) -> str:
+    """The launcher's exit code in words: 128 + N is a rank that signal N ended (parallel.local_group)."""
+    if code > 128 and code - 128 in signal.valid_signals():
+        return f"code {code}: a rank was ended by {signal.Signals(code - 128).name}"
+    return f"code {code}"
+
+
 def _in_a_row(n: int) -> str:
     return "once" if n == 1 else f"{n} times in a row"
 
@@ -326,15 +333,15 @@ class Supervisor:
         self._group_ready = False
         error = self.store.group_error(self.group_id)
         for job in self.store.in_progress(worker_prefix=self._worker_prefix()):
-            self._requeue(job, f"the worker group exited (code {code}) while running it"
+            self._requeue(job, f"the worker group exited ({_exit_said(code)}) while running it"
                           + (f": {error}" if error else ""))  # fmt: skip
         self.store.forget_group(self.group_id)
         self.restarts += 1
         self._failures_in_a_row += 0 if self._was_ready else 1
         self._proc, self._was_ready = None, False
         log.error(
-            "worker group %s exited with code %s (restart %d)%s",
-            self.group_id, code, self.restarts, f": {error}" if error else "",
+            "worker group %s exited (%s; restart %d)%s",
+            self.group_id, _exit_said(code), self.restarts, f": {error}" if error else "",
         )  # fmt: skip
         if self._failures_in_a_row < self.config.restart_budget:
             return False

@@ -121,6 +121,13 @@ def partial_video(videos_dir: str, job_id: str, attempt: int) -> str:
     return os.path.join(videos_dir, f"{job_id}.{attempt}{PARTIAL_SUFFIX}")
 
 
+def remove_earlier_partials(videos_dir: str, job_id: str, attempt: int) -> None:
+    """The partial MP4s of the job's attempts before `attempt`: their runs are over, or no longer the job's
+    (one that lives on finds that at its close and leaves the name alone: `JobEnd`)."""
+    for earlier in range(1, attempt):
+        _remove(partial_video(videos_dir, job_id, earlier))
+
+
 def _unreachable_video(name: str, job: Job) -> bool:
     if name.endswith(PARTIAL_SUFFIX):
         mine = os.path.basename(partial_video("", job.id, job.attempts))  # an earlier attempt's is not

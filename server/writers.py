@@ -145,6 +145,7 @@ class StreamedVideo:
 
     def __init__(self, videos_dir: str, job_id: str, attempt: int, fps: int):
         os.makedirs(videos_dir, exist_ok=True)
+        videos.remove_earlier_partials(videos_dir, job_id, attempt)  # left by a run killed as its file closed
         self.path = videos.partial_video(videos_dir, job_id, attempt)
         self.fps, self._writer, self._error = fps, None, None
 

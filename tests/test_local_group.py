@@ -76,6 +76,21 @@ def test_a_failed_rank_ends_the_others_and_a_signal_reaches_every_rank(tmp_path)
                            capture_output=True, text=True, timeout=30)  # fmt: skip
     assert (quiet.returncode, quiet.stderr) == (1, "")  # serve's JSON logs: the server's log says it
 
+
+def test_a_rank_a_signal_ended_is_the_launchers_exit_code(tmp_path):
+    """137 as a shell says it (SIGKILL: the out-of-memory killer's too); it was 1, and a job failed "the
+    worker group exited (code 1)" of a killed rank, with nothing else to go on."""
+    from server.supervisor import _exit_said
+
+    (tmp_path / "rank.py").write_text(
+        "import os, signal\nif os.environ['RANK'] == '1': os.kill(os.getpid(), 9)\n"
+    )
+    killed = subprocess.run([*local_group(2), str(tmp_path / "rank.py")], capture_output=True, timeout=30)
+    assert killed.returncode == 128 + signal.SIGKILL
+    assert (
+        _exit_said(killed.returncode) == "code 137: a rank was ended by SIGKILL" and _exit_said(1) == "code 1"
+    )
+
     for p in [*tmp_path.glob("term*"), *tmp_path.glob("up*")]:
         p.unlink()
     launcher = _start(tmp_path, failing=-1)

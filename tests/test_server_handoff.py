@@ -84,8 +84,15 @@ def _at(s, job_id: str, what, phase: str | None = None):
     return s.store.get(job_id)
 
 
-def test_the_next_job_runs_while_the_last_mp4_closes_and_completes_once_it_is_in_place(served):
+def test_the_next_job_runs_while_the_last_mp4_closes_and_completes_once_it_is_in_place(served, monkeypatch):
     s = served
+    removed = []  # (job, its MP4 in place) as its checkpoint goes: kept until then, a run killed while the
+    # file closed resumes from it (it was removed before the close, and the next run did every step again)
+    monkeypatch.setattr(
+        videos,
+        "remove_checkpoint",
+        lambda folder, job_id: removed.append((job_id, os.path.exists(_mp4(s.config, job_id)))),
+    )
     first, _ = s.store.create(SPEC)
     second, _ = s.store.create(SPEC | {"seed": 1})
     _at(s, second.id, "in_progress", "writing")  # claimed, denoised and decoded: the first file is still held
@@ -100,6 +107,7 @@ def test_the_next_job_runs_while_the_last_mp4_closes_and_completes_once_it_is_in
     for job in done:
         assert read_mp4(_mp4(s.config, job.id)).frames.shape == (9, 32, 32, 3)
         assert job.video == f"{job.id}.mp4" and job.timings["writing_s"] > 0
+    assert removed == [(first.id, True), (second.id, True)]
 
 
 def test_a_cancel_while_the_mp4_closes_leaves_no_file_and_a_cancelled_job(served):
@@ -205,3 +213,32 @@ def test_an_idle_leader_polls_the_queue_slower_and_fast_again_after_a_job(tmp_pa
         worker.stopping.set()
         thread.join(WAIT_S)
     assert not thread.is_alive()
+
+
+def test_a_run_removes_the_partial_files_of_the_attempts_before_it(tmp_path):
+    """A run killed while its file closed left `<id>.1.partial.mp4` beside the next run's finished MP4 until
+    the next start-up."""
+    job_id = "ab" * 16
+    earlier = [tmp_path / f"{job_id}.{attempt}{videos.PARTIAL_SUFFIX}" for attempt in (1, 2)]
+    for path in earlier:
+        path.write_bytes(b"part of an MP4")
+    video = StreamedVideo(str(tmp_path), job_id, attempt=3, fps=8)
+    assert not any(path.exists() for path in earlier) and video.path.endswith(f"{job_id}.3.partial.mp4")
+
+
+def test_a_resumed_run_cancelled_names_the_jobs_step(tmp_path):
+    """A run that went on from a checkpoint counted its own steps: "cancelled after step 1" of a job stopped
+    at step 7."""
+    from server.job_run import JobRun
+
+    finished = {}
+    worker = SimpleNamespace(
+        config=SimpleNamespace(videos_dir=str(tmp_path)),
+        module=fake_pipeline,
+        _flush=lambda job_id: None,
+        ending=SimpleNamespace(finish=lambda run, status, **fields: finished.update(status=status, **fields)),
+    )
+    run = JobRun(worker, {"id": "ab" * 16, "spec": {"fps": 8}, "attempt": 2})
+    run.step_times = [0.1]  # this run's one step: it resumed after step 6
+    run.ended(fake_pipeline.GenerationCancelled(7, 10), None)
+    assert finished == {"status": "cancelled", "error": "cancelled after step 7"}

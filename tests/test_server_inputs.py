@@ -11,12 +11,14 @@ import logging
 import sqlite3
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from dit.vocabulary import read_vocabulary
+from server import videos
 from server.app import create_app
 from server.config import ServeConfig
 from server.store import JobStore
@@ -366,6 +368,23 @@ def test_a_cancel_sent_again_answers_the_cancelled_job(client):
     first, again = (client.delete(f"/jobs/{job['id']}") for _ in range(2))
     assert (first.status_code, again.status_code) == (200, 200)
     assert first.json()["status"] == again.json()["status"] == "cancelled"
+
+
+def test_a_job_cancelled_while_queued_to_run_again_leaves_no_file_and_says_so(client, tmp_path):
+    """Its checkpoint stayed until the next start-up (a real model's: tens of MB), and its preview, which no
+    route reached any more; it said "cancelled before it started" of a job that had run."""
+    store = client.app.state.services.store
+    job = client.post("/generate", json={"prompt": "fox"}).json()
+    store.set_preview(store.claim("w", "box").id, "w", 2)
+    folder = tmp_path / "videos"
+    files = [Path(videos.checkpoint_path(str(folder), job["id"])), folder / "previews" / f"{job['id']}.webp"]
+    for path in files:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+    store.requeue_or_fail(store.get(job["id"]), max_attempts=2, reason="the worker group exited")
+    cancelled = client.delete(f"/jobs/{job['id']}").json()
+    assert (cancelled["status"], cancelled["error"]) == ("cancelled", "cancelled while queued to run again")
+    assert not any(path.exists() for path in files)
 
 
 def test_a_job_without_a_seed_gets_a_random_one_kept_in_its_request(client):

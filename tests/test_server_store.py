@@ -141,6 +141,20 @@ def test_idempotency_cancel_and_progress(store):
     assert store.finish(a.id, "w", "completed") is None  # terminal states stick
 
 
+def test_a_cancel_asked_while_it_ran_is_honoured_when_its_run_ends_otherwise(store):
+    """The DELETE was answered: the group dying before the worker acted on it ran the job again, or failed
+    it."""
+    asked, _ = store.create({"prompt": "y"})
+    claimed = store.claim("w", "box-a")
+    store.cancel(asked.id)
+    ended = store.requeue_or_fail(claimed, max_attempts=2, reason="the worker group exited (code 1)")
+    assert (ended.status, ended.video) == ("cancelled", None)
+    assert ended.error == "cancelled; its run ended before it stopped (the worker group exited (code 1))"
+    one, _ = store.create({"prompt": "z"})
+    store.requeue_or_fail(store.claim("w", "box-a"), max_attempts=1, reason="interrupted")
+    assert store.get(one.id).error == "interrupted (after 1 attempt)"  # not "1 attempts"
+
+
 def test_requeue_then_fail_and_pagination(store):
     job, _ = store.create({"prompt": "x"})
     for _ in range(3):  # runs a shutdown stopped use no attempt, however many

@@ -212,9 +212,15 @@ class JobRuns(Connections):
         """Give an interrupted job another run, or fail it once it has used up its attempts; returns it as it
         now is (None: it was no longer running). `counted=False`: the run that ended does not count (a server
         shutdown stopped it, its group is gone): the attempt is given back and the job re-queued. A run
-        number is then used again, so the caller must know that run can end nothing any more."""
+        number is then used again, so the caller must know that run can end nothing any more. A job whose
+        cancel was asked for ends cancelled: the DELETE was answered, and a run again would only stop."""
         with self._write() as db:
-            if job.attempts < max_attempts or not counted:
+            row = db.execute(
+                "UPDATE jobs SET status = 'cancelled', finished_at = ?, error = ?, video = NULL "
+                "WHERE id = ? AND status = 'in_progress' AND cancel_requested <> 0 RETURNING *",
+                (time.time(), f"cancelled; its run ended before it stopped ({reason})", job.id),
+            ).fetchone()
+            if row is None and (job.attempts < max_attempts or not counted):
                 row = db.execute(
                     "UPDATE jobs SET status = 'queued', attempts = attempts - ?, worker = NULL, "
                     "started_at = NULL, step = 0, progress = 0, phase = 'queued', preview_step = NULL, "
@@ -223,13 +229,17 @@ class JobRuns(Connections):
                     "WHERE id = ? AND status = 'in_progress' RETURNING *",
                     (0 if counted else 1, job.id),
                 ).fetchone()
-            else:
+            elif row is None:
                 row = db.execute(
                     "UPDATE jobs SET status = 'failed', finished_at = ?, error = ? "
                     "WHERE id = ? AND status = 'in_progress' RETURNING *",
-                    (time.time(), f"{reason} (after {job.attempts} attempts)", job.id),
+                    (time.time(), f"{reason} (after {_attempts(job.attempts)})", job.id),
                 ).fetchone()
         return log_change(job_from_row(row), reason)
+
+
+def _attempts(n: int) -> str:
+    return "1 attempt" if n == 1 else f"{n} attempts"
 
 
 def _phase_timings(first: int, timings: dict | None) -> tuple[str, list]:
