@@ -6,6 +6,7 @@ experts)."""
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,14 @@ class GenerationRequest:
     loras: tuple[tuple[str, float], ...] = ()
 
 
+def plain_number(value):
+    """numpy's numbers as Python's (np.int64 from `rng.integers`, np.float32): the checks take those, and a
+    request keeps them so (JSON, checkpoint keys); anything else as it is."""
+    if type(value) in (int, float) or isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
+
+
 def _check_int(
     name: str, value, low: int, high: int, rule: str = "an integer", step: int = 1, offset: int = 0
 ):
@@ -72,7 +81,7 @@ def check_loras(loras) -> tuple[tuple[str, float], ...]:
     for pair in loras:
         if isinstance(pair, str | bytes | dict) or not hasattr(pair, "__len__") or len(pair) != 2:
             raise ValueError(f"loras: each must be a [name, strength] pair, got {pair!r}")
-        name, strength = pair
+        name, strength = pair[0], plain_number(pair[1])
         if not isinstance(name, str) or not name:
             raise ValueError(f"loras: a name must be a non-empty string, got {name!r}")
         if (
@@ -107,6 +116,9 @@ def check_numbers(req: GenerationRequest, lim: Limits) -> GenerationRequest:
     checked against `lim` (ValueError naming the field), whether it has the image the model needs or takes
     none, and its `loras` as `check_loras` spells them. What
     `Pipeline.validate` checks first, and all `dit.preflight` can check before the model loads."""
+    numbers_ = ("num_frames", "height", "width", "num_inference_steps", "guidance_scale", "guidance_scale_2",
+                "fps", "seed")  # fmt: skip
+    req = replace(req, **{name: plain_number(getattr(req, name)) for name in numbers_})
     req = replace(
         req,
         num_frames=lim.default_frames if req.num_frames is None else req.num_frames,

@@ -56,6 +56,19 @@ def test_bad_inputs_name_the_field_and_allowed_values(pipe, field, value, messag
         pipe.validate(req)
 
 
+def test_numpy_numbers_are_taken_as_pythons(pipe):
+    """np.int64 (a seed from rng.integers) was refused as "num_frames must be 4k+1 ..., got np.int64(17)", and
+    np.float32 guidance too, where np.float64 (a float) was taken and kept."""
+    given = GenerationRequest("a cat", num_frames=np.int64(17), height=np.int32(32), width=np.int16(48),
+                              seed=np.int64(5), guidance_scale=np.float32(3.0), fps=np.uint8(8))  # fmt: skip
+    assert pipe.validate(given) == pipe.validate(
+        GenerationRequest("a cat", num_frames=17, height=32, width=48, seed=5, guidance_scale=3.0, fps=8)
+    )
+    assert type(pipe.validate(given).seed) is int and type(pipe.validate(given).guidance_scale) is float
+    with pytest.raises(ValueError, match="seed must be an integer"):  # a bool is no seed, numpy's neither
+        pipe.validate(GenerationRequest("a cat", seed=np.bool_(True)))
+
+
 def test_defaults_come_from_the_limits(pipe):
     lim = pipe.limits
     req = pipe.validate(GenerationRequest("a cat"))
