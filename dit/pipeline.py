@@ -36,11 +36,12 @@ from dit.families import (
     pick_scheduler,
 )
 from dit.first_frame import FirstFrame, with_first_frame
-from dit.fp8_linear import QUANTS, quantise
+from dit.fp8_linear import quantise
 from dit.image import fit
 from dit.lora_catalogue import LoraCatalogue
 from dit.lora_switch import LoraSwitch, check_lora_dir, lora_switch
 from dit.parts import check_parts
+from dit.preflight import ONE_EXPERT, check_settings
 from dit.presets import resolve
 from dit.preview import LatentPreview, PreviewCallback, read_preview, vae_preview
 from dit.request import GenerationRequest, check_guidance, check_numbers, check_text
@@ -433,9 +434,9 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     `transformer/`, text encoder(s) + tokenizer(s), `vae/`, `scheduler/`); the family (Wan2.1 or
     HunyuanVideo-1.5) comes from the transformer's `_class_name`. A preset without a folder pairs the DiT with
     the family's tiny text encoder(s) and VAE (random weights, for development and benchmarks)."""
-    for name, allowed in (("dtype", DTYPES), ("vae_dtype", DTYPES), ("quant", QUANTS)):
-        if getattr(config, name) not in allowed:  # a quant of another name loaded the model unquantised
-            raise ValueError(f"{name} must be one of {sorted(allowed)}, got {getattr(config, name)!r}")
+    # what the command line refuses before any rank starts: a quant of another name loaded the model
+    # unquantised, a flow shift of -1 failed at the decode, naming its dtype
+    check_settings(config, named=str)
     mesh = mesh if mesh is not None else parallel.init_parallel()
     device = torch.device(config.device) if config.device else mesh.device
     dtype = DTYPES[config.dtype]
@@ -451,6 +452,8 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     expand = family.expand_timesteps(folder, model_name)
     if boundary is not None and config.loras:
         raise ValueError(TWO_EXPERT_LORAS)
+    if config.offload_idle_expert and boundary is None:
+        raise ValueError(f"offload_idle_expert {ONE_EXPERT}")
     check_lora_dir(config)
     raw = []  # (raw transformer, its source, FP8 layers' unquantised weights): LoRAs per request change it
     # a LoRA per request is added to unquantised weights: a pre-quantised checkpoint is then dequantised

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -38,8 +39,6 @@ def preflight(
     last (`dit.shape.plan_layout`). `request` (a `GenerationRequest`): its frames, size, steps, guidance and
     fps against the model's limits, read from its configs and its folder's card (`dit.model_card`) before any
     model code loads."""
-    from parallel.comm import COMM_MODES, comm_config
-    from parallel.kernels import BACKENDS
     from parallel.plan import AUTO, CFG_DEGREES, check_fixed, needs_model
 
     preset = settings.pop("preset", None)  # not a field: the model by name, which a folder overrides
@@ -51,40 +50,14 @@ def preflight(
         raise ValueError(f"--cfg must be 1 or 2 (prompt and negative prompt in parallel) or auto: {cfg!r}")
     with _degrees(nproc):
         check_fixed(nproc, ulysses, ring, cfg)
-    comm, attn_backend, device = config.comm, config.attn_backend, config.device
-    if comm != "auto":  # auto: measured at start-up (dit.comm_choice)
-        try:
-            comm_config(comm)
-        except ValueError:
-            modes = ", ".join(COMM_MODES)
-            raise ValueError(
-                f"--comm {comm!r} is not one of {modes} (each optionally +overlapN, N >= 2), auto"
-            ) from None
-    _check_choice("--attn-backend", attn_backend, BACKENDS)
-    on_cuda = _check_device("--device", device, nproc if local_nproc is None else local_nproc)
-    if config.text_encoder_device is not None:
-        _check_device("--text-encoder-device", config.text_encoder_device, 1)
-    if attn_backend == "flash" and not (on_cuda and importlib.util.find_spec("flash_attn")):
-        raise ValueError(
-            "--attn-backend flash needs a CUDA device and flash-attn installed; use auto or sdpa"
-        )
+    check_settings(config, nproc if local_nproc is None else local_nproc)
 
     from dit.families import model_family, model_names, pick_sampling
-    from dit.fp8_linear import QUANTS
     from dit.parts import check_parts
-    from dit.pipeline import DTYPES
     from dit.presets import resolve
-    from dit.sampling import FIXED_SCHEDULE_SAMPLERS, SAMPLERS, FixedSchedule
+    from dit.sampling import FIXED_SCHEDULE_SAMPLERS
 
-    shift = config.flow_shift
-    if shift is not None and not (math.isfinite(shift) and shift > 0):  # 0 or less: no noise schedule at all
-        raise ValueError(f"--flow-shift must be a number above 0 (Wan 480p: 3, 720p: 5), got {shift!r}")
-    _check_choice("--dtype", config.dtype, DTYPES)
-    _check_choice("--vae-dtype", config.vae_dtype, DTYPES)
-    _check_choice("--quant", config.quant, QUANTS)
     sampler, timesteps = config.sampler, config.timesteps
-    if sampler is not None:  # None: the family's own
-        _check_choice("--sampler", sampler, SAMPLERS)
     if model_path is None:
         _check_choice("--preset", config.model, model_names())
     elif not Path(model_path).is_dir():
@@ -106,10 +79,6 @@ def preflight(
     family, folder = model_family(model), (Path(model) if Path(model).is_dir() else None)
     picked = pick_sampling(family, folder, sampler)[0]  # the folder's own fixed schedule checked too
     if timesteps is not None:
-        try:
-            FixedSchedule.parse(timesteps)
-        except ValueError as e:
-            raise ValueError(f"--{e}") from None  # "timesteps must be integers ..."
         if picked not in FIXED_SCHEDULE_SAMPLERS:
             whose = "--sampler" if sampler else "the model's sampler,"
             raise ValueError(
@@ -118,7 +87,7 @@ def preflight(
             )
     two_experts = family.boundary_ratio(model, folder) is not None
     if config.offload_idle_expert and not two_experts:
-        raise ValueError("--offload-idle-expert is for two-expert models (Wan2.2 A14B); this model has one")
+        raise ValueError(f"{flag('offload_idle_expert')} {ONE_EXPERT}")
     if config.loras and two_experts:
         raise ValueError(f"--lora: {TWO_EXPERT_LORAS}")
     if request is not None or config.warmup:  # the request, and each warm-up size as a request of that size
@@ -159,6 +128,77 @@ def preflight(
             check_loras(model, config.loras)
         except (FileNotFoundError, ValueError) as e:
             raise ValueError(f"--lora: {e}") from None
+
+
+def flag(field: str) -> str:
+    """A setting's name on the command line."""
+    return "--" + field.replace("_", "-")
+
+
+# the end of a message naming the setting: `offload_idle_expert` on a model of one expert
+ONE_EXPERT = "is for two-expert models (Wan2.2 A14B); this model has one"
+
+
+def check_settings(config: PipelineConfig, local_nproc: int = 1, named: Callable[[str], str] = flag) -> bool:
+    """The settings that need no model, one ValueError line naming the setting as `named` spells a field (its
+    flag here, its name for `load_pipeline`): the exchange, attention backend, devices, dtypes, FP8, sampler,
+    flow shift, timesteps' syntax, step cache and LoRA pairs. Whether the ranks run on CUDA."""
+    from dit.cache_config import CacheConfig
+    from dit.fp8_linear import QUANTS
+    from dit.pipeline import DTYPES
+    from dit.sampling import SAMPLERS, FixedSchedule
+    from parallel.comm import COMM_MODES, comm_config
+    from parallel.kernels import BACKENDS
+
+    if config.comm != "auto":  # auto: measured at start-up (dit.comm_choice)
+        try:
+            comm_config(config.comm)
+        except ValueError:
+            modes = ", ".join(COMM_MODES)
+            raise ValueError(
+                f"{named('comm')} {config.comm!r} is not one of {modes} (each optionally +overlapN, N >= 2), "
+                "auto"
+            ) from None
+    _check_choice(named("attn_backend"), config.attn_backend, BACKENDS)
+    on_cuda = _check_device(named("device"), config.device, local_nproc)
+    if config.text_encoder_device is not None:
+        _check_device(named("text_encoder_device"), config.text_encoder_device, 1)
+    if config.attn_backend == "flash" and not (on_cuda and importlib.util.find_spec("flash_attn")):
+        raise ValueError(
+            f"{named('attn_backend')} flash needs a CUDA device and flash-attn installed; use auto or sdpa"
+        )
+    shift = config.flow_shift  # 0 or less: no noise schedule at all
+    number = isinstance(shift, int | float) and not isinstance(shift, bool)
+    if shift is not None and not (number and math.isfinite(shift) and shift > 0):
+        raise ValueError(
+            f"{named('flow_shift')} must be a number above 0 (Wan 480p: 3, 720p: 5), got {shift!r}"
+        )
+    for name in ("dtype", "vae_dtype"):
+        _check_choice(named(name), getattr(config, name), DTYPES)
+    _check_choice(named("quant"), config.quant, QUANTS)
+    if config.sampler is not None:  # None: the family's own
+        _check_choice(named("sampler"), config.sampler, SAMPLERS)
+    if config.timesteps is not None:
+        try:
+            if not isinstance(config.timesteps, str):
+                raise ValueError(
+                    f"timesteps must be text such as '1000,750,500,250', got {config.timesteps!r}"
+                )
+            FixedSchedule.parse(config.timesteps)
+        except ValueError as e:  # "timesteps must be integers ..."
+            raise ValueError(named("timesteps") + str(e).removeprefix("timesteps")) from None
+    try:
+        CacheConfig.parse(config.cache)
+    except (ValueError, TypeError) as e:  # "cache must be off, fbcache, ..."
+        raise ValueError(named("cache") + str(e).removeprefix("cache")) from None
+    if isinstance(config.loras, str):
+        raise ValueError(f"{named('loras')} must be (path, strength) pairs, got {config.loras!r}")
+    for pair in config.loras:  # (path, strength): a path alone was unpacked into its letters
+        if isinstance(pair, str) or not hasattr(pair, "__len__") or len(pair) != 2:
+            raise ValueError(f"{named('loras')} must be (path, strength) pairs, got {pair!r}")
+        if isinstance(pair[1], bool) or not isinstance(pair[1], int | float):
+            raise ValueError(f"{named('loras')} must be (path, strength) pairs, got {pair!r}")
+    return on_cuda
 
 
 def _one_video(layout, nproc: int, model: str, video: dict, sampler, timesteps) -> None:

@@ -235,13 +235,29 @@ def test_tiny_text_encoder_pads_like_wan(pipe):
     assert emb[0, :6].abs().sum(-1).min() > 0 and emb[0, 6:].abs().max() == 0
 
 
-def test_attn_backend_is_checked_and_applied(monkeypatch):
-    with pytest.raises(
-        ValueError, match=r"attn_backend must be one of auto, flash, cudnn, sdpa, math, fp8, got 'fast'"
-    ):
-        load_pipeline(PipelineConfig(model="tiny-random", device="cpu", attn_backend="fast"))
-    with pytest.raises(ValueError, match=r"quant must be one of \['fp8', 'none'\], got 'bogus'"):
-        load_pipeline(PipelineConfig(model="tiny-random", device="cpu", quant="bogus"))  # loaded unquantised
+@pytest.mark.parametrize(
+    "settings, says",
+    [
+        (dict(attn_backend="fast"), "attn_backend 'fast' is not one of auto, flash, cudnn, sdpa, math, fp8"),
+        (dict(quant="bogus"), "quant 'bogus' is not one of none, fp8"),  # it loaded unquantised
+        # what the command line refused and Python loaded, to fail later and elsewhere
+        (dict(flow_shift=-1.0), "flow_shift must be a number above 0"),  # "the VAE decode ... overflow"
+        (dict(flow_shift="3"), "flow_shift must be a number above 0"),  # a numpy UFuncTypeError
+        (dict(attn_backend="flash"), "attn_backend flash needs a CUDA device"),  # "'NoneType' ... callable"
+        (dict(comm="bogus"), "comm 'bogus' is not one of alltoall"),
+        (dict(cache="bogus"), "cache must be off, fbcache, or fbcache:THRESHOLD"),  # every request failed
+        (dict(offload_idle_expert=True), "offload_idle_expert is for two-expert models"),
+        (dict(loras="x.safetensors"), "loras must be \\(path, strength\\) pairs, got 'x.safetensors'"),
+        (dict(loras=(("x.safetensors", "abc"),)), "loras must be"),  # "could not convert string to float"
+        (dict(timesteps=[1000, 750]), "timesteps must be text"),  # "'list' object has no attribute 'split'"
+    ],
+)
+def test_settings_are_checked_as_the_command_line_checks_them(settings, says):
+    with pytest.raises(ValueError, match=f"^{says}"):
+        load_pipeline(PipelineConfig(model="tiny-random", device="cpu", **settings))
+
+
+def test_attn_backend_is_applied(monkeypatch):
 
     import parallel.kernels
 
