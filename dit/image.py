@@ -101,10 +101,8 @@ def fit(image, height: int, width: int) -> np.ndarray:
     for name, value in (("height", height), ("width", width)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if not isinstance(image, np.ndarray | Image.Image):
-        kind = type(image).__name__
-        raise ValueError(f"image must be a PIL image or a uint8 numpy array [H, W, 3], got {kind}")
-    source = Image.fromarray(_checked(image) if isinstance(image, np.ndarray) else _rgb(image))
+    check_image(image)
+    source = Image.fromarray(image if isinstance(image, np.ndarray) else _rgb(image))
     w, h = source.size
     scale = max(width / w, height / h)  # cover: the crop box is the target's shape in source pixels
     box_w, box_h = width / scale, height / scale
@@ -112,13 +110,18 @@ def fit(image, height: int, width: int) -> np.ndarray:
     return np.array(source.resize((width, height), Image.Resampling.LANCZOS, box=box))
 
 
-def _checked(image: np.ndarray) -> np.ndarray:
-    if not isinstance(image, np.ndarray) or image.dtype != np.uint8:
-        kind = image.dtype if isinstance(image, np.ndarray) else type(image).__name__
-        raise ValueError(f"image must be a uint8 numpy array [H, W, 3], got {kind}")
+def check_image(image) -> None:
+    """A request's first frame: a PIL image, or a uint8 RGB array [H, W, 3] (ValueError naming `image`
+    otherwise; a PIL image's pixels are decoded, and checked, only by `fit`)."""
+    if isinstance(image, Image.Image):
+        return
+    if not isinstance(image, np.ndarray):
+        kind = type(image).__name__
+        raise ValueError(f"image must be a PIL image or a uint8 numpy array [H, W, 3], got {kind}")
+    if image.dtype != np.uint8:
+        raise ValueError(f"image must be a uint8 numpy array [H, W, 3], got {image.dtype}")
     if image.ndim != 3 or image.shape[2] != 3 or 0 in image.shape:
         raise ValueError(f"image must be a uint8 numpy array [H, W, 3] (RGB), got shape {image.shape}")
-    return image
 
 
 def _open(data: bytes) -> Image.Image:

@@ -37,7 +37,7 @@ from dit.families import (
 )
 from dit.first_frame import FirstFrame, with_first_frame
 from dit.fp8_linear import quantise
-from dit.image import fit
+from dit.image import check_image, fit
 from dit.lora_catalogue import LoraCatalogue
 from dit.lora_switch import LoraSwitch, check_lora_dir, lora_switch
 from dit.parts import check_parts
@@ -124,6 +124,8 @@ class Pipeline:
     def validate(self, req: GenerationRequest) -> GenerationRequest:
         """The request with defaults filled in; ValueError naming the field and its allowed values if not."""
         lim = self.limits
+        if req.image is not None:  # its kind and shape: the pixels are fitted only when the job runs
+            check_image(req.image)
         if lim.image_target_size and req.image is not None and req.height is None and req.width is None:
             height, width = self.family.video_size(req.image, lim.image_target_size)  # the image's own size
             req = replace(req, height=height, width=width)

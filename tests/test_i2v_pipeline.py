@@ -122,6 +122,11 @@ def test_the_image_is_required_or_refused():
     i2v = load_pipeline(PipelineConfig(model="tiny-i2v-random", device="cpu"))
     with pytest.raises(ValueError, match="image: this image-to-video model needs a first-frame image"):
         i2v.validate(GenerationRequest("a fox"))
+    # validate checks the image's kind and shape (only the job's run did, on Wan's image-to-video)
+    with pytest.raises(ValueError, match="image must be a uint8 numpy array \\[H, W, 3\\], got float32"):
+        i2v.validate(GenerationRequest("a fox", image=np.zeros((8, 8), np.float32)))
+    with pytest.raises(ValueError, match="image must be a uint8 numpy array .* got shape \\(8, 8\\)"):
+        i2v.validate(GenerationRequest("a fox", image=np.zeros((8, 8), np.uint8)))
     t2v = load_pipeline(PipelineConfig(model="tiny-random", device="cpu"))
     assert not t2v.limits.image
     with pytest.raises(ValueError, match="image: this text-to-video model takes no image"):

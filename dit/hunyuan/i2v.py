@@ -91,12 +91,8 @@ def closest_size(height: int, width: int, target: int) -> tuple[int, int]:
 
 
 def video_size(image, target: int) -> tuple[int, int]:
-    """The video's (height, width) for a first frame (a PIL image or uint8 [H, W, 3]) when the request gives
-    no size, as the reference's image-to-video pipeline: the size of `target` closest to the image's aspect
-    ratio (`closest_size`)."""
-    if isinstance(image, Image.Image):
-        return closest_size(image.height, image.width, target)
-    if isinstance(image, np.ndarray) and image.ndim == 3:
-        return closest_size(*image.shape[:2], target)
-    kind = type(image).__name__
-    raise ValueError(f"image must be a PIL image or a uint8 numpy array [H, W, 3], got {kind}")
+    """The video's (height, width) for a first frame (checked: `dit.image.check_image`) when the request
+    gives no size, as the reference's image-to-video pipeline: the size of `target` closest to the image's
+    aspect ratio (`closest_size`)."""
+    height, width = (image.height, image.width) if isinstance(image, Image.Image) else image.shape[:2]
+    return closest_size(height, width, target)
