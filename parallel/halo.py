@@ -34,6 +34,11 @@ def _edge(x: torch.Tensor, dim: int, rows: int, at_start: bool, edge: str) -> to
     return side.expand(*x.shape[:dim], rows, *x.shape[dim + 1 :])
 
 
+def _place(group) -> tuple[int, int]:
+    """(the group's size, this rank's place in it); None: this rank alone, no process group needed."""
+    return (1, 0) if group is None else (dist.get_world_size(group), dist.get_rank(group))
+
+
 def exchange_halo(
     x: torch.Tensor, dim: int, before: int, after: int, group, edge: str = "zeros"
 ) -> torch.Tensor:
@@ -44,7 +49,7 @@ def exchange_halo(
     if edge not in EDGES:
         raise ValueError(f"edge={edge!r}; allowed: {', '.join(map(repr, EDGES))}")
     dim = dim % x.dim()
-    P, me, n = dist.get_world_size(group), dist.get_rank(group), x.shape[dim]
+    (P, me), n = _place(group), x.shape[dim]
     if not before + after:
         return x
     if n < max(before, after):
@@ -79,6 +84,8 @@ def gather_bands(x: torch.Tensor, dim: int, sizes: list[int], group, dst: int | 
     """The whole tensor from every rank's band (`sizes[r]` rows along `dim` on group rank r): on every rank
     (dst None, one all-gather) or on group rank `dst` alone (one gather; None elsewhere). Bands are padded to
     the largest for the collective and cut back after."""
+    if group is None:  # this rank alone: its band is the whole
+        return x
     dim = dim % x.dim()
     P, me, most = dist.get_world_size(group), dist.get_rank(group), max(sizes)
     pad = [0, 0] * (x.dim() - 1 - dim) + [0, most - x.shape[dim]]
@@ -104,7 +111,9 @@ class RowBands:
 
     @classmethod
     def split(cls, n: int, group) -> RowBands:
-        return cls(tuple(band_sizes(n, dist.get_world_size(group))), dist.get_rank(group), group)
+        """`n` rows over `group` (None: this rank alone, as a mesh of world size 1 gives it)."""
+        size, rank = _place(group)
+        return cls(tuple(band_sizes(n, size)), rank, group)
 
     def sizes_at(self, x: torch.Tensor, dim: int) -> list[int]:
         """The bands at x's resolution, x being this rank's band."""

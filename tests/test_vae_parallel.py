@@ -112,13 +112,14 @@ def test_a_band_that_overflows_fails_every_rank_alike_and_the_group_goes_on():
     assert video.dtype == torch.uint8 and video.shape == (1, 3, 5, 56, 40) and nothing is None
 
 
-def _primitives():
-    """Halo exchange and band gathers of a [2, 9, 3] tensor split 3+2+2+2 along dim 1, against slicing."""
+def _primitives(alone: bool = False):
+    """Halo exchange and band gathers of a [2, 9, 3] tensor split 3+2+2+2 along dim 1, against slicing;
+    `alone`: one rank without a process group (a mesh of world size 1: its groups are None)."""
     import torch.distributed as dist
 
     import parallel
 
-    group = dist.group.WORLD
+    group = None if alone else dist.group.WORLD
     whole = torch.arange(2 * 9 * 3, dtype=torch.float32).view(2, 9, 3) + 1
     bands = parallel.RowBands.split(9, group)
     band = bands.own(whole, 1, list(bands.sizes))
@@ -147,6 +148,9 @@ def test_halo_exchange_and_gathers_match_slicing():
             assert out[edge][1] == {"send": neighbours, "recv": neighbours}
         assert out["one_sided"] and out["all_gather"]
         assert out["gather"] is (True if rank == 0 else None)
+    alone = _primitives(alone=True)  # the README's block at world size 1 needed a process group
+    assert all(alone[edge] == (True, {}) for edge in ("zeros", "replicate"))
+    assert alone["one_sided"] and alone["all_gather"] and alone["gather"]
 
 
 def test_unknown_layers_are_refused():
