@@ -10,8 +10,9 @@ the tokenizer, so every rank validates a request on its own and rejects it the s
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
-from functools import partial
+from functools import partial, wraps
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +78,18 @@ __all__ = [
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _one_at_a_time(method):
+    """A pipeline's runs share its scheduler, step cache and applied LoRAs: calls from several threads take
+    turns (two at once failed inside the scheduler, with an IndexError)."""
+
+    @wraps(method)
+    def run(self, *args, **kwargs):
+        with self._turn:
+            return method(self, *args, **kwargs)
+
+    return run
+
+
 class Pipeline:
     def __init__(
         self,
@@ -98,6 +111,7 @@ class Pipeline:
         loras: LoraSwitch | None = None,
     ):
         self.config, self.mesh, self.family, self.model = config, mesh, family, model
+        self._turn = threading.RLock()  # `_one_at_a_time`: generate holds it through denoise and decode
         # the VAE's (time, space) compression; `expand_timesteps`: the model is a `dit.first_frame.FirstFrame`
         # (Wan2.2 TI2V-5B), whose image is the first latent frame
         self.compression, self.expand_timesteps = compression, expand_timesteps
@@ -224,6 +238,7 @@ class Pipeline:
         noise = torch.randn(self.latent_shape(req), generator=generator, dtype=torch.float32)
         return noise.to(self.device)
 
+    @_one_at_a_time
     def denoise(
         self,
         req: GenerationRequest,
@@ -364,6 +379,7 @@ class Pipeline:
             parts["encoder_hidden_states_image"] = self.image_encoder.encode(seen).to(dtype)
         return parts
 
+    @_one_at_a_time
     def decode(
         self,
         latents: torch.Tensor,
@@ -383,6 +399,7 @@ class Pipeline:
             return None
         return self.family.decode(self.vae, latents, None, on_frames, callback)
 
+    @_one_at_a_time
     def generate(
         self,
         req: GenerationRequest,
@@ -403,6 +420,7 @@ class Pipeline:
         enter_phase(on_phase, "decoding")
         return self.decode(latents, on_frames, decode_callback)
 
+    @_one_at_a_time
     def generate_batch(
         self,
         jobs: list[BatchJob],

@@ -56,6 +56,25 @@ def test_bad_inputs_name_the_field_and_allowed_values(pipe, field, value, messag
         pipe.validate(req)
 
 
+def test_two_threads_take_turns(pipe):
+    """A pipeline's runs share its scheduler: two at once failed with an IndexError inside it."""
+    import threading
+
+    reqs = [GenerationRequest("a cat", **SMALL, seed=seed) for seed in (1, 2)]
+    alone = [pipe.generate(req) for req in reqs]
+    got = [None, None]
+
+    def run(i):
+        got[i] = pipe.generate(reqs[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert all(np.array_equal(a, b) for a, b in zip(alone, got, strict=True))
+
+
 def test_numpy_numbers_are_taken_as_pythons(pipe):
     """np.int64 (a seed from rng.integers) was refused as "num_frames must be 4k+1 ..., got np.int64(17)", and
     np.float32 guidance too, where np.float64 (a float) was taken and kept."""
