@@ -25,6 +25,7 @@ from dit.cli_args import (
 )
 from dit.files import check_folder
 from dit.parity import add_parity
+from parallel.local_group import launched
 from parallel.plan import parse_degree
 
 
@@ -106,7 +107,7 @@ def run_generate(args) -> int:
     except ValueError as e:
         say_error("generate", e)
         return 2
-    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+    if args.nproc > 1 and not launched():
         try:
             return run_on_ranks(args.nproc, sys.argv[1:]).returncode  # the ranks see WORLD_SIZE: no re-launch
         except Interrupted as stop:  # said here: ranks stopped while starting say nothing
@@ -195,5 +196,5 @@ def _generate(args, config) -> int:
             )
         return 0
     finally:
-        if dist.is_initialized() and "WORLD_SIZE" in os.environ:
+        if dist.is_initialized() and launched():
             dist.destroy_process_group()

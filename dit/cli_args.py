@@ -17,7 +17,7 @@ from pathlib import Path
 
 from dit.cache_config import CacheConfig
 from dit.settings import MODEL_PATH_HELP, PRESET_HELP, PipelineConfig, flag, options
-from parallel.local_group import local_group
+from parallel.local_group import local_group, world_size
 from parallel.parent_death import with_parent
 
 # request flag → GenerationRequest field (the prompt apart: positional in generate, --prompt in parity)
@@ -208,7 +208,7 @@ def checked(args, command: str, config: PipelineConfig, *, ulysses=None, ring=1,
     from dit.preflight import preflight
 
     # Launched (by us, or by hand under torchrun) the ranks are already there: check against their count.
-    nproc = int(os.environ.get("WORLD_SIZE", args.nproc))
+    nproc = world_size() or args.nproc
     try:
         preflight(config, model_path=args.model_path, nproc=nproc,
                   local_nproc=int(os.environ.get("LOCAL_WORLD_SIZE", nproc)), ulysses=ulysses, ring=ring,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from parallel.local_group import world_size
 from parallel.plan import Choice, Shape, choose, needs_model
 
 
@@ -112,7 +113,7 @@ def launch_layout(
     model: str, ulysses=None, ring=None, cfg=None, *, sampler=None, timesteps=None, video=None
 ) -> Choice:
     """`plan_layout` for this process's torchrun launch: WORLD_SIZE ranks, LOCAL_WORLD_SIZE per machine."""
-    world = int(os.environ.get("WORLD_SIZE", 1))
+    world = world_size() or 1
     node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     return plan_layout(model, world, node=node, ulysses=ulysses, ring=ring, cfg=cfg, sampler=sampler,
                        timesteps=timesteps, video=video)  # fmt: skip

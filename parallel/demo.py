@@ -7,13 +7,13 @@ torchrun --nproc-per-node 4 -m parallel.demo       # or under torchrun
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import torch
 
 import parallel
 from parallel.launch import spawn_local
+from parallel.local_group import launched, world_size
 
 MODES = ("alltoall", "fp8", "p2p", "p2p+fp8")
 
@@ -56,10 +56,10 @@ def main(argv=None) -> None:
     for flag in ("nproc", "seq", "heads", "head_dim", "text"):  # 0 tokens: a traceback from every rank
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be 1 or more, got {getattr(args, flag)}")
-    world = int(os.environ.get("WORLD_SIZE", args.nproc))
+    world = world_size() or args.nproc
     if args.heads < world:  # the demo's layout is Ulysses over every rank
         p.error(f"--heads {args.heads} cannot split over {world} ranks (Ulysses: every rank needs a head)")
-    if "WORLD_SIZE" in os.environ:
+    if launched():
         return run(args)
     spawn_local(run, args.nproc, args)
 

@@ -65,6 +65,17 @@ def time_loopback_lookup(warn=_say, slow_s: float = SLOW_LOOKUP_S) -> float:
     return seconds
 
 
+def launched(environ=os.environ) -> bool:
+    """Whether this process is a rank of a launch: this launcher and torchrun both set RANK and WORLD_SIZE.
+    A WORLD_SIZE left in a shell alone is not one (it ran `generate --nproc 2` on one rank)."""
+    return "RANK" in environ and "WORLD_SIZE" in environ
+
+
+def world_size(environ=os.environ) -> int | None:
+    """This launch's ranks, or None when this process is no rank of one (`launched`)."""
+    return int(environ["WORLD_SIZE"]) if launched(environ) else None
+
+
 def local_group(nproc: int, quiet: bool = False) -> list[str]:
     """The command that starts `nproc` ranks on this machine; append `-m MODULE ARGS...` or a script.
     `quiet`: the launcher says nothing of its own (a caller that logs in its own format says it: a failed

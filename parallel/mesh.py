@@ -14,6 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from parallel.local_group import launched
 from parallel.plan import fit_degrees
 
 
@@ -108,7 +109,7 @@ def init_parallel(
     timeout: float | None = None,
 ) -> ParallelMesh:
     """Build the mesh from the torchrun environment (or reuse the default group); no env → world 1."""
-    if not dist.is_initialized() and "WORLD_SIZE" not in os.environ:
+    if not dist.is_initialized() and not launched():
         fit_degrees(1, ulysses, ring, cfg)
         return ParallelMesh(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     # every group's, not the default group's alone: torch gives a new group 30 minutes whatever that has

@@ -176,6 +176,23 @@ def test_a_generate_stopped_while_its_ranks_start_says_so(monkeypatch, capsys):
     assert capsys.readouterr().err == "ithaca generate: interrupted; no video written\n"
 
 
+def test_a_world_size_left_in_the_shell_is_no_launch(monkeypatch, capsys):
+    """`WORLD_SIZE=1 ithaca generate --nproc 2` ran on one rank (a rank of a launch has RANK too), and with
+    --ulysses 2 said the degrees "do not fit --nproc 1"."""
+    import dit.cli
+    from parallel.local_group import launched
+    from server.cli import main
+
+    assert not launched({"WORLD_SIZE": "1"}) and launched({"WORLD_SIZE": "2", "RANK": "0"})
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.delenv("RANK", raising=False)
+    ran = []
+    monkeypatch.setattr(
+        dit.cli, "run_on_ranks", lambda nproc, argv: ran.append(nproc) or SimpleNamespace(returncode=0)
+    )
+    assert main(["generate", "a red circle", "--nproc", "2", "--ulysses", "2"]) == 0 and ran == [2]
+
+
 def test_a_stopped_parity_stops_every_mode_and_leaves_nothing(tmp_path):
     """SIGTERM to `ithaca parity` during a mode's run: that run's ranks stopped, then the run went on to the
     next mode and ended in a FAIL. Now the whole run stops: one line, exit 143, no rank, no folder left."""
