@@ -173,8 +173,8 @@ def after_step(
     callback: Callback | None, checkpoints: Checkpointing | None, step: int, total: int, mesh
 ) -> tuple[bool, bool]:
     """(go on, take a checkpoint now), asked on the replica leader: its callback and its `checkpoints`;
-    every rank of the replica gets the same answers, in one broadcast. A batch's callback answers a list,
-    one go-on per row, passed on as it is."""
+    every rank of the replica gets the same answers, in one broadcast. A batch's callback answers
+    `RowAnswers`, one go-on per row, passed on as it is."""
     keep, due, raised = True, False, None
     if mesh.is_replica_leader:
         try:  # a callback that raises ends the run on every rank: the others wait in the broadcast
