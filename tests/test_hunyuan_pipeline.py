@@ -67,7 +67,7 @@ def test_tiny_joint_text_carries_real_masks():
 
 
 def test_tiny_joint_attn_backend_math_matches_sdpa():
-    with pytest.raises(ValueError, match="attn_backend must be one of"):
+    with pytest.raises(ValueError, match="attn_backend 'flash3' is not one of"):
         _pipeline(attn_backend="flash3")
     got = {b: _pipeline(attn_backend=b).denoise(_request()) for b in ("math", "sdpa")}
     torch.testing.assert_close(got["math"], got["sdpa"], rtol=1e-5, atol=1e-5)
