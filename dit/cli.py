@@ -108,22 +108,36 @@ def run_generate(args) -> int:
         say_error("generate", e)
         return 2
     if args.nproc > 1 and not launched():
+        before = _stamp(args.out)
         try:
             return run_on_ranks(args.nproc, sys.argv[1:]).returncode  # the ranks see WORLD_SIZE: no re-launch
         except Interrupted as stop:  # said here: ranks stopped while starting say nothing
+            if stop.done or _stamp(args.out) != before:  # too late to stop: the video is in place
+                said = f"interrupted once the video was written ({args.out})"
+                print(f"ithaca generate: {said}", file=sys.stderr)
+                return 0
             print(f"ithaca generate: {INTERRUPTED}", file=sys.stderr)
             return stop.code
     # SIGTERM (a rank's launcher passes Ctrl-C on as one) cleans up as Ctrl-C does: no partial video left
     try:
         with sigterm_as_interrupt():
             return _generate(args, config)
-    except KeyboardInterrupt:  # the partial video is gone (Mp4Writer); no traceback for a Ctrl-C
+    except KeyboardInterrupt as stop:  # the partial video is gone (Mp4Writer); no traceback for a Ctrl-C
         if os.environ.get("RANK", "0") == "0" and "ITHACA_LOCAL_GROUP" not in os.environ:  # else its command
             print(f"ithaca generate: {INTERRUPTED}", file=sys.stderr)
-        return 130
+        return getattr(stop, "code", 130)  # SIGTERM's 143 (it said 130 of every signal)
 
 
 INTERRUPTED = "interrupted; no video written"
+
+
+def _stamp(path: str) -> tuple[int, int] | None:
+    """The file at `path` as its inode and modification time (the video goes in by a rename), or None."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns
 
 
 def _generate(args, config) -> int:

@@ -226,11 +226,11 @@ def on_ranks(nproc: int, argv: list[str]) -> list[str]:
 
 class Interrupted(KeyboardInterrupt):
     """A signal that stops the command (Ctrl-C's SIGINT, SIGTERM, SIGHUP); `code`: 128 + its number, as a
-    shell reports a process it ended."""
+    shell reports a process it ended. `done`: what it stopped had finished its work all the same."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, done: bool = False):
         super().__init__(signum)
-        self.code = 128 + signum
+        self.code, self.done = 128 + signum, done
 
 
 def _interrupt(signum, _frame):
@@ -276,6 +276,6 @@ def run_forwarding(command: list[str], capture: bool = False) -> subprocess.Comp
             for sig, handler in before.items():
                 signal.signal(sig, handler)
     if heard:
-        raise Interrupted(heard[0])
+        raise Interrupted(heard[0], done=child.returncode == 0)
     code = child.returncode  # a signal's death as a shell reports it (-9: 137, not 247 once returned)
     return subprocess.CompletedProcess(child.args, 128 - code if code < 0 else code, out, err)

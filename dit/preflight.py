@@ -146,6 +146,7 @@ def check_settings(config: PipelineConfig, local_nproc: int = 1, named: Callable
     from dit.cache_config import CacheConfig
     from dit.fp8_linear import QUANTS
     from dit.pipeline import DTYPES
+    from dit.request import plain_number
     from dit.sampling import SAMPLERS, FixedSchedule
     from parallel.comm import COMM_MODES, comm_config
     from parallel.kernels import BACKENDS
@@ -167,7 +168,7 @@ def check_settings(config: PipelineConfig, local_nproc: int = 1, named: Callable
         raise ValueError(
             f"{named('attn_backend')} flash needs a CUDA device and flash-attn installed; use auto or sdpa"
         )
-    shift = config.flow_shift  # 0 or less: no noise schedule at all
+    shift = plain_number(config.flow_shift)  # 0 or less: no noise schedule at all; numpy's as Python's
     number = isinstance(shift, int | float) and not isinstance(shift, bool)
     if shift is not None and not (number and math.isfinite(shift) and shift > 0):
         raise ValueError(
@@ -196,7 +197,8 @@ def check_settings(config: PipelineConfig, local_nproc: int = 1, named: Callable
     for pair in config.loras:  # (path, strength): a path alone was unpacked into its letters
         if isinstance(pair, str) or not hasattr(pair, "__len__") or len(pair) != 2:
             raise ValueError(f"{named('loras')} must be (path, strength) pairs, got {pair!r}")
-        if isinstance(pair[1], bool) or not isinstance(pair[1], int | float):
+        strength = plain_number(pair[1])
+        if isinstance(strength, bool) or not isinstance(strength, int | float):
             raise ValueError(f"{named('loras')} must be (path, strength) pairs, got {pair!r}")
     return on_cuda
 

@@ -50,7 +50,7 @@ class Mp4Writer:
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            process_group=0,  # a Ctrl-C to the caller does not cut the file short; the caller ends it
+            start_new_session=True,  # the caller's Ctrl-C does not cut the file short: the caller ends it
         )  # fmt: skip
         self._said: deque[str] = deque(maxlen=4)  # ffmpeg's last lines: why it failed
         self._reader = threading.Thread(target=self._read, name="ffmpeg-stderr", daemon=True)
@@ -101,9 +101,9 @@ class Mp4Writer:
         return self.path
 
     def abort(self) -> None:
-        """Stop ffmpeg at once and remove the file (a cancel: no one will watch it)."""
-        if not self._closed:
-            self._closed = True
+        """Stop ffmpeg at once and remove the file (a cancel: no one will watch it), a close under way too."""
+        self._closed = True
+        if self._ffmpeg.returncode is None:
             self._end()
         self.path.unlink(missing_ok=True)
 
@@ -127,8 +127,8 @@ class Mp4Writer:
             return
         try:
             self.close()
-        except VideoNotWritten:
-            self.path.unlink(missing_ok=True)
+        except BaseException:  # VideoNotWritten, or a Ctrl-C while ffmpeg finished: no file, no ffmpeg left
+            self.abort()
             raise
 
 

@@ -142,9 +142,12 @@ def launch_group(config: ServeConfig, group_id: str) -> subprocess.Popen:
 
 
 def _exit_said(code: int) -> str:
-    """The launcher's exit code in words: 128 + N is a rank that signal N ended (parallel.local_group)."""
+    """The launcher's exit in words: -N, signal N ended it; 128 + N, signal N ended it or one of its ranks
+    (`parallel.local_group` exits as a shell says it)."""
+    if code < 0 and -code in signal.valid_signals():
+        return f"its launcher was ended by {signal.Signals(-code).name}"
     if code > 128 and code - 128 in signal.valid_signals():
-        return f"code {code}: a rank was ended by {signal.Signals(code - 128).name}"
+        return f"code {code}: {signal.Signals(code - 128).name} ended the launcher or one of its ranks"
     return f"code {code}"
 
 

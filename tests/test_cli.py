@@ -159,7 +159,7 @@ def test_a_stopped_generate_leaves_no_rank_and_the_out_it_found(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["kept.mp4"]
 
 
-def test_a_generate_stopped_while_its_ranks_start_says_so(monkeypatch, capsys):
+def test_a_generate_stopped_while_its_ranks_start_says_so(monkeypatch, capsys, tmp_path):
     """Ranks that a SIGTERM reaches before they can say anything (importing torch) end silently: the
     command says it, once the launcher has stopped them (it exited 143 with nothing said)."""
     import signal
@@ -174,6 +174,16 @@ def test_a_generate_stopped_while_its_ranks_start_says_so(monkeypatch, capsys):
     monkeypatch.setattr(dit.cli, "run_on_ranks", stopped)
     assert main(["generate", "a red circle", "--nproc", "2"]) == 128 + signal.SIGTERM
     assert capsys.readouterr().err == "ithaca generate: interrupted; no video written\n"
+
+    out = tmp_path / "v.mp4"
+
+    def too_late(nproc, argv):  # the ranks had put the video in place: it said "no video written", 130
+        out.write_bytes(b"the new video")
+        raise Interrupted(signal.SIGINT)
+
+    monkeypatch.setattr(dit.cli, "run_on_ranks", too_late)
+    assert main(["generate", "a red circle", "--nproc", "2", "--out", str(out)]) == 0
+    assert capsys.readouterr().err == f"ithaca generate: interrupted once the video was written ({out})\n"
 
 
 def test_a_world_size_left_in_the_shell_is_no_launch(monkeypatch, capsys):
@@ -244,7 +254,7 @@ def test_a_stopped_one_rank_generate_leaves_no_partial_video(tmp_path):
     while not partial.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 130
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM  # it said 130, Ctrl-C's, of every signal
     assert proc.stderr.read().splitlines()[-1] == "ithaca generate: interrupted; no video written"
     assert list(tmp_path.iterdir()) == []
 

@@ -247,6 +247,24 @@ def test_an_mp4_that_cannot_be_written_is_one_line_at_the_close_and_no_file(
     assert not (tmp_path / "v.mp4").exists()
 
 
+def test_a_ctrl_c_while_ffmpeg_finishes_leaves_no_file_and_no_ffmpeg(tmp_path, monkeypatch):
+    """The with-block ended, and the close waited for ffmpeg: a Ctrl-C there left the partial file and
+    ffmpeg running (the command had said "no video written")."""
+    monkeypatch.setenv("IMAGEIO_FFMPEG_EXE", fake_ffmpeg.fake_ffmpeg(tmp_path, fake_ffmpeg.STALLS))
+    with pytest.raises(KeyboardInterrupt), Mp4Writer(tmp_path / "v.mp4", 32, 48, 8) as writer:
+        writer.write(np.zeros((5, 32, 48, 3), np.uint8))
+        ffmpeg, wait, calls = writer._ffmpeg, writer._ffmpeg.wait, []
+
+        def interrupted(timeout=None):  # the Ctrl-C lands while the close waits; then waits as it would
+            calls.append(timeout)
+            if len(calls) == 1:
+                raise KeyboardInterrupt
+            return wait(timeout)
+
+        monkeypatch.setattr(ffmpeg, "wait", interrupted)
+    assert ffmpeg.returncode is not None and not (tmp_path / "v.mp4").exists()
+
+
 def test_tiny_text_encoder_pads_like_wan(pipe):
     enc = pipe.text_encoder
     emb = enc.encode("  a   cat ")  # cleaned to "a cat": 5 bytes + end token
@@ -275,6 +293,10 @@ def test_tiny_text_encoder_pads_like_wan(pipe):
 def test_settings_are_checked_as_the_command_line_checks_them(settings, says):
     with pytest.raises(ValueError, match=f"^{says}"):
         load_pipeline(PipelineConfig(model="tiny-random", device="cpu", **settings))
+
+
+def test_numpy_settings_are_taken_as_pythons():
+    load_pipeline(PipelineConfig(model="tiny-random", device="cpu", flow_shift=np.float32(3.0)))
 
 
 def test_attn_backend_is_applied(monkeypatch):
