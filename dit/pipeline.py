@@ -54,7 +54,7 @@ from dit.sampling import (
     denoise,
 )
 from dit.sequence_parallel import set_comm
-from dit.settings import TWO_EXPERT_LORAS, PipelineConfig
+from dit.settings import DTYPE_NAMES, TWO_EXPERT_LORAS, PipelineConfig
 from dit.text_cache import TextCache
 from dit.vae_frames import cast_decoder
 
@@ -75,7 +75,7 @@ __all__ = [
     "load_prompt_tokenizer",
 ]
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def _one_at_a_time(method):

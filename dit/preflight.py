@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from dit.settings import TWO_EXPERT_LORAS, PipelineConfig
+from dit.settings import DTYPE_NAMES, TWO_EXPERT_LORAS, PipelineConfig
 
 
 def preflight(
@@ -145,7 +145,6 @@ def check_settings(config: PipelineConfig, local_nproc: int = 1, named: Callable
     flow shift, timesteps' syntax, step cache and LoRA pairs. Whether the ranks run on CUDA."""
     from dit.cache_config import CacheConfig
     from dit.fp8_linear import QUANTS
-    from dit.pipeline import DTYPES
     from dit.request import plain_number
     from dit.sampling import SAMPLERS, FixedSchedule
     from parallel.comm import COMM_MODES, comm_config
@@ -175,7 +174,7 @@ def check_settings(config: PipelineConfig, local_nproc: int = 1, named: Callable
             f"{named('flow_shift')} must be a number above 0 (Wan 480p: 3, 720p: 5), got {shift!r}"
         )
     for name in ("dtype", "vae_dtype"):
-        _check_choice(named(name), getattr(config, name), DTYPES)
+        _check_choice(named(name), getattr(config, name), DTYPE_NAMES)
     _check_choice(named("quant"), config.quant, QUANTS)
     if config.sampler is not None:  # None: the family's own
         _check_choice(named("sampler"), config.sampler, SAMPLERS)

@@ -101,6 +101,9 @@ def _warmup_sizes(text: str) -> tuple[tuple[int, int, int], ...]:
     return tuple(_warmup_size(part) for part in text.replace(";", ",").replace(" ", ",").split(",") if part)
 
 
+# the model's and the decoder's dtypes by name (dit.pipeline.DTYPES maps them to torch's)
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
 TWO_EXPERT_LORAS = (
     "LoRAs on a two-expert model (Wan2.2 A14B) are not supported: each expert takes its own file"
 )
