@@ -191,12 +191,10 @@ def check_settings(config: PipelineConfig, local_nproc: int = 1, named: Callable
         CacheConfig.parse(config.cache)
     except (ValueError, TypeError) as e:  # "cache must be off, fbcache, ..."
         raise ValueError(named("cache") + str(e).removeprefix("cache")) from None
-    if isinstance(config.loras, str):
-        raise ValueError(f"{named('loras')} must be (path, strength) pairs, got {config.loras!r}")
-    for pair in config.loras:  # (path, strength): a path alone was unpacked into its letters
-        if isinstance(pair, str) or not hasattr(pair, "__len__") or len(pair) != 2:
-            raise ValueError(f"{named('loras')} must be (path, strength) pairs, got {pair!r}")
-        strength = plain_number(pair[1])
+    # (path, strength) pairs: a path alone was unpacked into its letters
+    for pair in [config.loras] if isinstance(config.loras, str) else config.loras:
+        paired = not isinstance(pair, str) and hasattr(pair, "__len__") and len(pair) == 2
+        strength = plain_number(pair[1]) if paired else None
         if isinstance(strength, bool) or not isinstance(strength, int | float):
             raise ValueError(f"{named('loras')} must be (path, strength) pairs, got {pair!r}")
     return on_cuda

@@ -12,6 +12,7 @@ import numpy as np
 from dit.batch import BatchJob
 from dit.failures import DecodeCancelled
 from dit.preview import frame_preview
+from server import videos
 from server.phases import PhaseClock
 from server.writers import StreamedVideo
 
@@ -74,7 +75,8 @@ class JobRun:
         self.over = True
         if isinstance(outcome, Exception):
             self.video.drop()
-            worker._flush(job_id)
+            worker._flush()
+            videos.remove_checkpoint(worker.config.videos_dir, job_id)
             if isinstance(outcome, worker.module.GenerationCancelled):
                 steps = f"after step {outcome.step}"  # of the job: a resumed run's own count starts late
                 error = f"cancelled {'while decoding' if isinstance(outcome, DecodeCancelled) else steps}"
@@ -83,5 +85,5 @@ class JobRun:
                 worker.ending.finish(self, "failed", error=str(outcome))
             return
         worker.previews.submit(job_id, self.spec["num_inference_steps"], frame_preview(outcome))
-        worker._flush(None)  # the checkpoint stays until the MP4 is in place: a run killed meanwhile resumes
+        worker._flush()  # the checkpoint stays until the MP4 is in place: a run killed meanwhile resumes
         worker.ending.hand_off(self, outcome, evaluations)

@@ -367,13 +367,11 @@ class Worker:
         self.checkpoints.flush(FLUSH_S)  # the last one, to resume from
         self.ending.flush(FLUSH_S)  # the job before, complete with its file, rather than re-run
 
-    def _flush(self, job_id: str | None) -> None:
-        """The job's run is over: its last preview in place, no write of its checkpoint left, and with
-        `job_id` the checkpoint gone (a finished run's goes once its MP4 is in place: `JobEnd`)."""
+    def _flush(self) -> None:
+        """The job's run is over: its last preview in place, no write of its checkpoint left (a finished
+        run's checkpoint goes once its MP4 is in place: `JobEnd`)."""
         self.previews.flush(FLUSH_S)
         self.checkpoints.flush(FLUSH_S)
-        if job_id is not None:
-            videos.remove_checkpoint(self.config.videos_dir, job_id)
 
 
 def _alive(pid: int) -> bool:

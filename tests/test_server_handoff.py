@@ -235,7 +235,7 @@ def test_a_resumed_run_cancelled_names_the_jobs_step(tmp_path):
     worker = SimpleNamespace(
         config=SimpleNamespace(videos_dir=str(tmp_path)),
         module=fake_pipeline,
-        _flush=lambda job_id: None,
+        _flush=lambda: None,
         ending=SimpleNamespace(finish=lambda run, status, **fields: finished.update(status=status, **fields)),
     )
     run = JobRun(worker, {"id": "ab" * 16, "spec": {"fps": 8}, "attempt": 2})
