@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import select
 import subprocess
 import threading
 from collections import deque
@@ -20,9 +22,11 @@ from dit.files import full_disk
 PRESET = "veryfast"
 
 
-# After the last frame ffmpeg encodes what x264 held back and writes the file's index: a second or so. A
-# stalled disk must not hold the job (and every job closing after it) until --job-timeout.
-FINISH_TIMEOUT_S = 120.0
+# ffmpeg takes frames as fast as x264 encodes them, and after the last one encodes what x264 held back and
+# writes the file's index: a second or so. One that takes no frame, or does not finish, for this long has a
+# stalled disk under it: it must not hold the decode (and the group's other ranks in it), the job, and every
+# job closing after it, until --job-timeout.
+STALL_S = 120.0
 
 
 class VideoNotWritten(OSError):
@@ -36,7 +40,9 @@ class Mp4Writer:
     fails (ffmpeg gone, the disk full) is kept and raised by `close` as `VideoNotWritten`: the caller's decode
     goes on meanwhile, as the other ranks decoding with it would wait for this one. `close` also fails when
     ffmpeg ends with an error after the last frame (x264 writes most of a short file, and its index, only
-    then). A with-block that ends in an exception, its own or the close's, removes the partial file."""
+    then). An ffmpeg that stalls (its disk does), mid-file or at the close, is ended after STALL_S, and the
+    close raises that. A with-block that ends in an exception, its own or the close's, removes the partial
+    file."""
 
     def __init__(self, path: str | Path, height: int, width: int, fps: int, preset: str = PRESET):
         if height % 2 or width % 2:
@@ -52,6 +58,7 @@ class Mp4Writer:
             stderr=subprocess.PIPE,
             start_new_session=True,  # the caller's Ctrl-C does not cut the file short: the caller ends it
         )  # fmt: skip
+        os.set_blocking(self._ffmpeg.stdin.fileno(), False)  # a write waits on `select`, for STALL_S at most
         self._said: deque[str] = deque(maxlen=4)  # ffmpeg's last lines: why it failed
         self._reader = threading.Thread(target=self._read, name="ffmpeg-stderr", daemon=True)
         self._reader.start()
@@ -72,11 +79,24 @@ class Mp4Writer:
             raise ValueError(f"frames must be uint8 [n, {height}, {width}, 3], got {frames.shape}")
         if self.error is None:
             try:
-                self._ffmpeg.stdin.write(frames.data)
-                self._ffmpeg.stdin.flush()  # nothing left for the close to flush: a stalled ffmpeg holds it
+                self._send(memoryview(frames.reshape(-1)))
+            except VideoNotWritten as e:
+                self.error = e
             except OSError as e:  # ffmpeg gone: a broken pipe; why is in its exit and last line
                 self.error = self._not_written(f"{type(e).__name__}: {e}")
         self.frames += len(frames)
+
+    def _send(self, data: memoryview) -> None:
+        fd = self._ffmpeg.stdin.fileno()
+        while data:
+            try:
+                data = data[os.write(fd, data) :]
+            except BlockingIOError:  # the pipe is full: ffmpeg is behind, or stalled
+                if not select.select([], [fd], [], STALL_S)[1]:
+                    self._end()
+                    self._closed = True  # the close has nothing to wait for, and keeps this reason
+                    why = f"ffmpeg did not take the next frames within {STALL_S:g} s"
+                    raise self._not_written(why) from None
 
     def close(self) -> Path:
         """Wait for ffmpeg to finish the file; VideoNotWritten when it could not."""
@@ -85,11 +105,11 @@ class Mp4Writer:
             with contextlib.suppress(OSError):  # a broken pipe: ffmpeg's exit says why
                 self._ffmpeg.stdin.close()
             try:
-                code = self._ffmpeg.wait(FINISH_TIMEOUT_S)
+                code = self._ffmpeg.wait(STALL_S)
             except subprocess.TimeoutExpired:
                 self._end()
                 self.error = self._not_written(
-                    f"ffmpeg did not finish the file within {FINISH_TIMEOUT_S:g} s of its last frame"
+                    f"ffmpeg did not finish the file within {STALL_S:g} s of its last frame"
                 )
             else:
                 self._reader.join()

@@ -17,6 +17,7 @@ FAILS_AT_CLOSE = (  # x264 writes most of a short file, and its index, after the
     'echo "[out#0/mp4] Error closing file: No space left on device" >&2; exit 1'
 )
 STALLS = "cat > /dev/null; exec sleep 60"  # exec: a kill reaches the process holding the pipes
+STALLS_MID_WRITE = "head -c 64 > /dev/null; exec sleep 60"  # its disk stalled: it takes no more frames
 
 
 def fake_ffmpeg(folder: str | Path, failure: str, only: str = "") -> str:

@@ -226,21 +226,23 @@ def test_an_mp4_written_chunk_by_chunk_is_the_whole_one(tmp_path):
             "ffmpeg ended with exit code 1: [out#0/mp4] Error closing file: No space left on device",
         ),
         (fake_ffmpeg.STALLS, "ffmpeg did not finish the file within 0.5 s of its last frame"),
+        # the decode (and the group's other ranks in it) waited on a full pipe until --job-timeout
+        (fake_ffmpeg.STALLS_MID_WRITE, "ffmpeg did not take the next frames within 0.5 s"),
     ],
-    ids=["dies-mid-write", "fails-at-close", "stalls"],
+    ids=["dies-mid-write", "fails-at-close", "stalls", "stalls-mid-write"],
 )
 def test_an_mp4_that_cannot_be_written_is_one_line_at_the_close_and_no_file(
     tmp_path, monkeypatch, failure, said
 ):
     """ffmpeg gone mid-write reaches the writer as a broken pipe: `write` keeps it (a decode goes on, its
     other ranks with it); ffmpeg's exit is checked at the close, which raises VideoNotWritten in one line
-    (ffmpeg's own last one), and the file goes; a close that stalls is ended."""
+    (ffmpeg's own last one), and the file goes; an ffmpeg that stalls, mid-file or at the close, is ended."""
     from dit import video as video_mod
 
     monkeypatch.setenv("IMAGEIO_FFMPEG_EXE", fake_ffmpeg.fake_ffmpeg(tmp_path, failure))
-    monkeypatch.setattr(video_mod, "FINISH_TIMEOUT_S", 0.5)
-    frames = np.zeros((5, 32, 48, 3), np.uint8)
-    with pytest.raises(video_mod.VideoNotWritten) as e, Mp4Writer(tmp_path / "v.mp4", 32, 48, 8) as writer:
+    monkeypatch.setattr(video_mod, "STALL_S", 0.5)
+    frames = np.zeros((5, 96, 128, 3), np.uint8)  # 4 frames fill a pipe's 64 KiB
+    with pytest.raises(video_mod.VideoNotWritten) as e, Mp4Writer(tmp_path / "v.mp4", 96, 128, 8) as writer:
         writer.write(frames[:1])
         writer.write(frames[1:])  # the decode's next chunk: nothing raised mid-decode
     assert str(e.value) == f"the MP4 was not written: {said}"
