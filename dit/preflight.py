@@ -167,6 +167,8 @@ def check_settings(config: PipelineConfig, local_nproc: int = 1, named: Callable
         raise ValueError(
             f"{named('attn_backend')} flash needs a CUDA device and flash-attn installed; use auto or sdpa"
         )
+    if config.attn_backend == "cudnn" and not on_cuda:  # it ran as plain SDPA, saying nothing
+        raise ValueError(f"{named('attn_backend')} cudnn needs a CUDA device; use auto or sdpa")
     shift = plain_number(config.flow_shift)  # 0 or less: no noise schedule at all; numpy's as Python's
     number = isinstance(shift, int | float) and not isinstance(shift, bool)
     if shift is not None and not (number and math.isfinite(shift) and shift > 0):

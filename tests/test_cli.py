@@ -548,6 +548,7 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
     if not __import__("torch").cuda.is_available():
         assert "no CUDA device here" in _preflight_error(device="cuda")
         assert "--attn-backend flash needs a CUDA device" in _preflight_error(attn_backend="flash")
+        assert "--attn-backend cudnn needs a CUDA device" in _preflight_error(attn_backend="cudnn")
     from dit.preflight import preflight
 
     preflight(preset="tiny-joint", device="cpu", nproc=8, ulysses=2, ring=2, cfg=2, comm="p2p+fp8")

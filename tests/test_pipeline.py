@@ -284,6 +284,7 @@ def test_tiny_text_encoder_pads_like_wan(pipe):
         (dict(flow_shift=-1.0), "flow_shift must be a number above 0"),  # "the VAE decode ... overflow"
         (dict(flow_shift="3"), "flow_shift must be a number above 0"),  # a numpy UFuncTypeError
         (dict(attn_backend="flash"), "attn_backend flash needs a CUDA device"),  # "'NoneType' ... callable"
+        (dict(attn_backend="cudnn"), "attn_backend cudnn needs a CUDA device"),  # ran as plain SDPA
         (dict(comm="bogus"), "comm 'bogus' is not one of alltoall"),
         (dict(cache="bogus"), "cache must be off, fbcache, or fbcache:THRESHOLD"),  # every request failed
         (dict(offload_idle_expert=True), "offload_idle_expert is for two-expert models"),
