@@ -2,7 +2,8 @@
 HEAD whose If-None-Match names the file's ETag is answered 304 with no body (RFC 9110 §13.1.2), so the page's
 script (Cache-Control: no-cache) and an MP4 already held cost a round trip, not a download. A Range that
 cannot be read (another unit, a malformed set) is ignored, as §14.2 allows (Starlette answers it a plain-text
-400), and the whole file is served; one past the file's end is a 416 in the route's error shape.
+400), and the whole file is served; a set of ranges is served as far as it starts within the file, and one
+wholly past the file's end is a 416 in the route's error shape.
 
 The file is opened before anything is sent and served from that descriptor: a video deleted meanwhile is a
 404, or served whole, never a 200 whose body stops short."""
@@ -55,15 +56,31 @@ class ConditionalFile(FileResponse):
         if asked is not None and (condition is None or self._should_use_range(condition)):
             size = self.stat_result.st_size
             try:
-                self._parse_range_header(asked, size)
-            except MalformedRangeHeader:
-                scope = dict(scope, headers=[(k, v) for k, v in scope["headers"] if k.lower() != b"range"])
+                served = self._served_range(asked, size)
             except RangeNotSatisfiable:
                 detail = f"the range {asked[:100]!r} starts past the file's {size} bytes"
                 reply = error_response(scope["path"], 416, detail, {"Content-Range": f"bytes */{size}"})
                 await reply(scope, receive, send)
                 return
+            kept = [(k, v) for k, v in scope["headers"] if k.lower() != b"range"]
+            scope = dict(scope, headers=kept + ([(b"range", served.encode())] if served else []))
         await super().__call__(scope, receive, send)
+
+    def _served_range(self, asked: str, size: int) -> str | None:
+        """The Range to serve: the one asked, or its satisfiable ranges alone (§14.1.1: a set holding one is
+        a 206 of those); None (the whole file) for one that cannot be read. RangeNotSatisfiable when none
+        starts within the file."""
+        try:
+            self._parse_range_header(asked, size)
+            return asked
+        except MalformedRangeHeader:
+            return None
+        except RangeNotSatisfiable:
+            ranges = self._parse_ranges(asked.partition("=")[2], size)
+            within = [f"{start}-{end - 1}" for start, end in ranges if start < size]
+            if not within:
+                raise
+            return self._served_range("bytes=" + ",".join(within), size)
 
     @asynccontextmanager
     async def _open_file(self):

@@ -145,8 +145,9 @@ def test_a_video_answers_head(client, tmp_path):
 
 def test_a_file_held_is_not_sent_again(client, tmp_path, monkeypatch):
     """If-None-Match naming the ETag: 304, no body, the validators kept (RFC 9110 §13.1.2, §15.4.5); a
-    Range in another unit or malformed is ignored (§14.2), one in bytes still honoured, one past the end a 416
-    in the route's shape; a file deleted before it is opened: 404; after: served whole."""
+    Range in another unit or malformed is ignored (§14.2), one in bytes still honoured, a set as far as it
+    starts within the file, one wholly past the end a 416 in the route's shape; a file deleted before it is
+    opened: 404; after: served whole."""
     store = client.app.state.services.store
     job, _ = store.create({"prompt": "fox"})
     store.claim("w", "box")
@@ -170,9 +171,12 @@ def test_a_file_held_is_not_sent_again(client, tmp_path, monkeypatch):
         assert whole.status_code == 200 and whole.content == bytes(range(200)), ignored
     part = client.get(url, headers={"Range": "bytes=10-19"})
     assert part.status_code == 206 and part.content == bytes(range(10, 20))
-    past = client.get(url, headers={"Range": "bytes=999-"})
+    part = client.get(url, headers={"Range": "bytes=10-19, 999-"})  # was a 416 as a whole (§14.1.1)
+    assert part.status_code == 206 and part.content == bytes(range(10, 20))
+    assert part.headers["content-range"] == "bytes 10-19/200"
+    past = client.get(url, headers={"Range": "bytes=999-, -0"})
     assert past.status_code == 416 and past.headers["content-range"] == "bytes */200"
-    assert past.json()["detail"] == "the range 'bytes=999-' starts past the file's 200 bytes"
+    assert past.json()["detail"] == "the range 'bytes=999-, -0' starts past the file's 200 bytes"
     past = client.get(f"/v1/videos/{job.id}/content", headers={"Range": "bytes=999-"})
     assert past.status_code == 416 and "starts past" in past.json()["error"]["message"]
     answer = ConditionalFile._answer
