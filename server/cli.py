@@ -39,8 +39,9 @@ def serve(args: argparse.Namespace) -> int:
             layout = choice.layout  # the workers get the degrees resolved, not "auto"
             config = dataclasses.replace(config, ulysses=layout.ulysses, ring=layout.ring, cfg=layout.cfg)
         config.check_folders()  # last: it makes them, and a mistake above leaves no folder behind
-    except ValueError as e:
-        print(f"ithaca serve: error: {config_mod.with_variables(str(e), args)}", file=sys.stderr)
+    except ValueError as e:  # the log format asked for, unless it is the mistake
+        fmt = getattr(args, "log_format", None) or os.environ.get(config_mod.env_name("log_format"))
+        logs.last_line(f"ithaca serve: error: {config_mod.with_variables(str(e), args)}", fmt)
         return 2
     if not config.api:
         return _serve_node_share(config, choice)
@@ -49,7 +50,7 @@ def serve(args: argparse.Namespace) -> int:
         logs.setup(config.log_level, config.log_format)
         app = create_app(config, on_fatal=lambda: holder["server"].stop())
     except (ValueError, StoreError) as e:  # a store URL of no known kind; a jobs.db damaged or not ours
-        print(f"ithaca serve: error: {e}", file=sys.stderr)
+        logs.last_line(f"ithaca serve: error: {e}", config.log_format)
         return 2
     if choice is not None:  # once the store opened: a damaged one ends serve with its one line alone
         log.info("%s", choice.line())
@@ -68,7 +69,7 @@ def serve(args: argparse.Namespace) -> int:
     server.run()
     supervisor = app.state.services.supervisor
     if supervisor is not None and supervisor.fatal:
-        print(f"ithaca serve: {supervisor.fatal}", file=sys.stderr)
+        logs.last_line(f"ithaca serve: {supervisor.fatal}", config.log_format)
         return 1  # a non-zero exit lets the container's restart policy start us again
     return 0
 
@@ -102,7 +103,7 @@ def _serve_node_share(config: config_mod.ServeConfig, choice) -> int:
         signal.signal(sig, lambda *_: share.stop())
     share.run()
     if share.fatal:
-        print(f"ithaca serve: {share.fatal}", file=sys.stderr)
+        logs.last_line(f"ithaca serve: {share.fatal}", config.log_format)
         return 1
     log.info("stopped")
     return 0

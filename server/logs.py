@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 
 FORMATS = ("text", "json")
@@ -37,3 +38,11 @@ def setup(level: str, fmt: str) -> None:
         else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+def last_line(line: str, fmt: str | None) -> None:
+    """The line a command ends with, on stderr in the log's format: a collector reading JSON gets a record
+    (error level) it can parse, not plain text among the records."""
+    if fmt == "json":
+        line = JsonFormatter().format(logging.LogRecord("ithaca", logging.ERROR, "", 0, line, None, None))
+    print(line, file=sys.stderr)

@@ -569,6 +569,11 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
         (["generate", "a fox", "--out", "video"], {}, "--out video: the video is an MP4"),
         (["serve", "--attn-backend", "fast"], {}, "ithaca serve: error: --attn-backend 'fast' is not one of"),
         (["serve"], {"ITHACA_NPROC": "abc"}, "ithaca serve: error: ITHACA_NPROC: 'abc' is not an integer"),
+        # a log collector's JSON, not plain text among its records
+        (["serve", "--log-format", "json"], {"ITHACA_NPROC": "abc"},
+         '"level": "error", "logger": "ithaca", "message": "ithaca serve: error: ITHACA_NPROC: \'abc\' is'),
+        (["serve", "--attn-backend", "fast"], {"ITHACA_LOG_FORMAT": "json"},
+         '"message": "ithaca serve: error: --attn-backend \'fast\' is not one of'),
         (["serve"], {"ITHACA_WARMUP": "480x832"}, "ITHACA_WARMUP: '480x832' is not HEIGHTxWIDTHxFRAMES"),
         (["serve", "--data-dir", "/dev/null/d"], {}, "--data-dir /dev/null/d: /dev/null is a file, not a"),
         # found before the ranks start (it took them 10 s)

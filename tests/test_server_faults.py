@@ -146,6 +146,7 @@ def test_group_that_never_becomes_ready_ends_the_server(tmp_path):
     try:
         assert srv.proc.wait(timeout=120) == 1  # non-zero: the container's restart policy takes over
         last = srv.log().strip().splitlines()[-1]  # the last line says why: the failing rank's first error
+        assert json.loads(last)["level"] == "error"  # a record as every line before it, not plain text
         assert "failed 2 times in a row before becoming ready" in last
         assert "ModuleNotFoundError: No module named 'tests.no_such_pipeline'" in last
         # the failing rank's traceback is a log record too (it was printed, many lines outside the JSON); both
