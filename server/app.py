@@ -12,7 +12,7 @@ from server import api_jobs, api_openai, api_ops, api_web, images, openai_errors
 from server.config import ServeConfig
 from server.head import HeadAsGet
 from server.jsonsafe import SafeJSONResponse
-from server.middleware import GuardMiddleware, secured
+from server.middleware import GuardMiddleware, TrailingSlash, secured
 from server.retention import Retention
 from server.services import Services
 from server.store import open_store
@@ -52,6 +52,7 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
         summary="Text-to-video generation with sequence-parallel attention",
         lifespan=lifespan,
         default_response_class=SafeJSONResponse,
+        redirect_slashes=False,  # server.middleware.TrailingSlash
     )
     app.state.services = services = Services(config, store, supervisor)
     retention = Retention(services, config.keep_hours) if config.keep_hours else None
@@ -76,4 +77,5 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
         upload_paths=("/generate", "/v1/videos"),
         public_paths=PUBLIC_PATHS,
     )
+    app.add_middleware(TrailingSlash)  # outermost: the guard's paths are the routes'
     return app

@@ -1,4 +1,5 @@
-"""Pure ASGI middleware (cheaper than BaseHTTPMiddleware on the status-poll path): API key and body size."""
+"""Pure ASGI middleware (cheaper than BaseHTTPMiddleware on the status-poll path): API key and body size, and
+paths with a trailing slash."""
 
 from __future__ import annotations
 
@@ -59,6 +60,24 @@ def secured(document: dict, public_paths) -> dict:
     return document
 
 
+class TrailingSlash:
+    """`/jobs/` is served as `/jobs` (no route's path ends in a slash). Starlette answered it a 307 to an
+    absolute URL made of the Host header: behind a proxy that ends TLS, `http://` and the inner host's name
+    (a browser's page then blocked the request); from a client, any host it named."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "")
+        if scope["type"] == "http" and len(path) > 1 and path.endswith("/"):
+            raw = scope.get("raw_path")
+            scope = scope | {"path": path.rstrip("/") or "/"}
+            if raw is not None:
+                scope["raw_path"] = raw.rstrip(b"/") or b"/"
+        await self.app(scope, receive, send)
+
+
 class GuardMiddleware:
     """Every route but `public_paths` (/health, the web page's files) needs `Authorization: Bearer <key>`
     when a key is set; larger bodies get 413.
@@ -86,7 +105,7 @@ class GuardMiddleware:
         self.expected = api_key.encode() if api_key else None
 
     def _limit(self, scope) -> int:
-        upload = scope["method"] == "POST" and scope["path"].rstrip("/") in self.upload_paths
+        upload = scope["method"] == "POST" and scope["path"] in self.upload_paths
         return self.max_body_bytes + (self.upload_bytes if upload else 0)
 
     async def __call__(self, scope, receive, send):

@@ -113,6 +113,20 @@ def test_a_405_names_every_method_of_the_path(client):
         assert set(r.headers["allow"].split(", ")) == declared | head, path
 
 
+def test_a_trailing_slash_is_the_path_without_it(tmp_path):
+    """Served as is: Starlette redirected to an absolute URL made of the Host header (behind a proxy that
+    ends TLS, an http:// one), and the key check took `/health/` for a path of its own."""
+    with TestClient(tiny_random_app(tmp_path, api_key="k")) as client:
+        key = {"Authorization": "Bearer k", "Host": "elsewhere.example"}
+        made = client.post("/generate/", json={"prompt": "fox"}, headers=key, follow_redirects=False)
+        assert made.status_code == 202, made.text
+        for url in ("/jobs/", f"/jobs/{made.json()['id']}//", "/v1/videos/"):
+            got = client.get(url, headers=key, follow_redirects=False)
+            assert got.status_code == 200 and "location" not in got.headers, (url, got.status_code)
+        assert client.get("/health/").status_code == 200  # public, as /health
+        assert client.get("/", follow_redirects=False).status_code == 200  # the page
+
+
 def test_every_get_answers_head_with_its_headers_alone(client):
     """RFC 9110 §9.3.2: HEAD wherever GET is, the GET's status and headers, no body; an event stream ends at
     its headers (the job below is queued: its GET would stream on)."""
