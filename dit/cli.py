@@ -176,11 +176,12 @@ def _generate(args, config) -> int:
         except ValueError as e:
             say_error("generate", e)
             return 2
-        bar = tqdm(total=req.num_inference_steps, desc="denoising", unit="step", disable=not leader)
         start_s = time.perf_counter()
         try:  # a failure of the video's own (a float16 decode that overflows) is every rank's, and one line
-            latents = pipe.denoise(req, callback=lambda step, total: bar.update(1))
-            bar.close()
+            # its line ends before any other is said: a Ctrl-C's came after the bar, which it then drew again
+            steps = req.num_inference_steps
+            with tqdm(total=steps, desc="denoising", unit="step", disable=not leader) as bar:
+                latents = pipe.denoise(req, callback=lambda step, total: bar.update(1))
             # every rank decodes a band; rank 0 gets the frames and encodes each chunk as it comes (a
             # failure removes the file)
             # under a hidden name until done: a run that fails or is stopped leaves the --out it found

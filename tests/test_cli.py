@@ -259,6 +259,24 @@ def test_a_stopped_one_rank_generate_leaves_no_partial_video(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_generate_stopped_mid_denoising_says_so_on_a_line_of_its_own(tmp_path):
+    """The progress bar's line ends first: the message came after the bar on its line, and the bar was drawn
+    again below it (closed only at exit)."""
+    import signal
+
+    argv = [ITHACA, "generate", "a red circle moving right", "--steps", "50", "--frames", "33",
+            "--height", "128", "--width", "128", "--out", str(tmp_path / "v.mp4")]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    said = ""
+    while not re.search(r"\| [1-9]\d*/50", said) and proc.poll() is None:  # a step drawn: the bar is on
+        said += proc.stderr.read(1)
+    proc.send_signal(signal.SIGTERM)
+    said += proc.stderr.read()
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert said.endswith("step/s]\nithaca generate: interrupted; no video written\n"), said[-200:]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_expert_settings_that_do_not_fit_the_model_are_refused_before_any_rank(tmp_path, capsys, monkeypatch):
     import dit.cli
     from server.cli import main
