@@ -289,7 +289,8 @@ def test_a_long_queue_leaves_the_page_connections_to_submit(browser, tmp_path):
         publish(store, TINY_LIMITS, config.image_limits)
         store.close()
         for i in range(8):
-            assert server.client.post("/generate", json={"prompt": f"queued {i}"}).status_code == 202
+            big = {"seed": 2**63 - 1} if i == 0 else {}  # past 2^53: it showed as 9223372036854776000
+            assert server.client.post("/generate", json={"prompt": f"queued {i}"} | big).status_code == 202
         page = context.new_page()
         page.set_default_timeout(WAIT_MS)
         page.goto(server.url)
@@ -298,13 +299,22 @@ def test_a_long_queue_leaves_the_page_connections_to_submit(browser, tmp_path):
         page.get_by_role("button", name="Generate").click()
         page.get_by_text("Queued job").wait_for(timeout=10_000)
         page.locator("li.job", has_text="one more").get_by_text("Queued (position 8)").wait_for()
+        assert f"seed {2**63 - 1} ·" in page.locator("li.job", has_text="queued 0").inner_text()
 
-        # the limits are read again with the list: a LoRA added to the server's folder shows without a reload
+        # the limits are read again with the list: a LoRA added to the server's folder shows without a reload;
+        # a value half typed, or one the browser flags, stays through the reads (each put it back to the
+        # model's default)
         assert page.locator("#loras-field").is_hidden()
+        frames, height = page.get_by_label("Frames"), page.get_by_label("Height")
+        frames.fill("18")
+        height.fill("")
         store = open_store(config)
         publish(store, TINY_LIMITS, config.image_limits, loras=LORA_CATALOGUE)
         store.close()
         page.get_by_text("1 in the catalogue").wait_for(timeout=10_000)
+        assert (frames.input_value(), height.input_value()) == ("18", "")
+        frames.fill(str(TINY_LIMITS.default_frames))
+        height.fill(str(TINY_LIMITS.default_height))
 
         # a restart with another model: a value typed stays, one the page filled in takes the new default;
         # an image the model needs is asked for, and no longer once the next model takes none (the hidden

@@ -110,6 +110,11 @@ function applyLimits({ model, limits, vocabulary: declared, loras }) {
     const spec = limits[name];
     if (!spec) continue; // seed, and any field this model does not publish: only the input's own bounds
     const input = $(name);
+    // the same model read again: what the user has there stays, half typed or flagged by the browser (it
+    // was put back to the default every read: "1", a pause, then "28" made a width of 6428)
+    const shown = JSON.stringify(spec);
+    if (input.dataset.spec === shown) continue;
+    input.dataset.spec = shown;
     input.min = spec.min;
     input.max = spec.max;
     // HTML counts `step` from `min`, as the published multiple is counted
@@ -244,6 +249,13 @@ $("generate-form").addEventListener("submit", async (event) => {
 
 // -- the job list --------------------------------------------------------------------------------------------
 
+// A job's JSON with a seed past 2^53 (the API takes up to 2^63 - 1) kept as its digits: as a JS number it
+// showed rounded, a seed that makes another video. Only a key reads `"seed":` (in a string the quote
+// after it would be escaped).
+function jobJson(text) {
+  return JSON.parse(text.replace(/"seed":\s*(\d{16,})/g, '"seed":"$1"'));
+}
+
 let listing = 0; // the latest showPage call: an earlier one answered later is dropped
 
 async function showPage(index) {
@@ -259,7 +271,7 @@ async function showPage(index) {
     $("jobs-status").textContent = `Cannot list the jobs: ${await errorText(response)}`;
     return;
   }
-  const { data, has_more, last_id } = await response.json();
+  const { data, has_more, last_id } = jobJson(await response.text());
   if (ticket !== listing) return;
   page = index;
   cursors = cursors.slice(0, index + 1);
@@ -445,7 +457,7 @@ async function cancel(card) {
   card.cancel.disabled = true;
   try {
     const response = await api(`/jobs/${card.id}`, { method: "DELETE" });
-    if (response.ok) update(card, await response.json());
+    if (response.ok) update(card, jobJson(await response.text()));
     else showError(card, `Not cancelled: ${await errorText(response)}`);
   } catch (error) {
     if (!(error instanceof AuthError)) showError(card, `Not cancelled: ${error.message}`);
@@ -493,7 +505,7 @@ function handleEvent(card, block) {
     else if (line.startsWith("data:")) data.push(line.slice(5).trimStart());
   }
   if (!data.length) return;
-  const payload = JSON.parse(data.join("\n"));
+  const payload = jobJson(data.join("\n"));
   if (name === "preview") showPreview(card, payload.step, payload.url);
   else if (name === "progress" || name === "done") update(card, payload);
   else if (name === "deleted") deleted(card);
