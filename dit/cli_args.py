@@ -17,7 +17,7 @@ from pathlib import Path
 
 from dit.cache_config import CacheConfig
 from dit.settings import MODEL_PATH_HELP, PRESET_HELP, PipelineConfig, flag, options
-from parallel.local_group import local_group, world_size
+from parallel.local_group import check_start_folder, launched, local_group, world_size
 from parallel.parent_death import with_parent
 
 # request flag → GenerationRequest field (the prompt apart: positional in generate, --prompt in parity)
@@ -210,6 +210,8 @@ def checked(args, command: str, config: PipelineConfig, *, ulysses=None, ring=1,
     # Launched (by us, or by hand under torchrun) the ranks are already there: check against their count.
     nproc = world_size() or args.nproc
     try:
+        if nproc > 1 and not launched():
+            check_start_folder(PACKAGES)
         preflight(config, model_path=args.model_path, nproc=nproc,
                   local_nproc=int(os.environ.get("LOCAL_WORLD_SIZE", nproc)), ulysses=ulysses, ring=ring,
                   cfg=cfg, request=request(args))  # fmt: skip
@@ -217,6 +219,9 @@ def checked(args, command: str, config: PipelineConfig, *, ulysses=None, ring=1,
         say_error(command, e)
         return False
     return True
+
+
+PACKAGES = ("dit", "parallel", "server")  # what a rank imports of Ithaca's own
 
 
 def on_ranks(nproc: int, argv: list[str]) -> list[str]:

@@ -25,6 +25,7 @@ c10d rendezvous (`parallel.torchrun`)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import socket
@@ -32,6 +33,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
+from pathlib import Path
 
 from parallel.parent_death import with_parent
 
@@ -81,6 +84,22 @@ def local_group(nproc: int, quiet: bool = False) -> list[str]:
     `quiet`: the launcher says nothing of its own (a caller that logs in its own format says it: a failed
     rank's exit is the group's, the slow loopback lookup `time_loopback_lookup`)."""
     return [sys.executable, "-m", "parallel.local_group", f"--nproc={nproc}", *(["--quiet"] if quiet else [])]
+
+
+def check_start_folder(packages: Iterable[str], folder: Path | None = None) -> None:
+    """ValueError when `folder` (the working folder: where the ranks start) holds one of `packages` other than
+    the one this process runs: `python -m` puts that folder first on a rank's import path, so the ranks
+    would run its code (an older checkout, a project's own `server/`) beside this process's own."""
+    folder = Path.cwd() if folder is None else folder
+    for name in packages:
+        ours = Path(importlib.import_module(name).__file__).parent.resolve()
+        for there in (folder / name / "__init__.py", folder / f"{name}.py"):
+            if there.is_file() and there.parent.resolve() != ours:
+                found = there.relative_to(folder)
+                raise ValueError(
+                    f"the folder this starts in, {folder}, holds {found}: its ranks would import that "
+                    f"instead of the {name} this runs ({ours}); start it from another folder"
+                )
 
 
 def rank_env(rank: int, nproc: int, port: int | None) -> dict[str, str]:

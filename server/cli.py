@@ -10,7 +10,9 @@ import os
 import sys
 import textwrap
 
+from dit.cli_args import PACKAGES
 from dit.hub import local_model
+from parallel.local_group import check_start_folder
 from server import config as config_mod
 from server import logs
 from server.store import StoreError
@@ -32,6 +34,7 @@ def serve(args: argparse.Namespace) -> int:
         if config.api:
             _check_port(config.host, config.port)
         if config.workers or not config.api:  # a group started apart (--no-workers) checks its own settings
+            check_start_folder(PACKAGES)
             # a Hub name: its cached folder is what the ranks load
             config = dataclasses.replace(config, model_path=local_model(config.model_path))
             _preflight(config)

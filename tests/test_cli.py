@@ -606,6 +606,20 @@ def test_a_mistake_is_one_line_and_exit_code_2(tmp_path, argv, env, says):
     assert list(tmp_path.iterdir()) == []  # no server data dir, no video
 
 
+def test_a_folder_holding_a_package_of_ours_is_refused_before_the_ranks_start(tmp_path):
+    """`python -m` puts the working folder first on a rank's import path: the ranks ran an older checkout's
+    `server/` found there, beside the API process's installed one."""
+    (tmp_path / "server").mkdir()
+    (tmp_path / "server" / "__init__.py").write_text("raise SystemExit(3)")
+    for argv in (["generate", "a fox", "--nproc", "2"], ["serve", "--port", "0"]):
+        proc = subprocess.run([ITHACA, *argv], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert f"the folder this starts in, {tmp_path}, holds server/__init__.py" in proc.stderr
+    from parallel.local_group import check_start_folder
+
+    check_start_folder(["server"], Path(__file__).parents[1])  # the checkout this runs: its own
+
+
 def test_serve_on_a_port_in_use_says_so_before_starting_workers(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
