@@ -40,8 +40,7 @@ class JobEnd:
         """Hand the run's MP4 (encoded during the decode: `writing` is the time after its last frame) to the
         closer, unless the job was cancelled after its last step. `evaluations`: this job's (the next job's
         generate replaces the pipeline's)."""
-        run.phases.enter("writing")
-        if self.store.set_phase(run.job_id, self.name, "writing", run.phases.timings):
+        if run.on_phase("writing"):
             run.video.drop()
             self.over(run, "cancelled", error="cancelled while decoding; no video was written")
             return

@@ -39,13 +39,16 @@ class JobRun:
         """The decode's progress recorded, the cancel flag read back (`callback` for the decode's chunks)."""
         return not self.worker.steps.decoded(self.job_id, frames, total)
 
-    def on_phase(self, phase: str) -> None:
+    def on_phase(self, phase: str) -> bool:
+        """The job entered `phase`; True: it must stop (cancelled, or no longer this run's), as far as the
+        store's last answer knows (an outage does not hold it: `LatestStep`)."""
         self.phases.enter(phase)
         if phase == "denoising":
             self._last = time.perf_counter()  # the first step's time leaves the text encoding out
-        if phase != self.recorded:  # one store write, and one log line, a change
-            self.recorded = phase
-            self.worker.store.set_phase(self.job_id, self.worker.name, phase, self.phases.timings)
+        if phase == self.recorded:  # one store write, and one log line, a change
+            return False
+        self.recorded = phase
+        return self.worker.steps.phase(self.job_id, phase, self.phases.timings)
 
     def batch_job(self, request) -> BatchJob:
         """This job in a batch (`Pipeline.generate_batch`), its callbacks this run's: it ends (`ended`) as

@@ -440,7 +440,8 @@ def _fail(config: ServeConfig, group_id: str, error: BaseException) -> None:
     """Log the traceback (in the log's format: one JSON object with --log-format json), record the first
     error of the group for the supervisor, exit at once."""
     rank = os.environ.get("RANK", "0")
-    log.critical("rank %s failed: %s: %s", rank, type(error).__name__, error, exc_info=error)
+    trace = None if isinstance(error, StoreBusy) else error  # an outage past the grace: its line says it all
+    log.critical("rank %s failed: %s: %s", rank, type(error).__name__, error, exc_info=trace)
     if config.node_rank != 0:  # a --no-api node has no job store: its error stays in its log
         _exit_now()
     try:

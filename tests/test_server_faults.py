@@ -158,6 +158,24 @@ def test_group_that_never_becomes_ready_ends_the_server(tmp_path):
         srv.stop()
 
 
+def test_a_rank_ended_by_a_store_outage_logs_one_line_without_a_traceback(tmp_path, monkeypatch, caplog):
+    """Past the grace a store call fails and the group starts again: expected of an outage, which was logged
+    as it began; its traceback (through the pipeline's phase callback) read as a crash."""
+    from server import worker
+    from server.config import ServeConfig
+    from server.store import StoreBusy
+
+    monkeypatch.setattr(worker, "_exit_now", lambda: None)  # it ends the process
+    monkeypatch.setattr(worker, "open_store", lambda config: None)  # record_error: the store is down
+    config = ServeConfig(data_dir=str(tmp_path))
+    for error, traced in ((StoreBusy("the job store is unreachable"), False), (KeyError("x"), True)):
+        caplog.clear()
+        worker._fail(config, "g", error)
+        (record,) = [r for r in caplog.records if r.name == "ithaca.worker"]
+        assert f"rank 0 failed: {type(error).__name__}" in record.getMessage()
+        assert (record.exc_info is not None) is traced, error
+
+
 def test_a_damaged_store_ends_serve_with_one_line(tmp_path):
     (tmp_path / "jobs.db").write_bytes(b"SQLite format 3\x00" + b"\x07" * 300)  # a header, then garbage
     srv = ServerProcess(tmp_path, "--pipeline-module", "testing.fake_pipeline")

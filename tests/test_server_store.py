@@ -320,6 +320,40 @@ def test_a_full_disk_is_an_outage_and_a_failed_commit_keeps_no_lock(tmp_path, ca
     assert other.create({"prompt": "after"})[1] and store.create({"prompt": "and here"})[1]
 
 
+def test_a_phase_entered_in_an_outage_is_kept_as_a_step_is_and_the_job_runs_on(store):
+    """A job entering its decode while the store did not answer waited out the whole grace, and one past it
+    ended the group (a traceback; the job failed when that was its last attempt). Kept, the newest of each,
+    and written once the store answers, the phase before the decode's progress."""
+    from server.store.retry import LatestStep, PatientStore, StoreOutage
+
+    class Flaky:
+        down = False
+
+        def __getattr__(self, name):
+            if self.down:
+                raise StoreBusy("the job store is unreachable (connection refused)")
+            return getattr(store, name)
+
+    job, _ = store.create({"prompt": "a"})
+    store.claim("w", "box")
+    flaky = Flaky()
+    steps = LatestStep(PatientStore(flaky, StoreOutage(600, "worker")), "w")
+    assert steps.phase(job.id, "denoising", {"encoding_s": 0.5}) is False
+    assert steps.record(job.id, 9, 10) is False
+    flaky.down = True
+    assert steps.record(job.id, 10, 10) is False  # the outage begins here
+    assert steps.phase(job.id, "decoding", {"encoding_s": 0.5, "denoising_s": 1.0}) is False  # no retries
+    assert steps.decoded(job.id, 3, 7) is False
+    assert (store.get(job.id).phase, store.get(job.id).step) == ("denoising", 9)
+    flaky.down = False
+    steps.write()
+    written = store.get(job.id)
+    assert (written.phase, written.step, written.timings["denoising_s"]) == ("decoding", 10, 1.0)
+    assert written.progress == 93  # the decode's 3 of 7 latent frames, from the decoding phase's 90
+    store.cancel(job.id)
+    assert steps.phase(job.id, "writing", {}) is True  # the answer read back: the job stops
+
+
 def test_expired_are_the_jobs_over_before_a_time_not_yet_deleted(store):
     a, b, running, gone = (store.create({"prompt": p})[0] for p in "abcd")
     for _ in range(4):

@@ -136,41 +136,51 @@ class PatientStore:
 
 
 class LatestStep:
-    """A running job's progress as the leader records it, its steps and then its decoded latent frames:
-    written at once, or while the store does not answer kept (the newest only) for `write` to put in once it
-    does (the heartbeat thread calls it), so a step or a chunk of the decode never waits on an outage."""
+    """A running job's progress as the leader records it, its steps and then its decoded latent frames, and
+    its phase: written at once, or while the store does not answer kept (the newest of each) for `write` to
+    put in once it does (the heartbeat thread calls it), so a step, a chunk of the decode or a phase change
+    never waits on an outage, and one past the grace does not end a job that runs on."""
 
     def __init__(self, store: PatientStore, worker: str):
         self.store, self.worker = store, worker
-        # (store method, job, done, of) not written yet: ("progress", job, step, steps) or
-        # ("decoded", job, latent frames decoded, latent frames)
-        self._pending: tuple[str, str, int, int] | None = None
+        # slot → (store method, job, its arguments) not written yet: "phase" ("set_phase", job, phase,
+        # timings), then "step" ("progress", job, step, steps) or ("decoded", job, latent frames decoded, of)
+        self._pending: dict[str, tuple] = {}
         self._lock = threading.Lock()  # one write at a time, so an older step never lands last
+        self._slots = threading.Lock()  # held only to put or take: a step never waits on a write
         self._stop: str | None = None  # a write found this job cancelled, or no longer this worker's
 
     def record(self, job_id: str, step: int, total: int) -> bool:
         """True: the job must stop (`JobStore.progress`), as far as the last write that landed knows."""
-        return self._put("progress", job_id, step, total)
+        return self._put("step", ("progress", job_id, step, total))
 
     def decoded(self, job_id: str, frames: int, total: int) -> bool:
         """`record` for the decode (`JobStore.decoded`)."""
-        return self._put("decoded", job_id, frames, total)
+        return self._put("step", ("decoded", job_id, frames, total))
 
-    def _put(self, method: str, job_id: str, done: int, of: int) -> bool:
-        self._pending = (method, job_id, done, of)
+    def phase(self, job_id: str, phase: str, timings: dict) -> bool:
+        """`record` for a phase the job entered (`JobStore.set_phase`)."""
+        return self._put("phase", ("set_phase", job_id, phase, timings))
+
+    def _put(self, slot: str, write: tuple) -> bool:
+        with self._slots:
+            self._pending[slot] = write
         if self.store.outage.since is None:
             self.write()
-        return self._stop == job_id
+        return self._stop == write[1]
 
     def write(self) -> None:
         with self._lock:
-            pending, self._pending = self._pending, None
-            if pending is None:
-                return
-            try:
-                method, job_id, done, of = pending
-                if getattr(self.store.once, method)(job_id, self.worker, done, of):
-                    self._stop = job_id
-            except StoreBusy:
-                if self._pending is None:  # none newer meanwhile
-                    self._pending = pending
+            with self._slots:
+                pending, self._pending = self._pending, {}
+            for slot in ("phase", "step"):  # a phase before the steps in it (the decode's progress)
+                if slot not in pending:
+                    continue
+                method, job_id, *args = pending.pop(slot)
+                try:
+                    if getattr(self.store.once, method)(job_id, self.worker, *args):
+                        self._stop = job_id
+                except StoreBusy:  # kept, unless a newer one came meanwhile
+                    with self._slots:
+                        self._pending = {slot: (method, job_id, *args)} | pending | self._pending
+                    return
