@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shlex
@@ -120,6 +121,13 @@ def test_every_setting_the_deploy_guide_lists_reaches_the_container():
         for service, svc in _services(name).items():
             given = set(svc["environment"])
             assert listed <= given, (name, service, sorted(listed - given))
+    substituted = set()
+    for path in glob.glob(os.path.join(DEPLOY, "docker-compose*.yml")):
+        with open(path) as f:
+            substituted |= set(re.findall(r"\$\{(ITHACA_[A-Z_]+)", f.read()))
+    with open(os.path.join(DEPLOY, "env.example")) as f:  # where an operator looks for them: it named 19
+        example = set(re.findall(r"^#? ?(ITHACA_[A-Z_]+)=", f.read(), re.M))
+    assert substituted <= example, sorted(substituted - example)
 
 
 @pytest.mark.parametrize("name", COMPOSE_FILES)
