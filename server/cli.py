@@ -57,6 +57,7 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     if choice is not None:  # once the store opened: a damaged one ends serve with its one line alone
         log.info("%s", choice.line())
+    supervisor = app.state.services.supervisor
     server = holder["server"] = ClosingServer(
         app.state.services.closing,
         uvicorn.Config(
@@ -68,9 +69,9 @@ def serve(args: argparse.Namespace) -> int:
             access_log=False,
             log_config=None,  # uvicorn's lines go through the handler `logs.setup` installed
         ),
+        hurry=supervisor.hurry if supervisor is not None else lambda: None,
     )
     server.run()
-    supervisor = app.state.services.supervisor
     if supervisor is not None and supervisor.fatal:
         logs.last_line(f"ithaca serve: {supervisor.fatal}", config.log_format)
         return 1  # a non-zero exit lets the container's restart policy start us again

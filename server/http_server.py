@@ -9,13 +9,17 @@ import uvicorn
 
 class ClosingServer(uvicorn.Server):
     """uvicorn's server that, once asked to stop, sets `closing`, which ends the open event streams: uvicorn
-    waits for every open connection (5 s, then cancels them with an error in the log) before it stops."""
+    waits for every open connection (5 s, then cancels them with an error in the log) before it stops. Asked
+    again (a second Ctrl-C) it calls `hurry`: the shutdown's wait for the running job (the lifespan's, which
+    holds the event loop, so uvicorn's own second-signal exit never came) ends at once."""
 
-    def __init__(self, closing: threading.Event, config: uvicorn.Config):
+    def __init__(self, closing: threading.Event, config: uvicorn.Config, hurry=lambda: None):
         super().__init__(config)
-        self.closing = closing
+        self.closing, self.hurry = closing, hurry
 
     def handle_exit(self, sig, frame) -> None:  # SIGTERM, SIGINT
+        if self.should_exit:
+            self.hurry()
         self.closing.set()
         super().handle_exit(sig, frame)
 

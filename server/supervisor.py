@@ -231,6 +231,7 @@ class Supervisor:
         self._heard_at: float | None = None  # its newest heartbeat (time.time())
         self._failures_in_a_row = 0
         self._stopping = threading.Event()
+        self._hurried = threading.Event()  # `hurry`: a shutdown's wait for the running job ends
         self._thread = threading.Thread(target=self._loop, name="supervisor", daemon=True)
 
     def start(self) -> None:
@@ -393,17 +394,26 @@ class Supervisor:
                 log.error("job %s exceeded the time limit; resetting the worker group", job.id)
                 self._kill_group()
 
+    def hurry(self) -> None:
+        """A second Ctrl-C (or SIGTERM) while `stop` waits: the group goes now and its job is re-queued."""
+        self._hurried.set()
+
     def stop(self, grace: float) -> None:
-        """Stop claiming, let the running job finish within `grace` seconds, then end the group."""
+        """Stop claiming, let the running job finish within `grace` seconds (or until `hurry`), then end the
+        group."""
         self._stopping.set()
         if self.group_id is not None:
             self.store.request_drain(self.group_id)
         proc = self._proc
         if proc is not None:
-            try:
-                proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:  # a rank's SIGTERM only drains, as the store already asked
-                log.warning("the running job did not finish within %.0f s; stopping the worker group", grace)
+            deadline = time.monotonic() + grace
+            while proc.poll() is None and time.monotonic() < deadline and not self._hurried.is_set():
+                self._hurried.wait(0.1)  # a short wait: the signal handler that hurries runs on this thread
+            if proc.poll() is None:  # a rank's SIGTERM only drains, as the store already asked
+                late = f"the running job did not finish within {grace:.0f} s"
+                log.warning(
+                    "%s; stopping the worker group", "asked again" if self._hurried.is_set() else late
+                )
                 self._kill_group()
                 proc.wait()
         if self.group_id is not None:  # the group is gone: no late end of its run can come

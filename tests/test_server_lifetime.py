@@ -207,6 +207,30 @@ def test_past_its_shutdown_grace_a_job_is_stopped_at_once_and_keeps_its_attempts
     assert group_pids(tmp_path) == ([], [])
 
 
+def test_a_second_ctrl_c_stops_the_running_job_at_once(tmp_path):
+    """The first Ctrl-C lets the running job finish within --shutdown-grace; the wait held the event loop,
+    so uvicorn's own answer to a second one never came and the server sat out the whole grace. Now the
+    group goes at once, and the job is queued again without using an attempt."""
+    srv = ServerProcess(tmp_path, "--pipeline-module", FAKE, "--nproc", "1", "--shutdown-grace", "300",
+                        env={"ITHACA_FAKE_STEP_S": "0.5"}, restarts=True)  # fmt: skip
+    try:
+        srv.wait()
+        job = srv.submit(prompt="long", num_inference_steps=40)
+        wait_until(lambda: srv.client.get(f"/jobs/{job['id']}").json()["step"] >= 1, 30, "a step")
+        srv.proc.send_signal(signal.SIGINT)
+        wait_until(lambda: "shutting down" in srv.log(), 30, "the shutdown")
+        start = time.monotonic()
+        srv.stop(signal.SIGINT)
+        took = time.monotonic() - start
+    finally:
+        srv.stop(signal.SIGKILL)
+    assert "asked again; stopping the worker group" in srv.log()
+    after = JobStore(os.path.join(tmp_path, "jobs.db")).get(job["id"])
+    assert (after.status, after.attempts) == ("queued", 0), after
+    assert took < 10, f"{took:.1f} s after the second Ctrl-C"  # ~1 s; it waited for the job (20 s here)
+    assert group_pids(tmp_path) == ([], [])
+
+
 def test_sigterm_stops_claiming_at_once(slow):
     """Runs last in this module: it stops the server. An open event stream ends at once: uvicorn waits for
     every open connection, so it used to hold the stop 5 s and then log an error."""
