@@ -72,13 +72,13 @@ def add_subcommands(subparsers) -> None:
 
 def check_out(path: str) -> None:
     """ValueError for an --out the MP4 writer cannot write, found before the model loads rather than after
-    the whole run. Its folder is made here, as the writer would make it."""
+    the whole run. Its folder is made by the writer: a run that fails first leaves none."""
     out = Path(path)
     if out.suffix.lower() != ".mp4":
         raise ValueError(f"--out {path}: the video is an MP4; give a file name ending in .mp4")
     if out.is_dir():
         raise ValueError(f"--out {path} is a folder; give a file name ending in .mp4")
-    check_folder(f"--out {path}", out.parent)
+    check_folder(f"--out {path}", out.parent, make=False)
 
 
 def check_latents(path: str | None) -> None:
@@ -88,7 +88,7 @@ def check_latents(path: str | None) -> None:
         return
     if Path(path).is_dir():
         raise ValueError(f"--save-latents {path} is a folder; give a file name")
-    check_folder(f"--save-latents {path}", Path(path).parent)
+    check_folder(f"--save-latents {path}", Path(path).parent, make=False)
 
 
 def run_generate(args) -> int:
@@ -196,6 +196,7 @@ def _generate(args, config) -> int:
             return 1
         if leader:
             if args.save_latents:
+                Path(args.save_latents).parent.mkdir(parents=True, exist_ok=True)
                 torch.save({"latents": latents.cpu(), "frames": torch.from_numpy(frames)}, args.save_latents)
             n, h, w, _ = frames.shape
             layout = f"ulysses {mesh.ulysses_size} x ring {mesh.ring_size} x cfg {mesh.cfg_size}"

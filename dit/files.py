@@ -28,18 +28,21 @@ def written(path: str, tmp: str) -> Iterator[str]:
         raise
 
 
-def check_folder(label: str, folder: str | Path) -> None:
+def check_folder(label: str, folder: str | Path, make: bool = True) -> None:
     """ValueError starting with `label` (the option and its value) when `folder` cannot be made or written
-    in (a file in the way, no permission): found at start, not when the first file is due. Makes it."""
+    in (a file in the way, no permission): found at start, not when the first file is due. Makes it, unless
+    not `make` (a command that may fail later leaves no empty folder): then the nearest folder that exists
+    is the one written in."""
     folder = Path(folder)
     above = next(path for path in (folder, *folder.parents) if path.exists())
     if not above.is_dir():
         raise ValueError(f"{label}: {above} is a file, not a folder")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=folder).close()
+        if make:
+            folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder if make else above).close()
     except OSError as e:
-        raise ValueError(f"{label}: cannot write in {folder}: {e.strerror or e}") from None
+        raise ValueError(f"{label}: cannot write in {folder if make else above}: {e.strerror or e}") from None
 
 
 def full_disk(folder: str | Path | None) -> str | None:

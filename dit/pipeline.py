@@ -45,7 +45,7 @@ from dit.parts import check_parts
 from dit.preflight import ONE_EXPERT, check_settings
 from dit.presets import resolve
 from dit.preview import LatentPreview, PreviewCallback, read_preview, vae_preview
-from dit.request import GenerationRequest, check_guidance, check_numbers, check_text
+from dit.request import GenerationRequest, check_guidance, check_numbers, check_prompts
 from dit.sampling import (
     NUM_TRAIN_TIMESTEPS,
     Callback,
@@ -157,14 +157,8 @@ class Pipeline:
             if self.lora_catalogue is None:
                 raise ValueError("loras: this pipeline has no LoRA catalogue (PipelineConfig.lora_dir)")
             self.lora_catalogue.plans(req.loras)  # every name known and every file fitting
-        if not isinstance(req.prompt, str) or not req.prompt.strip():
-            raise ValueError("prompt must be a non-empty string")
-        if req.negative_prompt is None:  # the field's default: none
-            req = replace(req, negative_prompt="")
-        if not isinstance(req.negative_prompt, str):
-            raise ValueError(f"negative_prompt must be a string, got {type(req.negative_prompt).__name__}")
+        req = check_prompts(req)
         for name in ("prompt", "negative_prompt"):
-            check_text(name, getattr(req, name))
             tokens = self.tokenizer.count_tokens(getattr(req, name))
             if tokens > lim.max_prompt_tokens:
                 raise ValueError(

@@ -111,6 +111,20 @@ def check_text(name: str, value: str) -> None:
         raise ValueError(f"{name} is not valid text: it holds a lone UTF-16 surrogate") from None
 
 
+def check_prompts(req: GenerationRequest) -> GenerationRequest:
+    """The prompt (a string that is not blank) and the negative prompt (None: none), each valid text;
+    ValueError naming the field. Their length in tokens needs the model's tokenizer: `Pipeline.validate`."""
+    if not isinstance(req.prompt, str) or not req.prompt.strip():
+        raise ValueError("prompt must be a non-empty string")
+    if req.negative_prompt is None:  # the field's default: none
+        req = replace(req, negative_prompt="")
+    if not isinstance(req.negative_prompt, str):
+        raise ValueError(f"negative_prompt must be a string, got {type(req.negative_prompt).__name__}")
+    for name in ("prompt", "negative_prompt"):
+        check_text(name, getattr(req, name))
+    return req
+
+
 def check_numbers(req: GenerationRequest, lim: Limits) -> GenerationRequest:
     """The request's size, length, steps, guidance, fps and seed: None ones the model's defaults, each
     checked against `lim` (ValueError naming the field), whether it has the image the model needs or takes

@@ -594,6 +594,10 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
          '"message": "ithaca serve: error: --attn-backend \'fast\' is not one of'),
         (["serve"], {"ITHACA_WARMUP": "480x832"}, "ITHACA_WARMUP: '480x832' is not HEIGHTxWIDTHxFRAMES"),
         (["serve", "--data-dir", "/dev/null/d"], {}, "--data-dir /dev/null/d: /dev/null is a file, not a"),
+        # found before the model loads (after, on --nproc 2), and no --out folder is left: it was made first
+        (["generate", "  ", "--nproc", "2", "--out", "nd/x.mp4"], {}, "prompt must be a non-empty string"),
+        (["generate", "a red circle " * 6, "--out", "nd/x.mp4", "--ulysses", "1", "--ring", "1",
+          "--cfg", "1"], {}, "prompt is 19 tokens long; the text encoder accepts at most 16"),
         # found before the ranks start (it took them 10 s)
         (["generate", "a fox", "--preset", "tiny-i2v-random", "--nproc", "2"], {}, "--image: this image-to-"),
     ],
