@@ -252,11 +252,15 @@ def build_parser() -> argparse.ArgumentParser:
     config_mod.add_arguments(serve_parser)
     serve_parser.set_defaults(func=serve)
     _add_plan(subparsers)
+    parser.commands = subparsers.choices
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said as the command's: its --help lists its flags (`ithaca --help` only the commands)
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return args.func(args) or 0
     except KeyboardInterrupt:  # Ctrl-C before a command's own handling (its checks, the model's look-up)

@@ -594,6 +594,9 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
          '"message": "ithaca serve: error: --attn-backend \'fast\' is not one of'),
         (["serve"], {"ITHACA_WARMUP": "480x832"}, "ITHACA_WARMUP: '480x832' is not HEIGHTxWIDTHxFRAMES"),
         (["serve", "--data-dir", "/dev/null/d"], {}, "--data-dir /dev/null/d: /dev/null is a file, not a"),
+        # said as the command's, whose --help lists its flags (it was "ithaca: error: ... see ithaca --help")
+        (["generate", "a fox", "--stpes", "4"], {},
+         "ithaca generate: error: unrecognized arguments: --stpes 4 (see ithaca generate --help)"),
         # found before the model loads (after, on --nproc 2), and no --out folder is left: it was made first
         (["generate", "  ", "--nproc", "2", "--out", "nd/x.mp4"], {}, "prompt must be a non-empty string"),
         (["generate", "a red circle " * 6, "--out", "nd/x.mp4", "--ulysses", "1", "--ring", "1",
