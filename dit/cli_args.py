@@ -52,10 +52,10 @@ def say_error(command: str, e: Exception) -> None:
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Every option's help ends with its default, except where the help says what leaving it out does (default
-    None) and for off-by-default switches."""
+    None), for off-by-default switches, and for empty text (it read "(default: )")."""
 
     def _get_help_string(self, action):
-        if action.default is None or action.default is False:
+        if action.default in (None, False, ""):
             return action.help
         return super()._get_help_string(action)
 
@@ -118,7 +118,9 @@ def add_request_args(p: argparse.ArgumentParser, prompt_default: str | None = No
         p.add_argument("prompt", help="what the video shows")
     else:
         p.add_argument("--prompt", default=prompt_default, help="what the video shows")
-    p.add_argument("--negative-prompt", default="", help="what it should not show (guidance > 1)")
+    p.add_argument(
+        "--negative-prompt", default="", help="what it should not show (guidance > 1); none if left out"
+    )
     p.add_argument("--frames", type=int, default=None, help="4k+1 (default: the model's; tiny 17)")
     size = "multiple of 16 (default: the model's; tiny 64; HunyuanVideo-1.5 I2V without either: the image's)"
     p.add_argument("--height", type=int, default=None, help=size)

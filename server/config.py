@@ -443,8 +443,14 @@ def _convert(f: dataclasses.Field, raw: str):
 def add_arguments(parser: argparse.ArgumentParser, *, worker_only: bool = False) -> None:
     for option in _options(worker_only):
         f = option.field
-        # argparse expands %-formats in help ("%(default)s"): a literal "%" must be doubled
-        help_text = f"{f.metadata['help']} [env {env_name(option.name)}; default {option.default}]"
+        # argparse expands %-formats in help ("%(default)s"): a literal "%" must be doubled. A help that
+        # says its default keeps it (it read "(default DATA_DIR/jobs.db) [...; default None]")
+        said = f.metadata["help"]
+        if "default" in said:
+            default = ""
+        else:
+            default = "; unset by default" if option.default is None else f"; default {option.default}"
+        help_text = f"{said} [env {env_name(option.name)}{default}]"
         kwargs = dict(dest=f.name, default=None, help=help_text.replace("%", "%%"))
         if f.type in ("bool", bool):
             parser.add_argument(_flag(option.name), action=argparse.BooleanOptionalAction, **kwargs)

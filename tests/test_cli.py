@@ -673,7 +673,7 @@ def test_help_describes_every_option_with_its_default():
         text = " ".join(parser.format_help().split())
         for action in parser._actions:
             assert action.help, (name, action.dest)
-            if action.default not in (None, False, argparse.SUPPRESS):
+            if action.default not in (None, False, "", argparse.SUPPRESS):
                 assert f"(default: {action.default})" in text, (name, action.dest)
 
 
@@ -694,6 +694,9 @@ def test_help_of_every_command_and_subcommand_prints():
     assert all("--vae-dtype" in helps[name] for name in ("generate", "parity", "serve", "worker"))
     for name, text in helps.items():
         assert "usage:" in text, name
+        # a default said twice, "(default DATA_DIR/jobs.db) [env ITHACA_DB; default None]", or as nothing
+        flat = " ".join(text.split())
+        assert "default None" not in flat and "(default: )" not in flat, name
 
 
 def test_help_and_the_api_import_no_torch():
