@@ -336,6 +336,8 @@ class Supervisor:
         restart is counted once the store has it all); True: it failed too often, the server must end."""
         self._group_ready = False
         error = self.store.group_error(self.group_id)
+        # drained as asked, and not by this server: by another that starts under the same --instance
+        taken = code == 0 and self.store.drain_requested(self.group_id)
         for job in self.store.in_progress(worker_prefix=self._worker_prefix()):
             self._requeue(job, f"the worker group exited ({_exit_said(code)}) while running it"
                           + (f": {error}" if error else ""))  # fmt: skip
@@ -343,10 +345,17 @@ class Supervisor:
         self.restarts += 1
         self._failures_in_a_row += 0 if self._was_ready else 1
         self._proc, self._was_ready = None, False
-        log.error(
-            "worker group %s exited (%s; restart %d)%s",
-            self.group_id, _exit_said(code), self.restarts, f": {error}" if error else "",
-        )  # fmt: skip
+        if taken:
+            log.warning(
+                "worker group %s stopped: another server started as instance %r and asked it to drain; "
+                "starting it again (restart %d). Give each server its own --instance (ITHACA_INSTANCE)",
+                self.group_id, self.config.instance, self.restarts,
+            )  # fmt: skip
+        else:
+            log.error(
+                "worker group %s exited (%s; restart %d)%s",
+                self.group_id, _exit_said(code), self.restarts, f": {error}" if error else "",
+            )  # fmt: skip
         if self._failures_in_a_row < self.config.restart_budget:
             return False
         self.fatal = (

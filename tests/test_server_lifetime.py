@@ -6,6 +6,7 @@ ITHACA_FAKE_DECODE_S), so the test is about processes and the store, not the mod
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -103,6 +104,23 @@ def test_a_server_drains_groups_an_earlier_one_of_its_instance_left(slow):
     assert not store.drain_requested(slow.client.get("/ready").json()["group"])
     warned = [json.loads(line)["message"] for line in slow.log().splitlines() if "leftover" in line]
     assert any("if another server runs as 'box', give each its own --instance" in m for m in warned), warned
+
+
+def test_a_group_another_server_drained_is_said_so_where_it_ran(tmp_path, caplog):
+    """The server whose group a second one (started under the same --instance) drained said only "worker
+    group G exited (code 0; restart 1)", as an error."""
+    from server.config import ServeConfig
+    from server.supervisor import Supervisor
+
+    store = JobStore(os.path.join(tmp_path, "jobs.db"))
+    supervisor = Supervisor(ServeConfig(data_dir=str(tmp_path), instance="box"), store, on_fatal=lambda: None)
+    supervisor.group_id = "g1"
+    store.request_drain("g1")  # the other server's start
+    with caplog.at_level(logging.WARNING, logger="ithaca.supervisor"):
+        assert supervisor._group_exited(0) is False
+    (record,) = caplog.records
+    assert record.levelname == "WARNING" and "another server started as instance 'box'" in record.getMessage()
+    assert "give each server its own --instance" in record.getMessage().lower()
 
 
 def test_the_ranks_keep_compiled_graphs_in_the_data_folder(slow):
