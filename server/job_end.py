@@ -1,7 +1,9 @@
 """The worker leader's end of a finished job: its MP4's frames are all with ffmpeg, so the rest (wait for the
 file, rename it into place, complete the job, count it) runs on a thread of its own (`VideoCloser`) while the
 leader claims its next job. Until the file is in place the job stays in progress under its worker: a group
-that dies meanwhile has it re-queued, never completed without its file."""
+that dies meanwhile has it re-queued, never completed without its file. A job's end is written however long
+the store is away (`PatientStore.until_answered`): given up past the grace, it stayed in progress under its
+live worker, which nothing re-queues, until --job-timeout."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING
 from dit.video import VideoNotWritten
 from server import metrics, videos
 from server.phases import job_timings
-from server.store import JobStore
+from server.store.retry import PatientStore
 from server.writers import VideoCloser
 
 if TYPE_CHECKING:
@@ -23,8 +25,8 @@ log = logging.getLogger("ithaca.worker")
 
 
 class JobEnd:
-    def __init__(self, store: JobStore, name: str, videos_dir: str):
-        self.store, self.name, self.videos_dir = store, name, videos_dir
+    def __init__(self, store: PatientStore, name: str, videos_dir: str):
+        self.store, self.name, self.videos_dir = store.until_answered, name, videos_dir
         self.closer = VideoCloser()
 
     def drop_files(self, job_id: str, image: bool) -> None:

@@ -24,6 +24,7 @@ from server.store import (
     lora_set,
     open_store,
 )
+from server.store.retry import LatestStep, PatientStore, StoreOutage
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -320,23 +321,30 @@ def test_a_full_disk_is_an_outage_and_a_failed_commit_keeps_no_lock(tmp_path, ca
     assert other.create({"prompt": "after"})[1] and store.create({"prompt": "and here"})[1]
 
 
+class _Flaky:
+    """A store that, while `down`, answers every call as an unreachable one does."""
+
+    def __init__(self, store):
+        self.store, self.down = store, False
+
+    def __getattr__(self, name):
+        method = getattr(self.store, name)
+
+        def call(*args, **kwargs):
+            if self.down:
+                raise StoreBusy("the job store is unreachable (connection refused)")
+            return method(*args, **kwargs)
+
+        return call
+
+
 def test_a_phase_entered_in_an_outage_is_kept_as_a_step_is_and_the_job_runs_on(store):
     """A job entering its decode while the store did not answer waited out the whole grace, and one past it
     ended the group (a traceback; the job failed when that was its last attempt). Kept, the newest of each,
     and written once the store answers, the phase before the decode's progress."""
-    from server.store.retry import LatestStep, PatientStore, StoreOutage
-
-    class Flaky:
-        down = False
-
-        def __getattr__(self, name):
-            if self.down:
-                raise StoreBusy("the job store is unreachable (connection refused)")
-            return getattr(store, name)
-
     job, _ = store.create({"prompt": "a"})
     store.claim("w", "box")
-    flaky = Flaky()
+    flaky = _Flaky(store)
     steps = LatestStep(PatientStore(flaky, StoreOutage(600, "worker")), "w")
     assert steps.phase(job.id, "denoising", {"encoding_s": 0.5}) is False
     assert steps.record(job.id, 9, 10) is False
@@ -352,6 +360,24 @@ def test_a_phase_entered_in_an_outage_is_kept_as_a_step_is_and_the_job_runs_on(s
     assert written.progress == 93  # the decode's 3 of 7 latent frames, from the decoding phase's 90
     store.cancel(job.id)
     assert steps.phase(job.id, "writing", {}) is True  # the answer read back: the job stops
+
+
+def test_a_jobs_end_waits_out_an_outage_past_the_grace(store):
+    """Once its video is made a job's end is written however long the store is away: past the grace it was
+    given up and the job stayed in progress under its live worker, which nothing re-queues, until
+    --job-timeout."""
+    from server.job_end import JobEnd
+
+    flaky = _Flaky(store)
+    patient = PatientStore(flaky, StoreOutage(0.05, "worker"))
+    job, _ = store.create({"prompt": "a"})
+    store.claim("w", "box")
+    flaky.down = True
+    with pytest.raises(StoreBusy):
+        patient.running(job.id, "w", 1)
+    threading.Timer(0.5, lambda: setattr(flaky, "down", False)).start()
+    ending = JobEnd(patient, "w", "unused")
+    assert ending.store.finish(job.id, "w", "completed", video="x.mp4").status == "completed"
 
 
 def test_expired_are_the_jobs_over_before_a_time_not_yet_deleted(store):

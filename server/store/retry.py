@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 import time
 
@@ -75,19 +76,21 @@ class StoreOutage:
         self.answered()
         return result
 
-    def call(self, fn, *args, again=None, **kwargs):
+    def call(self, fn, *args, again=None, grace: float | None = None, **kwargs):
         """`fn(*args, **kwargs)`, retried on StoreBusy with backoff (0.1 s doubling up to 2 s) until `grace`
-        seconds after its first failure; then StoreBusy. `again`: what the retries call instead, for a write
-        whose commit may have landed before its connection was lost (the retry must find it)."""
+        seconds (the outage's own unless given) after its first failure; then StoreBusy. `again`: what the
+        retries call instead, for a write whose commit may have landed before its connection was lost (the
+        retry must find it)."""
+        grace = self.grace if grace is None else grace
         deadline, pause = None, FIRST_RETRY_S
         while True:
             try:
                 return self.attempt(fn, *args, **kwargs)
             except StoreBusy as e:
                 now = time.monotonic()
-                deadline = deadline or now + self.grace
+                deadline = deadline or now + grace
                 if now >= deadline:
-                    log.error("%s: the job store did not answer for %g s: %s", self.who, self.grace, e)
+                    log.error("%s: the job store did not answer for %g s: %s", self.who, grace, e)
                     raise
                 time.sleep(min(pause, deadline - now))
                 pause = min(2 * pause, MAX_RETRY_S)
@@ -117,13 +120,20 @@ _AGAIN = {"claim": _claim_again, "finish": _finish_again}
 class PatientStore:
     """A JobStore whose every method rides out an outage (`StoreOutage.call`); `raw` is the store itself."""
 
-    def __init__(self, store, outage: StoreOutage, *, once: bool = False):
-        self.raw, self.outage, self._once = store, outage, once
+    def __init__(self, store, outage: StoreOutage, *, once: bool = False, grace: float | None = None):
+        self.raw, self.outage, self._once, self._grace = store, outage, once, grace
 
     @functools.cached_property
     def once(self) -> PatientStore:
         """The same store making single attempts (the outage state still kept)."""
         return PatientStore(self.raw, self.outage, once=True)
+
+    @functools.cached_property
+    def until_answered(self) -> PatientStore:
+        """The same store retrying each call for as long as the outage lasts, past the grace: for a job's
+        end, once its video is made (its worker lives on, so nothing re-queues the job: given up, it stayed
+        in progress until --job-timeout)."""
+        return PatientStore(self.raw, self.outage, grace=math.inf)
 
     def __getattr__(self, name: str):
         method = getattr(self.raw, name)
@@ -132,7 +142,8 @@ class PatientStore:
         if self._once:
             return functools.partial(self.outage.attempt, method)
         again = _AGAIN.get(name)
-        return functools.partial(self.outage.call, method, again=again and functools.partial(again, self.raw))
+        again = again and functools.partial(again, self.raw)
+        return functools.partial(self.outage.call, method, again=again, grace=self._grace)
 
 
 class LatestStep:
