@@ -362,10 +362,11 @@ def test_a_phase_entered_in_an_outage_is_kept_as_a_step_is_and_the_job_runs_on(s
     assert steps.phase(job.id, "writing", {}) is True  # the answer read back: the job stops
 
 
-def test_a_jobs_end_waits_out_an_outage_past_the_grace(store):
+def test_a_jobs_end_waits_out_an_outage_past_the_grace(store, caplog):
     """Once its video is made a job's end is written however long the store is away: past the grace it was
     given up and the job stayed in progress under its live worker, which nothing re-queues, until
-    --job-timeout."""
+    --job-timeout. Other calls past the grace fail, said once an outage (it was once a call: a line every
+    few seconds)."""
     from server.job_end import JobEnd
 
     flaky = _Flaky(store)
@@ -373,8 +374,11 @@ def test_a_jobs_end_waits_out_an_outage_past_the_grace(store):
     job, _ = store.create({"prompt": "a"})
     store.claim("w", "box")
     flaky.down = True
-    with pytest.raises(StoreBusy):
-        patient.running(job.id, "w", 1)
+    with caplog.at_level(logging.ERROR, logger="ithaca.store"):
+        for _ in range(2):
+            with pytest.raises(StoreBusy):
+                patient.running(job.id, "w", 1)
+    assert len([r for r in caplog.records if "did not answer for 0.05 s" in r.getMessage()]) == 1
     threading.Timer(0.5, lambda: setattr(flaky, "down", False)).start()
     ending = JobEnd(patient, "w", "unused")
     assert ending.store.finish(job.id, "w", "completed", video="x.mp4").status == "completed"

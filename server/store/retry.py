@@ -36,6 +36,7 @@ class StoreOutage:
         self.reason: str | None = None
         self.back_at = -float("inf")  # time.monotonic() when the store last answered again after failing
         self.full_at = -float("inf")  # time.monotonic() of the last write a full disk refused
+        self.gave_up = False  # a call failed past the grace in this outage: said once (each call's would be)
         self._lock = threading.Lock()
 
     def describe(self, *, detail: bool = True) -> str | None:
@@ -61,7 +62,7 @@ class StoreOutage:
         if self.since is None or time.monotonic() - self.full_at < FULL_SETTLE_S:
             return
         with self._lock:
-            since, self.since, self.reason = self.since, None, None
+            since, self.since, self.reason, self.gave_up = self.since, None, None, False
         if since is not None:
             self.back_at = time.monotonic()
             log.info("%s: the job store answers again, after %.1f s", self.who, time.time() - since)
@@ -90,7 +91,10 @@ class StoreOutage:
                 now = time.monotonic()
                 deadline = deadline or now + grace
                 if now >= deadline:
-                    log.error("%s: the job store did not answer for %g s: %s", self.who, grace, e)
+                    if not self.gave_up:
+                        self.gave_up = True
+                        log.error("%s: the job store did not answer for %g s: %s (calls fail until it does)",
+                                  self.who, grace, e)  # fmt: skip
                     raise
                 time.sleep(min(pause, deadline - now))
                 pause = min(2 * pause, MAX_RETRY_S)
