@@ -358,8 +358,16 @@ def test_a_phase_entered_in_an_outage_is_kept_as_a_step_is_and_the_job_runs_on(s
     written = store.get(job.id)
     assert (written.phase, written.step, written.timings["denoising_s"]) == ("decoding", 10, 1.0)
     assert written.progress == 93  # the decode's 3 of 7 latent frames, from the decoding phase's 90
-    store.cancel(job.id)
-    assert steps.phase(job.id, "writing", {}) is True  # the answer read back: the job stops
+    after, _ = store.create({"prompt": "b"})
+    store.claim("w", "box")
+    flaky.down = True
+    steps.phase(job.id, "writing", {})  # its MP4 closes while the next job begins
+    steps.phase(after.id, "denoising", {})
+    flaky.down = False
+    steps.write()
+    assert (store.get(job.id).phase, store.get(after.id).phase) == ("writing", "denoising")
+    store.cancel(after.id)
+    assert steps.phase(after.id, "decoding", {}) is True  # the answer read back: the job stops
 
 
 def test_a_jobs_end_waits_out_an_outage_past_the_grace(store, caplog):

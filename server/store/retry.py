@@ -158,44 +158,45 @@ class LatestStep:
 
     def __init__(self, store: PatientStore, worker: str):
         self.store, self.worker = store, worker
-        # slot → (store method, job, its arguments) not written yet: "phase" ("set_phase", job, phase,
-        # timings), then "step" ("progress", job, step, steps) or ("decoded", job, latent frames decoded, of)
-        self._pending: dict[str, tuple] = {}
+        # (job, slot) → (store method, its arguments) not written yet, the newest of each: "phase"
+        # ("set_phase", phase, timings), "step" ("progress", step, steps) or ("decoded", latent frames
+        # decoded, of); a job's phase stays when the next job's comes (the MP4's "writing")
+        self._pending: dict[tuple[str, str], tuple] = {}
         self._lock = threading.Lock()  # one write at a time, so an older step never lands last
         self._slots = threading.Lock()  # held only to put or take: a step never waits on a write
         self._stop: str | None = None  # a write found this job cancelled, or no longer this worker's
 
     def record(self, job_id: str, step: int, total: int) -> bool:
         """True: the job must stop (`JobStore.progress`), as far as the last write that landed knows."""
-        return self._put("step", ("progress", job_id, step, total))
+        return self._put(job_id, "step", ("progress", step, total))
 
     def decoded(self, job_id: str, frames: int, total: int) -> bool:
         """`record` for the decode (`JobStore.decoded`)."""
-        return self._put("step", ("decoded", job_id, frames, total))
+        return self._put(job_id, "step", ("decoded", frames, total))
 
     def phase(self, job_id: str, phase: str, timings: dict) -> bool:
         """`record` for a phase the job entered (`JobStore.set_phase`)."""
-        return self._put("phase", ("set_phase", job_id, phase, timings))
+        return self._put(job_id, "phase", ("set_phase", phase, timings))
 
-    def _put(self, slot: str, write: tuple) -> bool:
+    def _put(self, job_id: str, slot: str, write: tuple) -> bool:
         with self._slots:
-            self._pending[slot] = write
+            self._pending[job_id, slot] = write
         if self.store.outage.since is None:
             self.write()
-        return self._stop == write[1]
+        return self._stop == job_id
 
     def write(self) -> None:
         with self._lock:
             with self._slots:
                 pending, self._pending = self._pending, {}
-            for slot in ("phase", "step"):  # a phase before the steps in it (the decode's progress)
-                if slot not in pending:
-                    continue
-                method, job_id, *args = pending.pop(slot)
+            # the phases first: a job's decode progress counts from its phase's
+            for key in sorted(pending, key=lambda key: key[1] != "phase"):
+                (job_id, _), (method, *args) = key, pending[key]
                 try:
                     if getattr(self.store.once, method)(job_id, self.worker, *args):
                         self._stop = job_id
                 except StoreBusy:  # kept, unless a newer one came meanwhile
                     with self._slots:
-                        self._pending = {slot: (method, job_id, *args)} | pending | self._pending
+                        self._pending = pending | self._pending
                     return
+                del pending[key]
