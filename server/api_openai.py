@@ -294,6 +294,9 @@ def _create(services: Services, fields: dict, idempotency_key: str | None):
     if model is not None:
         text_field("model", model, max_chars=MAX_MODEL_CHARS)
     spec = map_request(fields, services.worker_info())
+    body = {k: v for k, v in fields.items() if k != _IMAGE}  # the image counts by its hash (`submit`)
+    if "loras" in spec:
+        body["loras"] = spec["loras"]  # the set in its one spelling, however the request ordered it
     job, created = services.submit(
         spec,
         image=fields.get(_IMAGE),
@@ -301,7 +304,7 @@ def _create(services: Services, fields: dict, idempotency_key: str | None):
         meta={"model": model},  # the model the client named, for the record: the reply names the served one
         idempotency_key=idempotency_key,
         scope="v1",
-        body={k: v for k, v in fields.items() if k != _IMAGE},  # the image counts by its hash (`submit`)
+        body=body,
     )
     return submitted(video_view(services, job), created, 200)
 

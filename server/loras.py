@@ -40,8 +40,10 @@ _ITEMS = TypeAdapter(LoraList)
 
 
 def as_spec(items: list[LoraItem] | None) -> list[list] | None:
-    """A request's LoRAs as its job's spec holds them; None for none (the spec leaves `loras` out)."""
-    return [[item.name, item.strength] for item in items] if items else None
+    """A request's LoRAs as its job's spec holds them, sorted by name as `validate` sorts the set (so a retry
+    naming them in another order is the same request to its Idempotency-Key); None for none (the spec leaves
+    `loras` out)."""
+    return sorted([item.name, item.strength] for item in items) if items else None
 
 
 def parse(value, *, strict: bool) -> list[list] | None:

@@ -104,6 +104,22 @@ def test_v1_takes_loras_as_json_and_from_the_sdks_extra_body(client):
         sdk.videos.create(prompt="fox", extra_body={"loras": [{"name": "style"}, {"name": "other"}]})
 
 
+def test_a_retry_naming_the_loras_in_another_order_is_the_same_request(tmp_path):
+    """The set has one spelling (`validate` sorts it): under the same Idempotency-Key a retry that names the
+    LoRAs in another order gets its job, on both routes; it was a 409, another body."""
+    other = {"name": "other", "experts": False, "fits": True, "error": None}
+    with TestClient(tiny_random_app(tmp_path, loras=[*CATALOGUE, other])) as client:
+        pair = [{"name": "style", "strength": 0.5}, {"name": "other"}]
+        for route, key in (("/generate", "k1"), ("/v1/videos", "k2")):
+            first, again = (
+                client.post(route, json={"prompt": "fox", "loras": loras}, headers={"Idempotency-Key": key})
+                for loras in (pair, pair[::-1])
+            )
+            assert again.status_code == first.status_code and again.json()["id"] == first.json()["id"], route
+            assert again.headers["idempotent-replayed"] == "true"
+            assert _loras(client, first.json()["id"]) == [["other", 1.0], ["style", 0.5]]
+
+
 def _asgi(client: TestClient) -> httpx.Client:
     """An httpx client whose requests the TestClient's app answers."""
     return httpx.Client(transport=httpx.MockTransport(lambda request: _relay(client, request)))
