@@ -208,15 +208,17 @@ def found_model(args, command: str) -> bool:
 def checked(args, command: str, config: PipelineConfig, *, ulysses=None, ring=1, cfg=1) -> bool:
     """Whether dit.preflight accepts the settings; if not, its one line goes to stderr (from rank 0 alone)."""
     from dit.preflight import preflight
+    from dit.request import check_prompts
 
     # Launched (by us, or by hand under torchrun) the ranks are already there: check against their count.
     nproc = world_size() or args.nproc
     try:
         if nproc > 1 and not launched():
             check_start_folder(PACKAGES)
+        asked = check_prompts(request(args))  # a blank one, before the model loads (its length needs it)
         preflight(config, model_path=args.model_path, nproc=nproc,
                   local_nproc=int(os.environ.get("LOCAL_WORLD_SIZE", nproc)), ulysses=ulysses, ring=ring,
-                  cfg=cfg, request=request(args))  # fmt: skip
+                  cfg=cfg, request=asked)  # fmt: skip
     except ValueError as e:
         say_error(command, e)
         return False

@@ -91,13 +91,13 @@ def preflight(
     if config.loras and two_experts:
         raise ValueError(f"--lora: {TWO_EXPERT_LORAS}")
     if request is not None or config.warmup:  # the request, and each warm-up size as a request of that size
-        from dit.request import GenerationRequest, check_numbers, check_prompts
+        from dit.request import GenerationRequest, check_numbers
         from dit.shape import request_limits
         from dit.warmup import warmup_request
 
         limits = request_limits(model, sampler=sampler, timesteps=timesteps)
         if request is not None:
-            check_prompts(check_numbers(request, limits))
+            check_numbers(request, limits)
         for size in config.warmup:
             try:
                 check_numbers(warmup_request(limits, size, GenerationRequest), limits)
