@@ -14,7 +14,6 @@ are imported on first use: adding a family is one package plus one entry there.
 from __future__ import annotations
 
 import importlib
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -250,7 +249,7 @@ def model_class_name(model: str) -> str | None:
     root = Path(model)
     for config in (root / "transformer" / "config.json", root / "config.json"):
         if config.is_file():
-            return json.loads(config.read_text()).get("_class_name")
+            return read_json(config).get("_class_name")
     raise FileNotFoundError(f"{model}: neither a model name ({', '.join(model_names())}) nor a model folder")
 
 

@@ -5,15 +5,20 @@ launcher checks before any rank starts, and the API process resolving a Hub name
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 
 def read_json(path: Path) -> dict:
-    """A config file's JSON; ValueError naming the file when it is not JSON."""
+    """A config file's JSON object; ValueError naming the file when it is not JSON, or JSON of another kind
+    (`[]` broke its reader with an AttributeError)."""
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except ValueError as e:
         raise ValueError(f"{path} is not JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a JSON object: it holds {type(data).__name__} {str(data)[:40]}")
+    return data
 
 
 # A part whose weights the loader reads from *.safetensors files
@@ -27,8 +32,12 @@ def check_parts(folder: Path) -> None:
     read and its safetensors files hold what their headers list, named when not: a part only the replica
     leader loads (the text encoder, the image encoder) broke only that rank, and the others said so in a
     collective's traceback."""
+    for path in sorted(folder.iterdir()) if folder.is_dir() else ():
+        if path.is_symlink() and not path.exists():  # a part linked in (the few-step recipe): it would be as
+            # absent, and the stand-ins would take its place
+            raise ValueError(f"{path} is a link to {os.readlink(path)}, which does not exist")
     index = folder / "model_index.json"
-    if not index.is_file():  # a transformer folder alone
+    if not index.is_file():  # a transformer folder alone, or its parts linked in
         return
     named = read_json(index)
     missing = [

@@ -350,6 +350,15 @@ def test_a_folder_missing_a_part_is_refused_not_stood_in_for(tmp_path, capsys):
         ),
         "tokenizer/tokenizer.json is not JSON": lambda f: (f / "tokenizer/tokenizer.json").write_text("{bad"),
         "vae/config.json is not JSON": lambda f: (f / "vae/config.json").write_text("{bad"),
+        # JSON of another kind: an AttributeError's traceback, exit 1
+        "model_index.json is not a JSON object: it holds list [1, 2]": lambda f: (
+            f / "model_index.json"
+        ).write_text("[1, 2]"),
+        "transformer/config.json is not a JSON object": lambda f: (
+            f / "transformer/config.json"
+        ).write_text("[]"),
+        # a part linked in whose target is gone (a typo in the few-step recipe's `ln -s`): as absent
+        "vae is a link to": lambda f: shutil.rmtree(f / "vae") or (f / "vae").symlink_to(f / "gone"),
     }
     for i, (said, damage) in enumerate(breaks.items()):
         folder = _copy_of_tiny(tmp_path / str(i))

@@ -187,6 +187,7 @@ def _folder(tmp_path, scheduler: dict):
 
     for part in ("text_encoder", "tokenizer", "vae"):
         (tmp_path / part).symlink_to(SHIPPED["tiny"] / part)
+    (tmp_path / "model_index.json").write_text((SHIPPED["tiny"] / "model_index.json").read_text())
     model = load_transformer("tiny")
     (tmp_path / "transformer").mkdir()
     (tmp_path / "transformer" / "config.json").write_text(json.dumps(model.config.to_original()))
