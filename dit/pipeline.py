@@ -443,6 +443,14 @@ def load_prompt_tokenizer(model: str):
     return model_family(model).tokenizer(folder)
 
 
+def _part(name: str, load, *args):
+    """`load(*args)`, its ValueError naming the part."""
+    try:
+        return load(*args)
+    except ValueError as e:
+        raise ValueError(f"{name}/: {e}") from None
+
+
 def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     """Build the pipeline on this rank. `config.model` is a preset or a diffusers pipeline folder (its
     `transformer/`, text encoder(s) + tokenizer(s), `vae/`, `scheduler/`); the family (Wan2.1 or
@@ -496,8 +504,20 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     # bulk of a decode's memory, shrink with the ranks).
     leader = mesh.is_replica_leader
     text_device = torch.device(config.text_encoder_device) if config.text_encoder_device else device
-    text_encoder = family.text_encoder(folder, model, tokenizer, dtype, text_device) if leader else None
-    image_encoder = family.image_encoder(folder, model, dtype, text_device) if leader else None
+    text_encoder = image_encoder = error = None
+    if leader:
+        try:  # weights that do not fit their config are found only as they load
+            text_encoder = _part(
+                "text_encoder", family.text_encoder, folder, model, tokenizer, dtype, text_device
+            )
+            image_encoder = _part("image_encoder", family.image_encoder, folder, model, dtype, text_device)
+        except ValueError as e:
+            error = e
+    if mesh.control_group is not None:  # every rank fails alike (one line, exit 2): the others waited in a
+        # collective the leader left, and ended in its traceback
+        error = parallel.first_failure(error, mesh.control_group, torch.device("cpu"))
+    if error is not None:
+        raise error
     decodes = leader or config.parallel_decode
     vae = family.vae(folder, model.config.in_channels, device) if decodes else None
     if vae is not None:  # its decoder in --vae-dtype; the encoder stays float32

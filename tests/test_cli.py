@@ -354,9 +354,9 @@ def test_a_folder_missing_a_part_is_refused_not_stood_in_for(tmp_path, capsys):
         "model_index.json is not a JSON object: it holds list [1, 2]": lambda f: (
             f / "model_index.json"
         ).write_text("[1, 2]"),
-        "transformer/config.json is not a JSON object": lambda f: (
-            f / "transformer/config.json"
-        ).write_text("[]"),
+        "transformer/config.json is not a JSON object": lambda f: (f / "transformer/config.json").write_text(
+            "[]"
+        ),
         # a part linked in whose target is gone (a typo in the few-step recipe's `ln -s`): as absent
         "vae is a link to": lambda f: shutil.rmtree(f / "vae") or (f / "vae").symlink_to(f / "gone"),
     }
@@ -369,6 +369,20 @@ def test_a_folder_missing_a_part_is_refused_not_stood_in_for(tmp_path, capsys):
         argv = ["generate", "a red circle", "--model-path", str(folder), "--out", str(out), "--nproc", "2"]
         assert main(argv) == 2  # said before any rank starts
         assert said in capsys.readouterr().err and not out.exists()
+
+
+def test_a_part_only_rank_0_loads_that_does_not_fit_is_one_line_on_any_ranks(tmp_path):
+    """Weights that do not fit their config are found only as they load, and rank 0 alone loads the text
+    encoder: the other rank ended in a collective's traceback (40 lines, exit 1)."""
+    folder = _copy_of_tiny(tmp_path)
+    config = folder / "text_encoder" / "config.json"
+    config.write_text(config.read_text().replace('"d_model": 64', '"d_model": 128'))
+    argv = [ITHACA, "generate", "a red circle", "--model-path", str(folder), "--nproc", "2", "--out",
+            str(tmp_path / "v.mp4")]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if not line.startswith("layout:")]
+    assert line.startswith("ithaca generate: error: text_encoder/: ") and "!= expected" in line, line
 
 
 def test_a_weights_header_is_read_without_torch_and_its_data_counted(tmp_path):
