@@ -303,6 +303,7 @@ def pick_sampling(
     config = folder_config(folder, "scheduler", "scheduler_config.json")
     folder_steps = config.pop(SCHEDULE_KEY, None)  # ours: kept out of the scheduler class's config
     class_name = config.get("_class_name")
+    asked = sampler  # the caller's; None: the folder's, else the family's
     if sampler is None and class_name is not None:
         sampler = sampler_of(config)
         if sampler is None:
@@ -314,7 +315,13 @@ def pick_sampling(
     if sampler is None:
         sampler = family.default_sampler
     if sampler not in family.samplers:
-        raise ValueError(f"sampler must be {' or '.join(map(repr, family.samplers))}, got {sampler!r}")
+        takes = " or ".join(map(repr, family.samplers))
+        if asked is None:  # no one asked for it but the folder's config
+            raise ValueError(
+                f"{folder / 'scheduler' / 'scheduler_config.json'} samples with {sampler!r}, which this "
+                f"model does not take: pick a sampler, {takes}"
+            )
+        raise ValueError(f"sampler must be {takes}, got {sampler!r}")
     if timesteps is not None:
         schedule = FixedSchedule.parse(timesteps)
     elif folder_steps is not None:

@@ -77,6 +77,8 @@ def preflight(
     # The sampler against the folder's scheduler/ and the fixed schedule (reads JSON, loads no weights).
     model = resolve(config.model)
     family, folder = model_family(model), (Path(model) if Path(model).is_dir() else None)
+    if sampler is not None and sampler not in family.samplers:  # named as the command line names it
+        raise ValueError(f"--sampler {sampler}: this model samples with {' or '.join(family.samplers)}")
     picked = pick_sampling(family, folder, sampler)[0]  # the folder's own fixed schedule checked too
     if timesteps is not None:
         if picked not in FIXED_SCHEDULE_SAMPLERS:

@@ -558,6 +558,8 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
         (dict(dtype="fp16"), "--dtype 'fp16' is not one of float32, bfloat16, float16"),
         (dict(vae_dtype="bf16"), "--vae-dtype 'bf16' is not one of float32, bfloat16, float16"),
         (dict(comm="nccl"), "--comm 'nccl' is not one of alltoall, fp8, p2p, p2p+fp8 (each optionally +over"),
+        # named as the flag it is (it read "sampler must be 'euler', got 'renoise'")
+        (dict(preset="tiny-joint", sampler="renoise"), "--sampler renoise: this model samples with euler"),
         (dict(comm="p2p+overlap1"), "--comm 'p2p+overlap1' is not one of"),
         (dict(sampler="ddim"), "--sampler 'ddim' is not one of unipc, euler"),
         (dict(nproc=0), "--nproc must be a positive integer, got 0"),

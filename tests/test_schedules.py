@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 from itertools import pairwise
 
 import pytest
@@ -210,6 +211,20 @@ def test_a_folder_fixes_its_schedule_and_sampler(tmp_path):
     req = pipe.validate(GenerationRequest(**REQUEST))
     assert (req.num_inference_steps, req.guidance_scale) == (4, 1.0)
     assert torch.equal(pipe.denoise(req), _tiny("renoise").denoise(req))
+
+
+def test_a_folder_scheduler_the_model_cannot_take_is_named(tmp_path):
+    """No one asked for the sampler but the folder's config (it said "sampler must be 'euler', got
+    'renoise'" to a user who gave none)."""
+    from dit.families import model_family, pick_scheduler
+
+    (tmp_path / "scheduler").mkdir()
+    (tmp_path / "scheduler" / "scheduler_config.json").write_text(
+        json.dumps({"_class_name": "FlowMatchEulerDiscreteScheduler", "stochastic_sampling": True})
+    )
+    said = "scheduler_config.json samples with 'renoise', which this model does not take: pick a sampler, "
+    with pytest.raises(ValueError, match=re.escape(said)):
+        pick_scheduler(model_family("tiny-joint"), tmp_path)
 
 
 def test_a_schedule_that_cannot_run_is_refused(tmp_path):
