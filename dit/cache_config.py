@@ -11,7 +11,7 @@ POLICIES = ("off", "fbcache")
 DEFAULT_THRESHOLD = 0.08
 # The setting as text, wherever it is given (flags, variables, the API's field and its OpenAPI pattern): a
 # threshold from 0 to 1 in at most 6 decimals, so a request and the command line take the same settings
-PATTERN = r"^(off|fbcache)(:(0(\.[0-9]{1,6})?|1(\.0{1,6})?|\.[0-9]{1,6}))?$"
+PATTERN = r"^(off|fbcache(:(0(\.[0-9]{1,6})?|1(\.0{1,6})?|\.[0-9]{1,6}))?)$"  # off takes no threshold
 RULE = (
     "cache must be off, fbcache, or fbcache:THRESHOLD with a threshold from 0 to 1 in at most 6 decimals "
     "(e.g. fbcache:0.05)"

@@ -46,7 +46,7 @@ def test_parse():
     assert CacheConfig.parse("fbcache:0.05") == CacheConfig("fbcache", 0.05)
     # the API's rule on the command line too: it took 1e-2, seven decimals, an empty threshold or setting
     for bad in ("teacache", "fbcache:x", "fbcache:2", "fbcache:-1", "fbcache:1e-2", "fbcache:0.1234567",
-                "fbcache:", ""):  # fmt: skip
+                "fbcache:", "", "off:0.1"):  # fmt: skip  # off takes no threshold (a key of its own)
         with pytest.raises(ValueError, match=r"from 0 to 1 in at most 6 decimals \(e.g. fbcache:0.05\), got"):
             CacheConfig.parse(bad)
 
