@@ -153,6 +153,8 @@ def _check(module: str, keys: dict[str, str], shapes: dict, targets: dict, param
 def _plan_file(path: str, strength: float, params: dict, resolve: Resolver) -> Merge:
     with read_safetensors(path) as f:
         shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+    if not shapes:  # merged as nothing, silently: an export that went wrong
+        raise ValueError(f"LoRA {path}: it holds no tensors")
     groups: dict[str, dict[str, str]] = {}  # module path → role → key
     unknown, errors = [], []
     for key in shapes:
@@ -181,14 +183,22 @@ def _plan_file(path: str, strength: float, params: dict, resolve: Resolver) -> M
     return Merge(path, strength, modules)
 
 
+def not_a_file(path: str | Path) -> str | None:
+    """Why `path` is no LoRA file to read (a folder was said to be "no such file"), or None."""
+    if Path(path).is_file():
+        return None
+    return "a folder, not a LoRA file" if Path(path).is_dir() else "no such file"
+
+
 def plan(model: nn.Module, loras: Sequence[Lora], resolve: Resolver) -> list[Merge]:
     """Every file's keys and shapes checked against the model (allocated, its weights need not be loaded yet)
     before any tensor is read: a ValueError names each key that does not fit."""
     params = dict(model.named_parameters())
     merges = []
     for path, strength in loras:
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"LoRA {path}: no such file")
+        missing = not_a_file(path)
+        if missing:
+            raise FileNotFoundError(f"LoRA {path}: {missing}")
         merges.append(_plan_file(str(path), float(strength), params, resolve))
     return merges
 

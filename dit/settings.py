@@ -73,13 +73,12 @@ def _lora_list(text: str) -> tuple[tuple[str, float], ...]:
 
 def _lora_file(spec: str) -> tuple[str, float]:
     """One `--lora PATH[:STRENGTH]` of `generate`/`parity`: the file must be there (argparse says so)."""
-    import os
-
-    from dit.lora import parse_spec
+    from dit.lora import not_a_file, parse_spec
 
     path, strength = parse_spec(spec)
-    if not os.path.isfile(path):
-        raise ValueError(f"{path}: no such file")
+    missing = not_a_file(path)
+    if missing:
+        raise ValueError(f"{path}: {missing}")
     return path, strength
 
 

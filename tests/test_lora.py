@@ -185,6 +185,11 @@ def test_keys_that_fit_no_weight_are_listed(tmp_path):
             "part 1 of 3 of the fused (72, 24)") in str(e.value)  # fmt: skip
     with pytest.raises(FileNotFoundError, match="no such file"):
         load_transformer(tmp_path / "model", loras=[(tmp_path / "missing.safetensors", 1.0)])
+    with pytest.raises(FileNotFoundError, match="a folder, not a LoRA file"):  # it said "no such file"
+        load_transformer(tmp_path / "model", loras=[(tmp_path, 1.0)])
+    save_file({}, tmp_path / "empty.safetensors")  # merged as nothing, silently
+    with pytest.raises(ValueError, match="empty.safetensors: it holds no tensors"):
+        load_transformer(tmp_path / "model", loras=[(tmp_path / "empty.safetensors", 1.0)])
 
 
 def test_spec_parsing():
