@@ -58,7 +58,7 @@ class Mp4Writer:
             stderr=subprocess.PIPE,
             start_new_session=True,  # the caller's Ctrl-C does not cut the file short: the caller ends it
         )  # fmt: skip
-        os.set_blocking(self._ffmpeg.stdin.fileno(), False)  # a write waits on `select`, for STALL_S at most
+        os.set_blocking(self._ffmpeg.stdin.fileno(), False)  # a write waits on `poll`, for STALL_S at most
         self._said: deque[str] = deque(maxlen=4)  # ffmpeg's last lines: why it failed
         self._reader = threading.Thread(target=self._read, name="ffmpeg-stderr", daemon=True)
         self._reader.start()
@@ -88,11 +88,13 @@ class Mp4Writer:
 
     def _send(self, data: memoryview) -> None:
         fd = self._ffmpeg.stdin.fileno()
+        ready = select.poll()  # not select.select: it takes no descriptor past 1023 (a busy server's)
+        ready.register(fd, select.POLLOUT)
         while data:
             try:
                 data = data[os.write(fd, data) :]
             except BlockingIOError:  # the pipe is full: ffmpeg is behind, or stalled
-                if not select.select([], [fd], [], STALL_S)[1]:
+                if not ready.poll(STALL_S * 1000):
                     self._end()
                     self._closed = True  # the close has nothing to wait for, and keeps this reason
                     why = f"ffmpeg did not take the next frames within {STALL_S:g} s"

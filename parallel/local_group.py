@@ -89,17 +89,29 @@ def local_group(nproc: int, quiet: bool = False) -> list[str]:
 def check_start_folder(packages: Iterable[str], folder: Path | None = None) -> None:
     """ValueError when `folder` (the working folder: where the ranks start) holds one of `packages` other than
     the one this process runs: `python -m` puts that folder first on a rank's import path, so the ranks
-    would run its code (an older checkout, a project's own `server/`) beside this process's own."""
+    would run its code (an older checkout, a project's own `server/`) beside this process's own. The same
+    code elsewhere (an image's sources beside its installed copy) is no other."""
+    if os.environ.get("PYTHONSAFEPATH"):  # the ranks' import path leaves the folder out
+        return
     folder = Path.cwd() if folder is None else folder
     for name in packages:
         ours = Path(importlib.import_module(name).__file__).parent.resolve()
         for there in (folder / name / "__init__.py", folder / f"{name}.py"):
-            if there.is_file() and there.parent.resolve() != ours:
+            if there.is_file() and there.parent.resolve() != ours and not _same_code(there.parent, ours):
                 found = there.relative_to(folder)
                 raise ValueError(
                     f"the folder this starts in, {folder}, holds {found}: its ranks would import that "
                     f"instead of the {name} this runs ({ours}); start it from another folder"
                 )
+
+
+def _same_code(theirs: Path, ours: Path) -> bool:
+    """Whether two package folders hold the same Python files, byte for byte."""
+
+    def code(root: Path) -> dict[str, bytes]:
+        return {str(path.relative_to(root)): path.read_bytes() for path in root.rglob("*.py")}
+
+    return theirs.is_dir() and code(theirs) == code(ours)
 
 
 def rank_env(rank: int, nproc: int, port: int | None) -> dict[str, str]:

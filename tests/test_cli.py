@@ -650,6 +650,9 @@ def test_a_folder_holding_a_package_of_ours_is_refused_before_the_ranks_start(tm
     from parallel.local_group import check_start_folder
 
     check_start_folder(["server"], Path(__file__).parents[1])  # the checkout this runs: its own
+    image = tmp_path / "app"  # an image's sources beside its installed copy: the same code (it was refused)
+    shutil.copytree(Path(__file__).parents[1] / "server", image / "server")
+    check_start_folder(["server"], image)
 
 
 def test_serve_on_a_port_in_use_says_so_before_starting_workers(tmp_path):

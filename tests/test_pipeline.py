@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -247,6 +249,30 @@ def test_an_mp4_that_cannot_be_written_is_one_line_at_the_close_and_no_file(
         writer.write(frames[1:])  # the decode's next chunk: nothing raised mid-decode
     assert str(e.value) == f"the MP4 was not written: {said}"
     assert not (tmp_path / "v.mp4").exists()
+
+
+def test_an_mp4_is_written_by_a_process_holding_many_files(tmp_path):
+    """ffmpeg's pipe as descriptor 1024 or past it (a busy server's): select.select refused it, and the
+    video failed with "filedescriptor out of range in select()"."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1100:
+        pytest.skip(f"this machine allows {hard} open files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1030:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        frames = np.zeros((9, 96, 128, 3), np.uint8)  # past a pipe's 64 KiB: a write waits for ffmpeg
+        with Mp4Writer(tmp_path / "v.mp4", 96, 128, fps=8) as writer:
+            assert writer._ffmpeg.stdin.fileno() > 1024
+            writer.write(frames)
+        assert read_mp4(writer.path).frames.shape == frames.shape
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_a_ctrl_c_while_ffmpeg_finishes_leaves_no_file_and_no_ffmpeg(tmp_path, monkeypatch):
