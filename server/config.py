@@ -446,7 +446,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, worker_only: bool = False)
         # argparse expands %-formats in help ("%(default)s"): a literal "%" must be doubled. A help that
         # says its default keeps it (it read "(default DATA_DIR/jobs.db) [...; default None]")
         said = f.metadata["help"]
-        if "default" in said:
+        if re.search(r"\(default\b", said):  # "(default DATA_DIR/jobs.db)", "(default: auto...)"
             default = ""
         else:
             default = "; unset by default" if option.default is None else f"; default {option.default}"

@@ -725,6 +725,8 @@ def test_help_of_every_command_and_subcommand_prints():
         # a default said twice, "(default DATA_DIR/jobs.db) [env ITHACA_DB; default None]", or as nothing
         flat = " ".join(text.split())
         assert "default None" not in flat and "(default: )" not in flat, name
+    serve = " ".join(helps["serve"].split())  # a help that speaks of a default without stating its own
+    assert "[env ITHACA_PRESET; default tiny]" in serve and "[env ITHACA_DEVICE; default cpu]" in serve
 
 
 def test_help_and_the_api_import_no_torch():
