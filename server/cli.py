@@ -43,8 +43,8 @@ def serve(args: argparse.Namespace) -> int:
             config = dataclasses.replace(config, ulysses=layout.ulysses, ring=layout.ring, cfg=layout.cfg)
         config.check_folders()  # last: it makes them, and a mistake above leaves no folder behind
     except ValueError as e:  # the log format asked for, unless it is the mistake
-        fmt = getattr(args, "log_format", None) or os.environ.get(config_mod.env_name("log_format"))
-        logs.last_line(f"ithaca serve: error: {config_mod.with_variables(str(e), args)}", fmt)
+        message = f"ithaca serve: error: {config_mod.with_variables(str(e), args)}"
+        logs.last_line(message, _log_format(getattr(args, "log_format", None)))
         return 2
     if not config.api:
         return _serve_node_share(config, choice)
@@ -226,11 +226,21 @@ def _add_plan(subparsers) -> None:
     p.set_defaults(func=plan)
 
 
+def _log_format(flag: str | None) -> str | None:
+    """The log format asked for, `--log-format` else ITHACA_LOG_FORMAT, as given: the format of a line said
+    before, or instead of, reading the settings."""
+    return flag or os.environ.get(config_mod.env_name("log_format"))
+
+
 class _Parser(argparse.ArgumentParser):
-    """A usage mistake is one line on stderr and exit code 2 (subcommand parsers inherit this class)."""
+    """A usage mistake is one line on stderr and exit code 2 (subcommand parsers inherit this class); in the
+    log's format where `log_format` is set (serve's, from its command line: the settings are not read)."""
+
+    log_format: str | None = None
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        logs.last_line(f"{self.prog}: error: {message} (see {self.prog} --help)", self.log_format)
+        self.exit(2)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -258,6 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    given = sys.argv[1:] if argv is None else argv
+    flag = next((v for k, v in zip(given, given[1:], strict=False) if k == "--log-format"), None)
+    flag = next((a.partition("=")[2] for a in given if a.startswith("--log-format=")), flag)
+    parser.commands["serve"].log_format = _log_format(flag)
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # said as the command's: its --help lists its flags (`ithaca --help` only the commands)
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")

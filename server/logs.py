@@ -43,6 +43,6 @@ def setup(level: str, fmt: str) -> None:
 def last_line(line: str, fmt: str | None) -> None:
     """The line a command ends with, on stderr in the log's format: a collector reading JSON gets a record
     (error level) it can parse, not plain text among the records."""
-    if fmt == "json":
+    if (fmt or "").lower() == "json":  # as given: ITHACA_LOG_FORMAT=JSON is taken as json
         line = JsonFormatter().format(logging.LogRecord("ithaca", logging.ERROR, "", 0, line, None, None))
     print(line, file=sys.stderr)

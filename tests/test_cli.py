@@ -617,6 +617,10 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
          '"level": "error", "logger": "ithaca", "message": "ithaca serve: error: ITHACA_NPROC: \'abc\' is'),
         (["serve", "--attn-backend", "fast"], {"ITHACA_LOG_FORMAT": "json"},
          '"message": "ithaca serve: error: --attn-backend \'fast\' is not one of'),
+        # argparse's own, and the variable in capitals as the setting takes it: plain text
+        (["serve", "--log-format=json", "--port", "abc"], {},
+         '"message": "ithaca serve: error: argument --port: \'abc\' is not an integer'),
+        (["serve", "--nproc", "0"], {"ITHACA_LOG_FORMAT": "JSON"}, '"level": "error"'),
         (["serve"], {"ITHACA_WARMUP": "480x832"}, "ITHACA_WARMUP: '480x832' is not HEIGHTxWIDTHxFRAMES"),
         (["serve", "--data-dir", "/dev/null/d"], {}, "--data-dir /dev/null/d: /dev/null is a file, not a"),
         # said as the command's, whose --help lists its flags (it was "ithaca: error: ... see ithaca --help")
