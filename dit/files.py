@@ -34,6 +34,9 @@ def check_folder(label: str, folder: str | Path, make: bool = True) -> None:
     not `make` (a command that may fail later leaves no empty folder): then the nearest folder that exists
     is the one written in."""
     folder = Path(folder)
+    for path in (folder, *folder.parents):  # one that cannot be made: the check looked past it
+        if path.is_symlink() and not path.exists():
+            raise ValueError(f"{label}: {path} is a link to {os.readlink(path)}, which does not exist")
     above = next(path for path in (folder, *folder.parents) if path.exists())
     if not above.is_dir():
         raise ValueError(f"{label}: {above} is a file, not a folder")

@@ -642,6 +642,16 @@ def test_a_mistake_is_one_line_and_exit_code_2(tmp_path, argv, env, says):
     assert list(tmp_path.iterdir()) == []  # no server data dir, no video
 
 
+def test_an_out_folder_that_is_a_link_to_nowhere_is_refused_before_the_run(tmp_path):
+    """The writer could not make it: a traceback once the whole run was done (the check looked past it)."""
+    from dit.cli import check_latents, check_out
+
+    (tmp_path / "out").symlink_to(tmp_path / "gone")
+    for check, flag in ((check_out, "--out"), (check_latents, "--save-latents")):
+        with pytest.raises(ValueError, match=f"^{flag} .*out is a link to .*gone, which does not exist$"):
+            check(str(tmp_path / "out" / "sub" / "v.mp4"))
+
+
 def test_a_folder_holding_a_package_of_ours_is_refused_before_the_ranks_start(tmp_path):
     """`python -m` puts the working folder first on a rank's import path: the ranks ran an older checkout's
     `server/` found there, beside the API process's installed one."""
