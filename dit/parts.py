@@ -21,6 +21,9 @@ def read_json(path: Path) -> dict:
     return data
 
 
+# What the families' loaders read of a folder: its index, and the parts a pipeline of theirs has
+_PARTS = ("model_index.json", "transformer", "transformer_2", "vae", "text_encoder", "text_encoder_2",
+          "tokenizer", "tokenizer_2", "image_encoder", "image_processor", "scheduler")  # fmt: skip
 # A part whose weights the loader reads from *.safetensors files
 _WEIGHTS = ("transformer", "transformer_2")
 
@@ -32,9 +35,9 @@ def check_parts(folder: Path) -> None:
     read and its safetensors files hold what their headers list, named when not: a part only the replica
     leader loads (the text encoder, the image encoder) broke only that rank, and the others said so in a
     collective's traceback."""
-    for path in sorted(folder.iterdir()) if folder.is_dir() else ():
-        if path.is_symlink() and not path.exists():  # a part linked in (the few-step recipe): it would be as
-            # absent, and the stand-ins would take its place
+    for part in _PARTS:  # linked in (the few-step recipe) to nowhere: as absent, the stand-ins in its place
+        path = folder / part
+        if path.is_symlink() and not path.exists():
             raise ValueError(f"{path} is a link to {os.readlink(path)}, which does not exist")
     index = folder / "model_index.json"
     if not index.is_file():  # a transformer folder alone, or its parts linked in

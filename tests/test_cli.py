@@ -369,6 +369,11 @@ def test_a_folder_missing_a_part_is_refused_not_stood_in_for(tmp_path, capsys):
         argv = ["generate", "a red circle", "--model-path", str(folder), "--out", str(out), "--nproc", "2"]
         assert main(argv) == 2  # said before any rank starts
         assert said in capsys.readouterr().err and not out.exists()
+    from dit.parts import check_parts
+
+    folder = _copy_of_tiny(tmp_path / "notes")
+    (folder / "NOTES.md").symlink_to(tmp_path / "gone.md")  # no part: no matter
+    check_parts(folder)
 
 
 def test_a_part_only_rank_0_loads_that_does_not_fit_is_one_line_on_any_ranks(tmp_path):
