@@ -18,8 +18,9 @@ class ClosingServer(uvicorn.Server):
         self.closing, self.hurry = closing, hurry
 
     def handle_exit(self, sig, frame) -> None:  # SIGTERM, SIGINT
-        if self.should_exit:
-            self.hurry()
+        if self.should_exit:  # not uvicorn's forced exit: it skipped the lifespan's shutdown, and the
+            self.hurry()  # running job was left in progress, an attempt spent
+            return
         self.closing.set()
         super().handle_exit(sig, frame)
 

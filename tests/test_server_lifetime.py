@@ -225,10 +225,12 @@ def test_past_its_shutdown_grace_a_job_is_stopped_at_once_and_keeps_its_attempts
     assert group_pids(tmp_path) == ([], [])
 
 
-def test_a_second_ctrl_c_stops_the_running_job_at_once(tmp_path):
+@pytest.mark.parametrize("soon", [False, True], ids=["during-the-wait", "at-once"])
+def test_a_second_ctrl_c_stops_the_running_job_at_once(tmp_path, soon):
     """The first Ctrl-C lets the running job finish within --shutdown-grace; the wait held the event loop,
-    so uvicorn's own answer to a second one never came and the server sat out the whole grace. Now the
-    group goes at once, and the job is queued again without using an attempt."""
+    so uvicorn's own answer to a second one never came and the server sat out the whole grace; and a second
+    one before the wait began was uvicorn's forced exit, which skipped the shutdown and left the job in
+    progress, an attempt spent. Now the group goes at once, and the job is queued again without using one."""
     srv = ServerProcess(tmp_path, "--pipeline-module", FAKE, "--nproc", "1", "--shutdown-grace", "300",
                         env={"ITHACA_FAKE_STEP_S": "0.5"}, restarts=True)  # fmt: skip
     try:
@@ -236,7 +238,10 @@ def test_a_second_ctrl_c_stops_the_running_job_at_once(tmp_path):
         job = srv.submit(prompt="long", num_inference_steps=40)
         wait_until(lambda: srv.client.get(f"/jobs/{job['id']}").json()["step"] >= 1, 30, "a step")
         srv.proc.send_signal(signal.SIGINT)
-        wait_until(lambda: "shutting down" in srv.log(), 30, "the shutdown")
+        if soon:
+            time.sleep(0.05)
+        else:
+            wait_until(lambda: "shutting down" in srv.log(), 30, "the shutdown")
         start = time.monotonic()
         srv.stop(signal.SIGINT)
         took = time.monotonic() - start
