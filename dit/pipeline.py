@@ -10,6 +10,7 @@ the tokenizer, so every rank validates a request on its own and rejects it the s
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import replace
 from functools import partial, wraps
@@ -435,6 +436,9 @@ def _on(text: dict[str, torch.Tensor] | None, device: torch.device) -> dict[str,
     return None if text is None else {name: t.to(device) for name, t in text.items()}
 
 
+log = logging.getLogger("ithaca.pipeline")
+
+
 def load_prompt_tokenizer(model: str):
     """The prompt tokenizer of a preset or pipeline folder (`count_tokens(text)`, `max_tokens`) without the
     model: the API process counts a prompt's tokens with it before queuing the job."""
@@ -467,6 +471,13 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     family = model_family(model_name)
     if folder is not None:
         check_parts(folder)
+        lacking = [f"{part}/" for part in ("vae", "text_encoder") if not (folder / part).is_dir()]
+        if lacking and mesh.rank == 0:  # a transformer folder alone: said once, as it is no mistake
+            log.warning(
+                "%s has no %s: tiny random stand-ins take the place (the video is noise unless the "
+                "transformer is tiny too); give the pipeline folder, or link its parts in", folder,
+                " or ".join(lacking),
+            )  # fmt: skip
     # the sampler and any fixed schedule, decided before any weights load
     *sampling, schedule = pick_scheduler(family, folder, config.sampler, config.flow_shift, config.timesteps)
 

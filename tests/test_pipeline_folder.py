@@ -231,3 +231,20 @@ def test_an_unsupported_folder_scheduler_is_refused_unless_a_sampler_is_picked(f
     pipe = load_pipeline(PipelineConfig(model=str(tmp_path), device="cpu", sampler="euler"))
     # the folder's shift stays; its class's other settings do not apply to Euler
     assert (pipe.sampler, pipe.flow_shift, type(pipe.scheduler)) == ("euler", 5.0, Euler)
+
+
+def test_a_transformer_folder_alone_says_its_parts_are_stood_in_for(tmp_path, caplog):
+    """Its vae/ and text encoder are tiny random stand-ins: a real model's video is noise, said once."""
+    import shutil
+
+    from dit.presets import SHIPPED
+
+    shutil.copytree(SHIPPED["tiny"] / "transformer", tmp_path / "transformer")
+    with caplog.at_level("WARNING", logger="ithaca.pipeline"):
+        load_pipeline(PipelineConfig(model=str(tmp_path), device="cpu"))
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "ithaca.pipeline"]
+    assert said.startswith(f"{tmp_path} has no vae/ or text_encoder/: tiny random stand-ins take the place")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ithaca.pipeline"):
+        load_pipeline(PipelineConfig(model=str(SHIPPED["tiny"]), device="cpu"))  # a whole pipeline: nothing
+    assert not [r for r in caplog.records if r.name == "ithaca.pipeline"]
