@@ -77,6 +77,7 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
         max_body_bytes=config.max_body_bytes,
         upload_bytes=images.room(config.max_image_bytes),  # an image rides in the submit routes' bodies
         upload_paths=("/generate", "/v1/videos"),
+        image_bytes=config.max_image_bytes,
         public_paths=PUBLIC_PATHS,
     )
     app.add_middleware(TrailingSlash)  # outermost: the guard's paths are the routes'

@@ -98,15 +98,27 @@ class GuardMiddleware:
         max_body_bytes: int,
         upload_bytes: int = 0,
         upload_paths=(),
+        image_bytes: int = 0,
         public_paths=("/health",),
     ):
         self.app, self.max_body_bytes, self.public_paths = app, max_body_bytes, frozenset(public_paths)
         self.upload_bytes, self.upload_paths = upload_bytes, frozenset(upload_paths)
+        self.image_bytes = image_bytes  # --max-image-bytes, said in an upload's 413
         self.expected = api_key.encode() if api_key else None
 
+    def _upload(self, scope) -> bool:
+        return scope["method"] == "POST" and scope["path"] in self.upload_paths
+
     def _limit(self, scope) -> int:
-        upload = scope["method"] == "POST" and scope["path"] in self.upload_paths
-        return self.max_body_bytes + (self.upload_bytes if upload else 0)
+        return self.max_body_bytes + (self.upload_bytes if self._upload(scope) else 0)
+
+    def _too_large(self, scope, limit: int) -> str:
+        """An image far past its limit makes the body too large before the image is read: said so (it read
+        as the body's size alone, naming neither the image nor its limit)."""
+        said = f"request body is larger than {limit} bytes"
+        if self._upload(scope) and self.image_bytes:
+            said += f"; an image may be at most {self.image_bytes} bytes (--max-image-bytes)"
+        return said
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -135,7 +147,7 @@ class GuardMiddleware:
         if length is not None and not length.isdigit():
             return await _send_json(scope, send, 400, "invalid Content-Length")
         if length is not None and int(length) > limit:
-            return await _send_json(scope, send, 413, f"request body is larger than {limit} bytes")
+            return await _send_json(scope, send, 413, self._too_large(scope, limit))
         form = headers.get(b"content-type", b"").split(b";")[0].strip().lower() in _FORMS
         plain = self.max_body_bytes
         room = None if form or limit == plain else _DataUrlRoom(plain)
@@ -150,7 +162,7 @@ class GuardMiddleware:
                 return
             body += message.get("body", b"")
             if len(body) > limit:
-                return await _send_json(scope, send, 413, f"request body is larger than {limit} bytes")
+                return await _send_json(scope, send, 413, self._too_large(scope, limit))
             if room is not None and not room.fits(body):
                 detail = (
                     f"request body is larger than {plain} bytes; only an image, one data URL "
