@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from bench.common import at_least
 from bench.preview import WAN14B_LATENT, median_s
 from dit.denoise_state import Checkpointing, capture, save_file
 from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline
@@ -56,8 +57,8 @@ def costs(scheduler, latents, folder: str, iters: int) -> tuple[float, float, fl
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--runs", type=int, default=9)
+    p.add_argument("--iters", type=at_least(1), default=20)
+    p.add_argument("--runs", type=at_least(1), default=9)
     args = p.parse_args()
 
     pipe = load_pipeline(PipelineConfig(model="tiny", device="cpu"))

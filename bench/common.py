@@ -10,15 +10,17 @@ import time
 import torch
 
 
-def at_least(minimum: int):
-    """An argparse type: an integer of at least `minimum` (a count of 0 made a median of nothing)."""
+def at_least(minimum: int | float, kind=int):
+    """An argparse type: a number of `kind` of at least `minimum` (a count of 0 made a median of nothing)."""
 
-    def parse(text: str) -> int:
+    def parse(text: str):
         try:
-            value = int(text)
+            value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {'an integer' if kind is int else 'a number'}"
+            ) from None
+        if not value >= minimum:  # nan too
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
         return value
 

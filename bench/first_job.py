@@ -21,6 +21,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.common import at_least  # noqa: E402
 from bench.job import _fields  # noqa: E402
 from dit.request import GenerationRequest  # noqa: E402
 from testing.server_process import ServerProcess  # noqa: E402
@@ -51,7 +52,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-path", help="a local model folder (default: the trained tiny model)")
     p.add_argument("--compile", action="store_true", help="serve with --compile")
-    p.add_argument("--jobs", type=int, default=10, help="jobs after each start (first vs last)")
+    p.add_argument("--jobs", type=at_least(1), default=10, help="jobs after each start (first vs last)")
     p.add_argument("--flags", default="", help="more `ithaca serve` flags, one string")
     p.add_argument("--request", nargs="*", default=[], metavar="KEY=VALUE", help="fields of every job")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds for the start and for each job")

@@ -44,6 +44,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from bench import gpu_batch, gpu_correct, gpu_hunyuan_vae, gpu_lora, gpu_modelled, gpu_speed, gpu_whole  # noqa: E402
+from bench.common import at_least  # noqa: E402
 from bench.gpu_kit import Kit, Report, Skip, fmt  # noqa: E402
 
 # a module of ours missing is a bug, not a skip
@@ -287,7 +288,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="/tmp/ithaca-gpu", help="folder for gpu.md and gpu.json")
     p.add_argument("--only", nargs="+", choices=[s.name for s in SECTIONS], help="run these sections only")
-    p.add_argument("--budget", type=float, default=540.0, help="seconds the whole kit may take")
+    p.add_argument("--budget", type=at_least(1, float), default=540.0, help="seconds the whole kit may take")
     p.add_argument("--cpu-smoke", action="store_true", help="every section at toy sizes on the CPU")
     p.add_argument("--resume", action="store_true", help="add to the sections already in --out's gpu.json")
     args = p.parse_args(argv)

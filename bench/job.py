@@ -215,10 +215,13 @@ def main(argv=None) -> None:
         help="write the MP4 after the decode (the old way) instead of encoding it while the VAE decodes",
     )
     p.add_argument(
-        "--queued", type=int, default=8, help="jobs per throughput row (0: none), the worker loop on 1 rank"
+        "--queued",
+        type=at_least(0),
+        default=8,
+        help="jobs per throughput row (0: none), the worker loop on 1 rank",
     )
     p.add_argument(
-        "--max-batch", type=int, nargs="+", default=[], metavar="N",
+        "--max-batch", type=at_least(1), nargs="+", default=[], metavar="N",
         help="also throughput rows whose worker runs up to N compatible queued jobs as one batch",
     )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")

@@ -29,6 +29,7 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from bench.common import at_least
 from dit import lora
 from dit.fp8_linear import QUANTS
 from dit.lora_switch import LoraSwitch
@@ -156,8 +157,8 @@ def main(argv=None) -> None:
         "--quant", nargs="+", default=["none"], choices=QUANTS,
         help="fp8: switch rows only (a float8 weight has no subtract-to-unmerge to compare with)",
     )  # fmt: skip
-    p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--round-trips", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--iters", type=at_least(1), default=5)
+    p.add_argument("--round-trips", type=at_least(1), nargs="+", default=[1, 4])
     p.add_argument("--no-latents", action="store_true", help="drift of the weights alone (no job: a CPU run)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)

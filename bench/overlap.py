@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from bench.common import at_least  # noqa: E402
 from bench.layouts import TEXT, _slowest_ms  # noqa: E402
 from parallel import attention, init_parallel, overlapped, shard_sequence  # noqa: E402
 from parallel.launch import spawn_local  # noqa: E402
@@ -50,12 +51,12 @@ def _rank(args, out_path: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--worlds", type=at_least(2), nargs="+", default=[2, 4])
     p.add_argument("--heads", type=int, nargs="+", default=[12, 40], help="Wan2.1-1.3B: 12, Wan2.1-14B: 40")
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--chunks", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--chunks", type=at_least(2), nargs="+", default=[2, 4])
+    p.add_argument("--iters", type=at_least(1), default=5)
     args = p.parse_args()
     print(f"One attention call, S={args.seq} + {TEXT} text, D={args.head_dim}, fp32, gloo, "
           f"{os.cpu_count()} cores; median of {args.iters}, slowest rank")  # fmt: skip

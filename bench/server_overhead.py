@@ -25,6 +25,7 @@ import time
 import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.common import at_least  # noqa: E402
 from testing.server_process import FAKE, ServerProcess  # noqa: E402
 
 
@@ -81,9 +82,9 @@ def polls_per_second(srv: ServerProcess, seconds: float, threads: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=100)
+    parser.add_argument("--jobs", type=at_least(1), default=100)
     parser.add_argument("--poll-seconds", type=float, default=5.0)
-    parser.add_argument("--poll-threads", type=int, default=4)
+    parser.add_argument("--poll-threads", type=at_least(1), default=4)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as data_dir:

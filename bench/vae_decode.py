@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
+from bench.common import at_least  # noqa: E402
 from parallel.launch import spawn_local  # noqa: E402
 
 SEED = 0
@@ -136,9 +137,11 @@ def main(argv=None) -> None:
     p.add_argument("--frames", type=int, default=33)
     p.add_argument("--height", type=int, default=256)
     p.add_argument("--width", type=int, default=256)
-    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4], help="the first is the reference")
-    p.add_argument("--threads", type=int, help="per process (default: cpu_count // ranks)")
-    p.add_argument("--iters", type=int, default=3)
+    p.add_argument(
+        "--ranks", type=at_least(1), nargs="+", default=[1, 2, 4], help="the first is the reference"
+    )
+    p.add_argument("--threads", type=at_least(1), help="per process (default: cpu_count // ranks)")
+    p.add_argument("--iters", type=at_least(1), default=3)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     args.channels = args.channels or {"wan": 16, "hunyuan": 8}[args.family]

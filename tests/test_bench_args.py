@@ -59,6 +59,13 @@ def test_a_case_whose_process_died_ends_the_run():
         ("parallel.demo", ["--nproc", "4", "--heads", "3"], "--heads 3 cannot split over 4 ranks"),
         ("bench.fp8_accumulation", ["--bogus"], "unrecognized arguments: --bogus"),  # ran whatever it got
         ("bench.layouts", ["--worlds", "2", "--heads", "4"], "--worlds 2 divides every --heads (4)"),
+        # tracebacks, some after a server or the whole benchmark ran; a budget of -1 ran, skipping all
+        ("bench.vae_decode", ["--ranks", "0"], "--ranks: must be at least 1, got 0"),  # FileNotFoundError
+        ("bench.vae_decode", ["--threads", "0"], "--threads: must be at least 1, got 0"),  # the default ran
+        ("bench.job", ["--queued", "-1"], "--queued: must be at least 0, got -1"),
+        ("bench.lora_switch", ["--iters", "0"], "--iters: must be at least 1, got 0"),
+        ("bench.first_job", ["--jobs", "0"], "--jobs: must be at least 1, got 0"),
+        ("bench.gpu", ["--budget", "-1"], "--budget: must be at least 1, got -1.0"),
     ],
 )
 def test_a_count_or_choice_that_cannot_work_is_one_line(capsys, module, argv, says):
