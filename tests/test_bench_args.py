@@ -65,7 +65,7 @@ def test_a_case_whose_process_died_ends_the_run():
         ("bench.job", ["--queued", "-1"], "--queued: must be at least 0, got -1"),
         ("bench.lora_switch", ["--iters", "0"], "--iters: must be at least 1, got 0"),
         ("bench.first_job", ["--jobs", "0"], "--jobs: must be at least 1, got 0"),
-        ("bench.gpu", ["--budget", "-1"], "--budget: must be at least 1, got -1.0"),
+        ("bench.gpu", ["--budget", "-1"], "--budget: must be at least 0, got -1.0"),
     ],
 )
 def test_a_count_or_choice_that_cannot_work_is_one_line(capsys, module, argv, says):
