@@ -63,7 +63,7 @@ def main() -> None:
 
     pipe = load_pipeline(PipelineConfig(model="tiny", device="cpu"))
     req = pipe.validate(GenerationRequest(prompt="a red ball moving right"))
-    step_s = median_s(lambda: pipe.denoise(req), 3) / req.num_inference_steps
+    step_s = median_s(lambda: pipe.denoise(req), args.iters) / req.num_inference_steps
     latents = pipe.denoise(req)
     scheduler = make_scheduler("unipc")
     scheduler.set_timesteps(50)

@@ -141,8 +141,11 @@ def whole_job(kit: Kit, report: Report) -> None:
                 break
             quantise(pipe.model)  # in place, after bf16's rows: the weights as --quant fp8 leaves them
         dtype = kit.pick("bf16", "fp32") if quant == "none" else "fp8"
-        fast = run_job(kit, pipe, request(f"a fox, {quant}", num_inference_steps=4, guidance_scale=1.0), "a")
-        cfg = run_job(kit, pipe, request(f"a fox, {quant}, cfg", num_inference_steps=CFG_TIMED_STEPS), "b")
+        # a file of each job's own: the check of judged["none"]'s MP4 read fp8's, written over it
+        fast_req = request(f"a fox, {quant}", num_inference_steps=4, guidance_scale=1.0)
+        fast = run_job(kit, pipe, fast_req, f"a-{quant}")
+        cfg_req = request(f"a fox, {quant}, cfg", num_inference_steps=CFG_TIMED_STEPS)
+        cfg = run_job(kit, pipe, cfg_req, f"b-{quant}")
         step_cfg = cfg["steps"] / CFG_TIMED_STEPS
         cfg40 = dict(cfg, steps=40 * step_cfg)
         cfg40["total"] = cfg40["encode"] + cfg40["steps"] + cfg40["decode"] + cfg40["mp4"]

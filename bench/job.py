@@ -273,7 +273,7 @@ def main(argv=None) -> None:
 
 
 def _job(req: dict) -> str:
-    return f"{req['num_frames']}×{req['width']}×{req['height']}, {req['num_inference_steps']} steps"
+    return f"{req['num_frames']}×{req['height']}×{req['width']}, {req['num_inference_steps']} steps"  # HxW
 
 
 if __name__ == "__main__":
