@@ -118,7 +118,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.gpu:
         if not torch.cuda.is_available():
-            raise SystemExit("--gpu needs CUDA")
+            p.error("--gpu needs CUDA")
         args.seq, args.heads, args.head_dim, args.nproc, args.iters = 32760, 40, 128, 8, max(args.iters, 20)
         res = measure(
             args.seq,
@@ -134,7 +134,7 @@ def main(argv=None) -> None:
             res, args, f"{torch.cuda.get_device_name()}, one rank's share, bf16, torch {torch.__version__}"
         )
     if args.seq % args.nproc or args.heads % args.nproc:
-        raise SystemExit(f"--seq {args.seq} and --heads {args.heads} must divide by --nproc {args.nproc}")
+        p.error(f"--seq {args.seq} and --heads {args.heads} must divide by --nproc {args.nproc}")
     spawn_local(_rank, args.nproc, args)
 
 

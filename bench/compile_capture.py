@@ -174,7 +174,7 @@ def main() -> None:
     p.add_argument("--json", action="store_true", help="the rows as JSON")
     args = p.parse_args()
     if not torch.backends.cuda.is_built():
-        sys.exit("compile_capture: needs a CUDA build of torch (no GPU needed); this one is CPU-only")
+        p.error("needs a CUDA build of torch (no GPU needed); this one is CPU-only")
     rows = []
     for model in MODELS:
         inputs = _block_inputs(model, 1)

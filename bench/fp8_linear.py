@@ -136,7 +136,7 @@ def main() -> None:
     elif torch.cuda.is_available():
         device, m, shapes = torch.device("cuda"), args.tokens, SHAPES[args.model]
     else:
-        sys.exit("bench/fp8_linear.py needs CUDA (or --cpu-smoke)")
+        p.error("needs CUDA (or --cpu-smoke)")
     print(f"FP8 linear, Wan2.1-{args.model} shapes, M={m} tokens, {device}, torch {torch.__version__}")
     print(f"{'shape':10s} {'variant':40s} {'ms':>8s} {'TFLOP/s':>8s} {'vs bf16':>8s} {'rel. error':>10s}")
     for name, k, n in shapes:

@@ -9,6 +9,7 @@ do_bench) and one call alone between two events (as bench/gpu.py times, launch c
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -79,9 +80,11 @@ def time_share(device) -> list[tuple[str, float, float, float]]:
     return rows
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.parse_args(argv)
     if not torch.cuda.is_available():
-        sys.exit("bench/fp8_wire.py needs CUDA (the Triton kernel runs on NVIDIA GPUs)")
+        p.error("needs CUDA (the Triton kernel runs on NVIDIA GPUs)")
     device = torch.device("cuda")
     for line in check(device):
         print(line)
