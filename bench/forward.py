@@ -101,6 +101,8 @@ def main(argv=None) -> None:
     p.add_argument("--text-len", type=int, default=512 if cuda else 64)
     add_run_args(p, DTYPES, cuda)
     args = p.parse_args(argv)
+    if args.preset != "small" and args.preset not in PRESETS:  # a KeyError's traceback
+        p.error(f"--preset {args.preset!r} is not small or one of {', '.join(PRESETS)}")
 
     config_json = dict(SMALL if args.preset == "small" else PRESETS[args.preset])
     if args.layers:
