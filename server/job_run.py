@@ -33,7 +33,7 @@ class JobRun:
         now = time.perf_counter()
         self.step_times.append(now - self._last)
         self._last = now
-        return not self.worker.steps.record(self.job_id, step, total)
+        return not self.worker.steps.record(self.job_id, step, total) and not self.worker.torn_down()
 
     def decode_callback(self, frames: int, total: int) -> bool:
         """The decode's progress recorded, the cancel flag read back (`callback` for the decode's chunks)."""
@@ -67,6 +67,17 @@ class JobRun:
         else:
             self.on_phase(phase)
 
+    def _requeued(self) -> None:
+        """Stopped as its group goes (`Worker.torn_down`): queued again, this attempt not counted, its
+        checkpoint kept for the run that resumes it, if the job is still this run's."""
+        worker = self.worker
+        self.video.drop()
+        worker._flush()  # the checkpoint being written lands first
+        job = worker.store.get(self.job_id)
+        if job is not None and job.worker == worker.name and job.attempts == self.attempt:
+            reason = "its worker group stopped (another of its ranks failed)"
+            worker.store.requeue_or_fail(job, max_attempts=job.attempts, reason=reason, counted=False)
+
     def on_preview(self, step: int, image: np.ndarray) -> None:
         self.worker.previews.submit(self.job_id, step, image)
 
@@ -76,6 +87,9 @@ class JobRun:
         job's own: no other attempt)."""
         worker, job_id = self.worker, self.job_id
         self.over = True
+        if isinstance(outcome, worker.module.GenerationCancelled) and worker.torn_down():
+            self._requeued()
+            return
         if isinstance(outcome, Exception):
             self.video.drop()
             worker._flush()

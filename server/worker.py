@@ -95,6 +95,8 @@ class Worker:
         self.config, self.group_id, self.mesh, self.pipe, self.module = config, group_id, mesh, pipe, module
         self.name = f"{config.instance}/{group_id}/replica{mesh.dp_rank}"
         self.stopping = threading.Event()
+        self.terminated = threading.Event()  # SIGTERM: its launcher ends the group (`torn_down`)
+        self._torn_down = False
         self._beat_lock = threading.Lock()
         self.supervisor_pid = int(os.environ.get("ITHACA_SUPERVISOR_PID", "0"))
         self.state, self.jobs = "ready", []
@@ -212,6 +214,18 @@ class Worker:
         key = self._checkpoint_key(job, spec)
         return {"id": job.id, "spec": spec, "key": key, "attempt": job.attempts,
                 "resume": self._resume(job, spec, key) if resume else None}  # fmt: skip
+
+    def torn_down(self) -> bool:
+        """Leader: whether the group is going under it. A SIGTERM its server did not ask for with a drain
+        comes from its launcher, which ends the group because another rank failed (a replica beside this
+        one): the SIGKILL follows in 30 s, so the running job stops at its next step and goes back to the
+        queue, its attempt not counted, rather than run on to be killed with it counted."""
+        if self.terminated.is_set() and not self._torn_down:
+            try:
+                self._torn_down = not self.store.once.drain_requested(self.group_id)
+            except StoreBusy:  # the drain cannot be read: the job runs on, as a drain's would
+                pass
+        return self._torn_down
 
     def _should_stop(self) -> bool:
         """SIGTERM, a drain request, or a server that is gone (its supervisor was killed)."""
@@ -405,9 +419,11 @@ def main(argv: list[str] | None = None) -> None:
         worker = _start(config, group_id)
     except BaseException as e:
         _fail(config, group_id, e)
-    signal.signal(
-        signal.SIGTERM, lambda *_: worker.stopping.set()
-    )  # drain: finish the running job, then stop
+    def terminated(*_) -> None:  # stop claiming; the running job finishes, unless the group is torn down
+        worker.terminated.set()
+        worker.stopping.set()
+
+    signal.signal(signal.SIGTERM, terminated)
     try:
         worker.run()
     except BaseException as e:

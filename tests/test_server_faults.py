@@ -21,7 +21,7 @@ import pytest
 from dit.video import read_mp4
 from server import videos
 from server.store import JobStore
-from testing.server_process import FAKE, ServerProcess, group_pids
+from testing.server_process import FAKE, ServerProcess, group_pids, wait_until
 
 # every test here starts real server processes: left out of the quick loop (README, Tests)
 pytestmark = pytest.mark.slow
@@ -138,6 +138,36 @@ def test_api_restart_runs_queued_jobs_and_requeues_the_interrupted_one(data_dir)
         assert group_pids(data_dir)[1] == []
     finally:
         srv.stop()
+
+
+@pytest.mark.slow
+def test_a_rank_killed_in_one_replica_leaves_the_other_replicas_job_queued_again_uncounted(tmp_path):
+    """Two replicas of one rank: killing one has the launcher SIGTERM the other, which drained, running its
+    job on until the SIGKILL 30 s later, and the job was re-queued counted (failed, with --max-attempts 1).
+    Now it stops at its next step and is queued again at once, its attempt given back."""
+    srv = ServerProcess(tmp_path, "--pipeline-module", FAKE, "--nproc", "2", "--ulysses", "1", "--ring", "1",
+                        "--cfg", "1", "--max-attempts", "1", env={"ITHACA_FAKE_STEP_S": "0.8"},
+                        restarts=True)  # fmt: skip
+    try:
+        srv.wait()
+        jobs = [srv.submit(prompt=f"long {i}", num_inference_steps=50)["id"] for i in range(2)]  # 40 s
+        views = lambda: [srv.client.get(f"/jobs/{job}").json() for job in jobs]  # noqa: E731
+        wait_until(lambda: all(v["step"] >= 1 for v in views()), 60, "both jobs' first steps")
+        by_replica = {v["worker"].rsplit("/", 1)[1]: v["id"] for v in views()}
+        (killed,) = [pid for pid in group_pids(tmp_path)[1] if _rank_of(pid) == 1]  # replica1's
+        os.kill(killed, signal.SIGKILL)
+        other = JobStore(os.path.join(tmp_path, "jobs.db"))
+        wait_until(lambda: other.get(by_replica["replica0"]).attempts == 0, 15, "the other job queued again")
+        killed_job = lambda: other.get(by_replica["replica1"])  # noqa: E731  its own rank was killed: counted
+        wait_until(lambda: killed_job().status == "failed", 15, "the killed replica's job failed")
+    finally:
+        srv.stop(signal.SIGKILL)
+
+
+def _rank_of(pid: int) -> int | None:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    return int(env[b"RANK"]) if b"RANK" in env else None
 
 
 def test_group_that_never_becomes_ready_ends_the_server(tmp_path):
