@@ -98,7 +98,8 @@ def test_the_next_job_runs_while_the_last_mp4_closes_and_completes_once_it_is_in
     _at(s, second.id, "in_progress", "writing")  # claimed, denoised and decoded: the first file is still held
     held = s.store.get(first.id)
     assert (held.status, held.phase, held.video) == ("in_progress", "writing", None)
-    assert _files(s.config, first.id) == [f"{first.id}.1{videos.PARTIAL_SUFFIX}"]
+    partial = [f"{first.id}.1{videos.PARTIAL_SUFFIX}"]  # ffmpeg makes it once it has started: a loaded box
+    wait_until(lambda: _files(s.config, first.id) == partial, WAIT_S, "the held job's partial MP4")  # is slow
     s.gate.set()
     done = [_at(s, job.id, "completed") for job in (first, second)]
     assert s.finished == {job.id: ("completed", True) for job in (first, second)}  # the file, then the job
