@@ -419,11 +419,12 @@ def main(argv: list[str] | None = None) -> None:
         worker = _start(config, group_id)
     except BaseException as e:
         _fail(config, group_id, e)
-    def terminated(*_) -> None:  # stop claiming; the running job finishes, unless the group is torn down
+
+    def on_sigterm(*_) -> None:  # stop claiming; the running job finishes, unless the group is torn down
         worker.terminated.set()
         worker.stopping.set()
 
-    signal.signal(signal.SIGTERM, terminated)
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         worker.run()
     except BaseException as e:
