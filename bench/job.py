@@ -233,7 +233,10 @@ def main(argv=None) -> None:
         (pair, *_fields(classes, [pair], "--vary", p, reserved=("model",))) for pair in args.vary
     ]
     for model in args.models:  # each job's request against the model's limits, before any model loads
-        limits = request_limits(model)
+        try:
+            limits = request_limits(model)
+        except FileNotFoundError as e:  # neither a model name nor a folder: its traceback
+            p.error(f"--models: {e}")
         for name, _, changed in variants:
             try:
                 check_numbers(GenerationRequest(**{"prompt": PROMPT, **request, **changed}), limits)

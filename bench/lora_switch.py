@@ -34,6 +34,7 @@ from dit import lora
 from dit.fp8_linear import QUANTS
 from dit.lora_switch import LoraSwitch
 from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline
+from dit.presets import PRESETS
 
 # original Wan module → (our parameter, slices of it along dim 0)
 MODULES = {"self_attn.q": ("self_attn.qkv", 3), "self_attn.k": ("self_attn.qkv", 3),
@@ -162,6 +163,8 @@ def main(argv=None) -> None:
     p.add_argument("--no-latents", action="store_true", help="drift of the weights alone (no job: a CPU run)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    if args.model not in PRESETS and not Path(args.model).is_dir():  # a traceback once a pipeline loaded
+        p.error(f"--model {args.model!r} is neither a folder nor one of {', '.join(PRESETS)}")
     job = None if args.no_latents else TINY_JOB if args.model.startswith("tiny") else REAL_JOB
     rows = []
     with tempfile.TemporaryDirectory() as folder:

@@ -297,6 +297,8 @@ def _create(services: Services, fields: dict, idempotency_key: str | None):
     body = {k: v for k, v in fields.items() if k != _IMAGE}  # the image counts by its hash (`submit`)
     if "loras" in spec:
         body["loras"] = spec["loras"]  # the set in its one spelling, however the request ordered it
+    if body.get("seconds") is not None:  # 4, "4" and "4.0" alike (map_request took it: a number)
+        body["seconds"] = str(Fraction(str(body["seconds"])))
     job, created = services.submit(
         spec,
         image=fields.get(_IMAGE),

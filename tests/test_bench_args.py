@@ -46,6 +46,8 @@ def test_a_case_whose_process_died_ends_the_run():
     [
         ("bench.attention", ["--nproc", "0"], "--nproc: must be at least 1, got 0"),  # ZeroDivisionError
         ("bench.forward", ["--preset", "nosuch"], "--preset 'nosuch' is not small or one of"),  # KeyError
+        ("bench.job", ["--models", "nosuch"], "--models: nosuch: neither a model name"),  # FileNotFoundError
+        ("bench.lora_switch", ["--model", "nosuch"], "--model 'nosuch' is neither a folder nor one of"),
         # said with exit 1, as a failure would be
         ("bench.attention", ["--nproc", "2", "--heads", "3"], "--heads 3 must divide by --nproc 2"),
         ("bench.job", ["--iters", "0"], "--iters: must be at least 1, got 0"),  # IndexError

@@ -104,9 +104,10 @@ def test_v1_takes_loras_as_json_and_from_the_sdks_extra_body(client):
         sdk.videos.create(prompt="fox", extra_body={"loras": [{"name": "style"}, {"name": "other"}]})
 
 
-def test_a_retry_naming_the_loras_in_another_order_is_the_same_request(tmp_path):
+def test_a_retry_spelling_the_same_request_otherwise_is_the_same_request(tmp_path):
     """The set has one spelling (`validate` sorts it): under the same Idempotency-Key a retry that names the
-    LoRAs in another order gets its job, on both routes; it was a 409, another body."""
+    LoRAs in another order gets its job, on both routes; it was a 409, another body. So does /v1's `seconds`
+    as a number or as the SDK's string."""
     other = {"name": "other", "experts": False, "fits": True, "error": None}
     with TestClient(tiny_random_app(tmp_path, loras=[*CATALOGUE, other])) as client:
         pair = [{"name": "style", "strength": 0.5}, {"name": "other"}]
@@ -118,6 +119,13 @@ def test_a_retry_naming_the_loras_in_another_order_is_the_same_request(tmp_path)
             assert again.status_code == first.status_code and again.json()["id"] == first.json()["id"], route
             assert again.headers["idempotent-replayed"] == "true"
             assert _loras(client, first.json()["id"]) == [["other", 1.0], ["style", 0.5]]
+        # the SDK's "seconds" string and a JSON number alike (it was a 409 too)
+        key = {"Idempotency-Key": "k3"}
+        first, again = (
+            client.post("/v1/videos", json={"prompt": "fox", "seconds": seconds}, headers=key)
+            for seconds in ("1", 1.0)
+        )
+        assert again.status_code == 200 and again.json()["id"] == first.json()["id"], again.text
 
 
 def _asgi(client: TestClient) -> httpx.Client:
