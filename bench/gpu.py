@@ -11,7 +11,7 @@ of the device tool with `carry: [".whl"]` and this command:
       && timeout 590 python3 bench/gpu.py --out $OUT
 
 Sections run in order, correctness first; each has a time budget and is skipped (with the reason) when it
-would not fit in what is left of --budget (540 s). The budgets add up to about 1000 s, so the whole kit takes
+would not fit in what is left of --budget (540 s). The budgets add up to 1075 s (540 + 535), so the kit takes
 two device calls (`--only` splits it: SPLIT below, in order; `modelled` reads the forward sections' figures,
 so it stays in their call). A session lent 15 minutes of device time, the machine's start included, makes the
 second call at once, while the machine is warm, with --budget at what `status` says is left less a minute: the
