@@ -28,6 +28,14 @@ def written(path: str, tmp: str) -> Iterator[str]:
         raise
 
 
+def link_to_nowhere(path: Path) -> str | None:
+    """"PATH is a link to TARGET, which does not exist" for a symbolic link whose target is gone (a check of
+    whether the path exists looks past it), else None."""
+    if path.is_symlink() and not path.exists():
+        return f"{path} is a link to {os.readlink(path)}, which does not exist"
+    return None
+
+
 def check_folder(label: str, folder: str | Path, make: bool = True) -> None:
     """ValueError starting with `label` (the option and its value) when `folder` cannot be made or written
     in (a file in the way, no permission): found at start, not when the first file is due. Makes it, unless
@@ -35,8 +43,8 @@ def check_folder(label: str, folder: str | Path, make: bool = True) -> None:
     is the one written in."""
     folder = Path(folder)
     for path in (folder, *folder.parents):  # one that cannot be made: the check looked past it
-        if path.is_symlink() and not path.exists():
-            raise ValueError(f"{label}: {path} is a link to {os.readlink(path)}, which does not exist")
+        if said := link_to_nowhere(path):
+            raise ValueError(f"{label}: {said}")
     above = next(path for path in (folder, *folder.parents) if path.exists())
     if not above.is_dir():
         raise ValueError(f"{label}: {above} is a file, not a folder")

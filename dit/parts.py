@@ -5,8 +5,9 @@ launcher checks before any rank starts, and the API process resolving a Hub name
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from dit.files import link_to_nowhere
 
 
 def read_json(path: Path) -> dict:
@@ -36,9 +37,8 @@ def check_parts(folder: Path) -> None:
     leader loads (the text encoder, the image encoder) broke only that rank, and the others said so in a
     collective's traceback."""
     for part in _PARTS:  # linked in (the few-step recipe) to nowhere: as absent, the stand-ins in its place
-        path = folder / part
-        if path.is_symlink() and not path.exists():
-            raise ValueError(f"{path} is a link to {os.readlink(path)}, which does not exist")
+        if said := link_to_nowhere(folder / part):
+            raise ValueError(said)
     index = folder / "model_index.json"
     if not index.is_file():  # a transformer folder alone, or its parts linked in
         return

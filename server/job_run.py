@@ -76,7 +76,8 @@ class JobRun:
         job = worker.store.get(self.job_id)
         if job is not None and job.worker == worker.name and job.attempts == self.attempt:
             reason = "its worker group stopped (another of its ranks failed)"
-            worker.store.requeue_or_fail(job, max_attempts=job.attempts, reason=reason, counted=False)
+            max_attempts = worker.config.max_attempts  # not counted: the job is queued again whatever
+            worker.store.requeue_or_fail(job, max_attempts=max_attempts, reason=reason, counted=False)
 
     def on_preview(self, step: int, image: np.ndarray) -> None:
         self.worker.previews.submit(self.job_id, step, image)
