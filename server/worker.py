@@ -96,7 +96,7 @@ class Worker:
         self.name = f"{config.instance}/{group_id}/replica{mesh.dp_rank}"
         self.stopping = threading.Event()
         self.terminated = threading.Event()  # SIGTERM: its launcher ends the group (`torn_down`)
-        self._torn_down = False
+        self._torn_down: bool | None = None  # decided once, at the first step after a SIGTERM
         self._beat_lock = threading.Lock()
         self.supervisor_pid = int(os.environ.get("ITHACA_SUPERVISOR_PID", "0"))
         self.state, self.jobs = "ready", []
@@ -220,12 +220,12 @@ class Worker:
         comes from its launcher, which ends the group because another rank failed (a replica beside this
         one): the SIGKILL follows in 30 s, so the running job stops at its next step and goes back to the
         queue, its attempt not counted, rather than run on to be killed with it counted."""
-        if self.terminated.is_set() and not self._torn_down:
+        if self.terminated.is_set() and self._torn_down is None:
             try:
                 self._torn_down = not self.store.once.drain_requested(self.group_id)
-            except StoreBusy:  # the drain cannot be read: the job runs on, as a drain's would
+            except StoreBusy:  # the drain cannot be read: the job runs on, asked again at the next step
                 pass
-        return self._torn_down
+        return bool(self._torn_down)
 
     def _should_stop(self) -> bool:
         """SIGTERM, a drain request, or a server that is gone (its supervisor was killed)."""
