@@ -258,7 +258,8 @@ def test_an_mp4_is_written_by_a_process_holding_many_files(tmp_path):
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 1100:
-        pytest.skip(f"this machine allows {hard} open files")
+        # the case holds 1030 files and more, so that ffmpeg's pipe gets a descriptor past 1023
+        pytest.skip(f"a process here may hold at most {hard} files; the case needs 1100")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1100), hard))
     held = []
     try:
