@@ -172,9 +172,9 @@ class ModelFamily:
     # (vae, image uint8 [H, W, 3] at the video's size) → the latents `[1, C, 1, h, w]` such a model takes as
     # its first latent frame
     first_frame: Callable[..., torch.Tensor] | None = None
-    # (image: PIL or uint8 [H, W, 3], target size) → the video's (height, width) for a request that gives none
-    # (limits' `image_target_size`)
-    video_size: Callable[[Any, int], tuple[int, int]] | None = None
+    # (the image's height, width, target size) → the video's (height, width) for a request that gives none
+    # (limits' `image_target_size`); the API answers with it too before a worker has the job
+    video_size: Callable[[int, int, int], tuple[int, int]] | None = None
     # the prompt tokens the DiT attends to (padded, or the most kept) and whether they join the
     # self-attention (else cross-attention): the layout planner's FLOPs (`dit.shape.model_shape`)
     text_tokens: int = 512

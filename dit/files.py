@@ -29,8 +29,8 @@ def written(path: str, tmp: str) -> Iterator[str]:
 
 
 def link_to_nowhere(path: Path) -> str | None:
-    """"PATH is a link to TARGET, which does not exist" for a symbolic link whose target is gone (a check of
-    whether the path exists looks past it), else None."""
+    """For a symbolic link whose target is gone (a check of whether the path exists looks past it), the
+    message "PATH is a link to TARGET, which does not exist"; else None."""
     if path.is_symlink() and not path.exists():
         return f"{path} is a link to {os.readlink(path)}, which does not exist"
     return None

@@ -124,6 +124,11 @@ def check_image(image) -> None:
         raise ValueError(f"image must be a uint8 numpy array [H, W, 3] (RGB), got shape {image.shape}")
 
 
+def image_size(image) -> tuple[int, int]:
+    """A checked first frame's (height, width): a PIL image's or a uint8 array's."""
+    return (image.height, image.width) if isinstance(image, Image.Image) else image.shape[:2]
+
+
 def _open(data: bytes) -> Image.Image:
     """The image's header only: no pixel is decoded yet."""
     try:

@@ -39,7 +39,7 @@ from dit.families import (
 )
 from dit.first_frame import FirstFrame, with_first_frame
 from dit.fp8_linear import quantise
-from dit.image import check_image, fit
+from dit.image import check_image, fit, image_size
 from dit.lora_catalogue import LoraCatalogue
 from dit.lora_switch import LoraSwitch, check_lora_dir, lora_switch
 from dit.parts import check_parts
@@ -142,7 +142,7 @@ class Pipeline:
         if req.image is not None:  # its kind and shape: the pixels are fitted only when the job runs
             check_image(req.image)
         if lim.image_target_size and req.image is not None and req.height is None and req.width is None:
-            height, width = self.family.video_size(req.image, lim.image_target_size)  # the image's own size
+            height, width = self.family.video_size(*image_size(req.image), lim.image_target_size)
             req = replace(req, height=height, width=width)
         req = check_numbers(req, lim)
         if self.boundary is None and req.guidance_scale_2 is not None:

@@ -256,8 +256,8 @@ def video_view(services: Services, job: Job) -> dict:
         "completed_at": int(job.finished_at) if job.status == "completed" else None,
         "expires_at": services.expires_at(job),  # --keep-hours
         "prompt": job.spec.get("prompt"),
-        # "" until a worker has published the model's defaults (a request that left the size out)
-        "size": f"{value('width')}x{value('height')}" if value("width") and value("height") else "",
+        # "" until a worker has published the model's limits (a request that left the size out)
+        "size": "{}x{}".format(*size) if (size := services.video_size(job)) else "",
         "seconds": f"{frames / fps:g}" if frames else "",
         "error": {
             "code": "cancelled" if job.status == "cancelled" else "generation_failed",

@@ -62,6 +62,8 @@ def describe(limits, images: ImageLimits | None = None) -> dict:
         **dataclasses.asdict(images or ImageLimits()),
         "formats": list(MEDIA_TYPES),
     }
+    if raw.get("image_target_size"):  # a request with an image and no size: the size the family makes of it
+        out["image"]["target_size"] = raw["image_target_size"]
     return out
 
 

@@ -95,6 +95,24 @@ class Services:
         trained tiny model's; none for a model that declares none), as the workers published it."""
         return prompt_warnings(job.spec.get("prompt"), self.worker_info().get("vocabulary"))
 
+    def video_size(self, job: Job) -> tuple[int, int] | None:
+        """The job's (width, height): its request's, else the model's defaults, else, for a request with an
+        image and no size to a model that sizes videos from their image, the size the model's family makes of
+        it (as the worker will once it takes the job); None before a worker published the model's limits."""
+        spec, info = job.spec, self.worker_info()
+        width, height = (spec.get(name, info.get("defaults", {}).get(name)) for name in ("width", "height"))
+        target = info.get("limits", {}).get("image", {}).get("target_size")
+        image = spec.get("image")
+        if target and isinstance(image, dict) and width is None and height is None:
+            from dit.families import model_family  # importing `dit` takes seconds: only when asked
+
+            try:
+                family = model_family(self.served_model())
+            except (OSError, ValueError):  # a model folder only the workers see: they size it as they run it
+                return None
+            height, width = family.video_size(image["height"], image["width"], target)
+        return (width, height) if width and height else None
+
     def expires_at(self, job: Job) -> int | None:
         """When --keep-hours deletes the job (server/retention.py); None: kept until a client deletes it."""
         keep = self.config.keep_hours

@@ -21,11 +21,12 @@ def publish(
     image_limits: ImageLimits | None = None,
     vocabulary: dict | None = None,
     loras: list[dict] | None = None,
+    model: str = "tiny-random",
 ) -> None:
-    """A ready replica's heartbeat carrying `model_limits` (a pipeline's `limits`) and the LoRA catalogue
-    `loras` (None: no --lora-dir)."""
+    """A ready replica of `model`'s heartbeat carrying `model_limits` (a pipeline's `limits`) and the LoRA
+    catalogue `loras` (None: no --lora-dir)."""
     described = server_limits.describe(model_limits, image_limits)
-    info = {"limits": described, "defaults": server_limits.defaults(described), "model": "tiny-random"}
+    info = {"limits": described, "defaults": server_limits.defaults(described), "model": model}
     info |= {"vocabulary": vocabulary, "loras": loras}
     store.heartbeat("test/g/replica0", instance="test", group_id="g", state="ready", info=info)
 

@@ -19,10 +19,12 @@ from fastapi.testclient import TestClient
 from dit.image import ImageError, UnsupportedFormat, read
 from dit.pipeline import TINY_LIMITS
 from server import images, videos
+from server.app import create_app
+from server.config import ServeConfig
 from server.middleware import GuardMiddleware
 from server.store import JobStore
 from testing.images import DESCRIBED, PNG, data_url, encoded, stripes
-from testing.published import published_app
+from testing.published import publish, published_app
 
 SETTINGS = {"max_image_bytes": 100_000, "max_image_pixels": 200_000}  # the default body limit, 64 KiB
 
@@ -378,3 +380,19 @@ def test_openapi_shows_the_image_field_and_its_rule(i2v):
             "properties"
         ]
     )
+
+
+def test_v1_names_the_size_the_model_makes_of_the_image(tmp_path):
+    """A model that sizes a video from its image (HunyuanVideo-1.5 image-to-video): /v1 answers with the
+    size its worker will pick before any worker has the job (tiny-joint-i2v's target 64 and PNG's 1:4: 128x32,
+    as test_hunyuan_i2v's run makes it); a size sent is kept."""
+    config = ServeConfig(workers=False, data_dir=str(tmp_path), preset="tiny-joint-i2v", **SETTINGS)
+    limits = dataclasses.replace(TINY_LIMITS, image=True, image_target_size=64)
+    with TestClient(create_app(config)) as client:
+        publish(client.app.state.services.store, limits, config.image_limits, model="tiny-joint-i2v")
+        sized = client.post("/v1/videos", data={"prompt": "fox"}, files={"input_reference": ("a.png", PNG)})
+        asked = client.post(
+            "/v1/videos", data={"prompt": "fox", "size": "64x64"}, files={"input_reference": ("a.png", PNG)}
+        )
+    assert sized.status_code == asked.status_code == 200, (sized.text, asked.text)
+    assert (sized.json()["size"], asked.json()["size"]) == ("128x32", "64x64")

@@ -20,7 +20,7 @@ from dit.hunyuan.text import BYT5_MAX_TOKENS, MLLM_MAX_TOKENS, load_text_encoder
 
 
 def _limits(folder: Path | None, preset: str) -> Limits:
-    # image-to-video: a request with no size takes the image's (`i2v.video_size`), as the reference's does
+    # image-to-video: a request with no size takes the image's (`i2v.closest_size`), as the reference's does
     target = PRESETS[preset].target_size if folder is None else _folder_target_size(folder)
     from_image = {"image_target_size": target} if i2v.is_i2v(folder, preset) else {}
     if folder is None and preset in ("tiny-joint", *i2v.PRESETS):
@@ -77,7 +77,7 @@ FAMILY = ModelFamily(
     image_encoder=i2v.load_image_encoder,
     takes_image=lambda config, folder, model: i2v.is_i2v(folder, model),
     image_condition=i2v.latent_condition,
-    video_size=i2v.video_size,
+    video_size=i2v.closest_size,
     presets={
         name: {"_class_name": DIFFUSERS_CLASS_NAME, **config.to_dict()} for name, config in PRESETS.items()
     },

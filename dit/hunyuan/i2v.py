@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 from torch import nn
 
 from dit.first_frame import ImageEncoder, image_processor, pixels
@@ -88,11 +87,3 @@ def closest_size(height: int, width: int, target: int) -> tuple[int, int]:
     processor = HunyuanVideo15ImageProcessor(vae_scale_factor=vae.COMPRESSION[1])
     height, width = processor.calculate_default_height_width(height, width, target)
     return height, width
-
-
-def video_size(image, target: int) -> tuple[int, int]:
-    """The video's (height, width) for a first frame (checked: `dit.image.check_image`) when the request
-    gives no size, as the reference's image-to-video pipeline: the size of `target` closest to the image's
-    aspect ratio (`closest_size`)."""
-    height, width = (image.height, image.width) if isinstance(image, Image.Image) else image.shape[:2]
-    return closest_size(height, width, target)
