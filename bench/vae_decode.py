@@ -116,9 +116,9 @@ def measure(args) -> list[dict]:
 
 
 def markdown(rows: list[dict]) -> str:
-    out = [
-        "| ranks | decode | threads/rank | s/decode | speed-up | peak RSS added: leader (MiB) "
-        "| other ranks (MiB) | frames vs one rank (max level diff) |",
+    out = [  # row 1: --ranks' first, or diffusers' decode
+        "| ranks | decode | threads/rank | s/decode | speed-up vs row 1 | peak RSS added: leader (MiB) "
+        "| other ranks (MiB) | frames vs row 1 (max level diff) |",
         "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
