@@ -37,6 +37,17 @@ def add_run_args(p: argparse.ArgumentParser, dtypes, cuda: bool) -> None:
     p.add_argument("--json", action="store_true")
 
 
+def check_video_size(p: argparse.ArgumentParser, args, multiple: int = 16) -> None:
+    """`p.error` for a video size the model does not take: --frames other than 4k+1 (the VAE's time stride)
+    or a side not a multiple of `multiple` (the VAE's space stride × the patch's). The latents were floored to
+    the nearest that fit while the table named the size asked."""
+    if args.frames < 1 or (args.frames - 1) % 4:
+        p.error(f"--frames {args.frames}: the VAE takes 4k+1 frames (1, 5, 9, ...)")
+    for side in ("height", "width"):
+        if (value := getattr(args, side)) < multiple or value % multiple:
+            p.error(f"--{side} {value}: a multiple of {multiple}, at least {multiple}")
+
+
 def check_run(p: argparse.ArgumentParser, args, build, models: int = 2) -> None:
     """`p.error` (one line, exit 2) for a --device this machine lacks, or for `models` copies of the model
     `build()` makes (called on the meta device: no memory) in --dtype that would not fit the device's free

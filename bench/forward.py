@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from bench.common import add_run_args, check_run, compare, device_name, report  # noqa: E402
+from bench.common import add_run_args, check_run, check_video_size, compare, device_name, report  # noqa: E402
 from dit.families import weight_format  # noqa: E402
 from dit.loading import build_empty  # noqa: E402
 from dit.presets import PRESETS  # noqa: E402
@@ -101,6 +101,7 @@ def main(argv=None) -> None:
     p.add_argument("--text-len", type=int, default=512 if cuda else 64)
     add_run_args(p, DTYPES, cuda)
     args = p.parse_args(argv)
+    check_video_size(p, args)
     if args.preset != "small" and args.preset not in PRESETS:  # a KeyError's traceback
         p.error(f"--preset {args.preset!r} is not small or one of {', '.join(PRESETS)}")
 

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from bench.common import add_run_args, check_run, compare, device_name, report  # noqa: E402
+from bench.common import add_run_args, check_run, check_video_size, compare, device_name, report  # noqa: E402
 from dit.hunyuan.config import PRESETS, HunyuanVideo15Config  # noqa: E402
 from dit.hunyuan.model import HunyuanVideo15Transformer  # noqa: E402
 from dit.hunyuan.state_dict import resolve  # noqa: E402
@@ -85,6 +85,7 @@ def main(argv=None) -> None:
     p.add_argument("--valid-text", type=int, default=120 if cuda else 24, help="real tokens of --text-len")
     add_run_args(p, DTYPES, cuda)
     args = p.parse_args(argv)
+    check_video_size(p, args)
 
     cfg = SMALL if args.preset == "small" else PRESETS[args.preset]
     if args.layers:

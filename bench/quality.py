@@ -12,6 +12,7 @@ Later speed work (few-step schedules, FP8) reports its score here beside the tim
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -26,7 +27,9 @@ from bench.common import at_least  # noqa: E402
 from dit.cache_config import CacheConfig  # noqa: E402
 from dit.cli_args import typed  # noqa: E402
 from dit.fp8_linear import QUANTS  # noqa: E402
-from dit.pipeline import PipelineConfig, load_pipeline  # noqa: E402
+from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline  # noqa: E402
+from dit.request import check_numbers  # noqa: E402
+from dit.shape import request_limits  # noqa: E402
 from dit.tiny.language import all_scenes  # noqa: E402
 from dit.tiny.score import generate_and_read, rates  # noqa: E402
 from parallel.kernels import BACKENDS  # noqa: E402
@@ -102,6 +105,12 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = p.parse_args(argv)
+    try:  # every (steps, guidance) against the model's limits, before any model loads
+        limits = request_limits(args.model)
+        for n, g in itertools.product(args.steps, args.guidance):
+            check_numbers(GenerationRequest("x", num_inference_steps=n, guidance_scale=g), limits)
+    except (FileNotFoundError, ValueError) as e:
+        p.error(f"{args.model}: {e}")
     rows = run(args.model, args.steps, args.guidance, args.cache, args.seed, args.quant, args.attn)
     if args.json:
         print(json.dumps(rows, indent=1))

@@ -46,6 +46,12 @@ def test_a_case_whose_process_died_ends_the_run():
     [
         ("bench.attention", ["--nproc", "0"], "--nproc: must be at least 1, got 0"),  # ZeroDivisionError
         ("bench.forward", ["--preset", "nosuch"], "--preset 'nosuch' is not small or one of"),  # KeyError
+        ("bench.forward", ["--height", "100"], "--height 100: a multiple of 16"),  # timed 96, said 100
+        (
+            "bench.forward",
+            ["--family", "hunyuanvideo-1.5", "--frames", "6"],
+            "--frames 6: the VAE takes 4k+1",
+        ),
         ("bench.job", ["--models", "nosuch"], "--models: nosuch: neither a model name"),  # FileNotFoundError
         ("bench.lora_switch", ["--model", "nosuch"], "--model 'nosuch' is neither a folder nor one of"),
         # said with exit 1, as a failure would be
@@ -59,6 +65,12 @@ def test_a_case_whose_process_died_ends_the_run():
         ("bench.quality", ["--cache", "bogus"], "argument --cache: cache must be off, fbcache, or fbcache:"),
         ("bench.quality", ["--attn", "fp9"], "invalid choice: 'fp9'"),  # ran after the 72 reference videos
         ("bench.quality", ["--quant", "bogus"], "invalid choice: 'bogus'"),  # ran, rows labelled bogus
+        (
+            "bench.quality",
+            ["--guidance", "-1"],
+            "tiny: guidance_scale must be between 1.0 and 20.0, got -1.0",
+        ),
+        ("bench.quality", ["--model", "nosuch"], "nosuch: neither a model name"),  # tracebacks, after a load
         ("parallel.demo", ["--nproc", "0"], "--nproc must be 1 or more, got 0"),  # nothing run, exit 0
         ("parallel.demo", ["--text", "0"], "--text must be 1 or more, got 0"),  # a traceback from every rank
         ("parallel.demo", ["--nproc", "4", "--heads", "3"], "--heads 3 cannot split over 4 ranks"),
