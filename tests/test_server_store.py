@@ -138,6 +138,7 @@ def test_idempotency_cancel_and_progress(store):
     assert store.progress(a.id, "someone-else", 2, 4) is True  # not this worker's job: stop
     store.cancel(a.id)
     assert store.progress(a.id, "w", 2, 4) is True  # the cancel flag reaches the callback
+    assert (store.get(a.id).step, store.get(a.id).progress) == (2, 22)  # the step ran; progress stays
     assert store.finish(a.id, "w", "cancelled").status == "cancelled"
     assert store.finish(a.id, "w", "completed") is None  # terminal states stick
 

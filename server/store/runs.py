@@ -76,11 +76,13 @@ class JobRuns(Connections):
 
     def progress(self, job_id: str, worker: str, step: int, total_steps: int) -> bool:
         """Record a finished denoising step; True when the job's cancel flag is set or the job is no longer
-        this worker's (failed or re-queued by a supervisor meanwhile)."""
+        this worker's (failed or re-queued by a supervisor meanwhile). A job whose cancel is asked for keeps
+        its progress (as its phase: `set_phase`); its step still counts the steps it ran."""
         with self._write() as db:
             row = db.execute(
-                "UPDATE jobs SET step = ?, total_steps = ?, progress = ? "
-                "WHERE id = ? AND worker = ? AND status = 'in_progress' RETURNING cancel_requested",
+                "UPDATE jobs SET step = ?1, total_steps = ?2, "
+                "progress = CASE WHEN cancel_requested <> 0 THEN progress ELSE ?3 END "
+                "WHERE id = ?4 AND worker = ?5 AND status = 'in_progress' RETURNING cancel_requested",
                 (step, total_steps, DENOISED * step // max(total_steps, 1), job_id, worker),
             ).fetchone()
         return row is None or bool(row[0])
