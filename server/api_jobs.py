@@ -9,6 +9,7 @@ document describes both bodies (`_GENERATE_BODY`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import os
@@ -147,6 +148,24 @@ class GenerateBody(BaseModel):
     @classmethod
     def _cache(cls, value: str | None) -> str | None:
         return None if value is None else str(CacheConfig.parse(value))  # ValueError → 422 naming the field
+
+
+_NUMBERS = [
+    name for name, f in GenerateBody.model_fields.items() if f.annotation in (int | None, float | None)
+]
+_FORM_NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?")  # as JSON writes one (leading zeros too)
+
+
+def _form_numbers(fields: dict) -> dict:
+    """A form's number fields as JSON would carry them ("17" is 17, "2.5" is 2.5); other text stays text, to
+    be refused as JSON's would be (Python's own parse took "1_0" as 10, " 7" and "+7" as 7)."""
+    numbers = {}
+    for name in _NUMBERS:
+        text = fields.get(name)
+        if isinstance(text, str) and _FORM_NUMBER.fullmatch(text):
+            with contextlib.suppress(ValueError):  # over Python's 4300 digits: refused as text
+                numbers[name] = int(text) if text.lstrip("-").isdigit() else float(text)
+    return fields | numbers
 
 
 # The text rules (services.text_field) as the document states them: no NUL, and a prompt not blank
@@ -309,7 +328,7 @@ async def generate(request: Request, idempotency_key: IdempotencyKey = None):
     else:
         fields = await json_fields(request)
     try:
-        body = GenerateBody.model_validate(fields, strict=not form)  # form values are text: "17" is 17
+        body = GenerateBody.model_validate(_form_numbers(fields) if form else fields)
     except ValidationError as e:  # in FastAPI's own shape
         errors = e.errors(include_url=False)
         if any(err["type"] in _BOUND_ERRORS for err in errors):

@@ -125,6 +125,25 @@ def test_non_finite_and_huge_numbers_on_generate(client, field, value):
     assert r.status_code == 422 and _field(r) == field, r.text
 
 
+def test_a_forms_numbers_are_read_as_json_writes_them(client):
+    """A form's "17", "2.5", "1e1" and "9.0" are numbers, as in JSON; text Python's own parse would also take
+    ("1_0" as 10, " 7" and "+7" as 7, Arabic-Indic digits, 5000 digits) is refused naming the field."""
+    form = {"prompt": "fox", "num_frames": "17", "guidance_scale": "2.5", "seed": "9.0", "fps": "1e1"}
+    r = client.post("/generate", files={k: (None, v) for k, v in form.items()})  # multipart, as the page's
+    assert r.status_code == 202, r.text
+    request = r.json()["request"]
+    assert (request["num_frames"], request["guidance_scale"], request["seed"], request["fps"]) == (
+        17,
+        2.5,
+        9,
+        10,
+    )
+    for field, text in [("seed", "1_0"), ("guidance_scale", "1_0"), ("num_inference_steps", " 7"),
+                        ("fps", "+7"), ("height", "٣٢"), ("seed", "9" * 5000)]:  # fmt: skip
+        r = client.post("/generate", files={"prompt": (None, "fox"), field: (None, text)})
+        assert r.status_code == 422 and _field(r) == field, (field, text, r.text)
+
+
 @pytest.mark.parametrize(
     "value", [b"NaN", b"Infinity", b"-1e999", b"1" + b"0" * 400, b"true", b'"nan"', b'"inf"', b'"0"']
 )
