@@ -294,9 +294,11 @@ def _create(services: Services, fields: dict, idempotency_key: str | None):
     if model is not None:
         text_field("model", model, max_chars=MAX_MODEL_CHARS)
     spec = map_request(fields, services.worker_info())
-    body = {k: v for k, v in fields.items() if k != _IMAGE}  # the image counts by its hash (`submit`)
-    if "loras" in spec:
-        body["loras"] = spec["loras"]  # the set in its one spelling, however the request ordered it
+    # the image counts by its hash (`submit`); a null is a field left out
+    body = {k: v for k, v in fields.items() if k != _IMAGE and v is not None}
+    for name in ("loras", "seed"):  # in their one spelling: the set however ordered, 7 as "7" or 7.0
+        if name in spec:
+            body[name] = spec[name]
     if body.get("seconds") is not None:  # 4, "4" and "4.0" alike (map_request took it: a number)
         body["seconds"] = str(Fraction(str(body["seconds"])))
     job, created = services.submit(

@@ -368,6 +368,20 @@ def test_idempotency_key_conflict_scope_and_reuse_after_delete(client):
     )
 
 
+def test_v1_replays_a_request_however_its_values_are_spelled(client):
+    """The same /v1 request under one key: seed 7 as "7" (what a form sends) or 7.0, a null for a field left
+    out, seconds "1" as 1.0; each was a 409. Another seed is still one."""
+    key, body = {"Idempotency-Key": "spelled"}, {"prompt": "fox", "seed": 7, "seconds": "1"}
+    first = client.post("/v1/videos", json=body, headers=key)
+    assert first.status_code == 200, first.text
+    for same in ({"seed": "7"}, {"seed": 7.0}, {"model": None}, {"seconds": 1.0}):
+        r = client.post("/v1/videos", json=body | same, headers=key)
+        assert r.status_code == 200 and r.json()["id"] == first.json()["id"], (same, r.text)
+    form = client.post("/v1/videos", data={"prompt": "fox", "seed": "7", "seconds": "1"}, headers=key)
+    assert form.status_code == 200 and form.json()["id"] == first.json()["id"], form.text
+    assert client.post("/v1/videos", json=body | {"seed": 8}, headers=key).status_code == 409
+
+
 def test_a_retried_request_gets_its_job_from_a_full_queue(tmp_path):
     """The queue's one place is the key's own job: a retry replays it (a 429 told the client to retry what
     was already queued), another body is still the key's 409, and a new request the queue's 429."""
