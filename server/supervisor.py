@@ -398,6 +398,7 @@ class Supervisor:
                     "failed",
                     error=f"exceeded the time limit of {self.config.job_timeout:g} s; "
                     "the worker group was reset",
+                    timings=job.timings_until(now),
                 )
                 videos.remove_checkpoint(self.config.videos_dir, job.id)
                 log.error("job %s exceeded the time limit; resetting the worker group", job.id)

@@ -75,6 +75,9 @@ def test_rank_killed_mid_job_resumes_and_job_time_limit(data_dir):
         slow = srv.submit(prompt="too slow", **LONG)
         failed = srv.wait_job(slow["id"], timeout=60)
         assert failed["status"] == "failed" and "time limit" in failed["error"], failed
+        timings = failed["timings"]  # where its time went: steps, and the phase it was in
+        assert timings["total_s"] > 8 and timings["steps"] >= 1 and timings["denoising_s"] > 0, timings
+        assert timings["total_s"] >= timings["encoding_s"] + timings["denoising_s"] - 1e-6, timings
         _wait_new_group(srv, group)
         assert len(group_pids(data_dir)[1]) == 2  # the reset group's ranks are gone, not orphaned
         last = srv.submit(prompt="after the reset", num_inference_steps=2)

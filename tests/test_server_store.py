@@ -440,6 +440,22 @@ def test_phase_seconds_are_kept_as_each_phase_ends_and_start_afresh_on_a_requeue
     failed = store.finish(job.id, None, "failed", error="the group died")  # a supervisor knows no seconds
     assert failed.timings == none | {"encoding_s": 0.2, "denoising_s": 1.0}
 
+    job, _ = store.create({"prompt": "over its time limit"})
+    claimed = store.claim("w", "box")
+    store.set_phase(job.id, "w", "denoising", {"encoding_s": 0.5})
+    store.progress(job.id, "w", 3, 10)
+    running = store.get(job.id)
+    timings = store.finish(
+        job.id, None, "failed", timings=running.timings_until(claimed.started_at + 5)
+    ).timings
+    assert timings == none | {
+        "encoding_s": 0.5,
+        "denoising_s": 4.5,
+        "total_s": 5,
+        "steps": 3,
+        "mean_step_s": None,
+    }
+
     job, _ = store.create({"prompt": "b"})
     store.claim("w", "box")
     seconds = {"encoding_s": 0.1, "denoising_s": 2.0, "decoding_s": 0.5, "writing_s": 0.05}

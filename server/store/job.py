@@ -55,6 +55,17 @@ class Job:
     def terminal(self) -> bool:
         return self.status in TERMINAL
 
+    def timings_until(self, now: float) -> dict:
+        """The timings of a run ended from outside (its time limit), as far as the store tells them: the run's
+        seconds from its claim to `now`, its steps, and the seconds not in the phases it finished counted to
+        the phase it was in. How long each step took only the worker knew (`mean_step_s` null)."""
+        total = now - self.started_at
+        finished = sum(self.timings.get(name) or 0.0 for name in PHASE_TIMINGS)
+        out = {"total_s": total, "steps": self.step - (self.resumed_from_step or 0), "mean_step_s": None}
+        if f"{self.phase}_s" in PHASE_TIMINGS:
+            out[f"{self.phase}_s"] = max(total - finished, 0.0)
+        return out
+
 
 def lora_set(loras) -> str:
     """A request's LoRA set as the store compares it (the `lora_set` column): its (name, strength) pairs in
