@@ -131,7 +131,11 @@ def test_idempotency_cancel_and_progress(store):
     assert created and not created_again and again.id == a.id
     b, _ = store.create({"prompt": "b"})
     assert store.queue_position(store.get(b.id)) == 1
-    assert store.cancel(b.id).status == "cancelled"  # queued: cancelled at once, never runs
+    cancelled = store.cancel(b.id)
+    assert (cancelled.status, cancelled.cancel_requested) == (
+        "cancelled",
+        True,
+    )  # queued: at once, never runs
     running = store.claim("w", "test")
     assert running.id == a.id and store.claim("w", "test") is None
     assert store.progress(a.id, "w", 1, 4) is False

@@ -126,7 +126,8 @@ class JobQueue(Connections):
         after the change: a job already completed or failed is left as it was."""
         with self._write() as db:
             cancelled = db.execute(
-                "UPDATE jobs SET status = 'cancelled', finished_at = ?, error = CASE WHEN attempts > 0 "
+                "UPDATE jobs SET status = 'cancelled', cancel_requested = 1, finished_at = ?, "
+                "error = CASE WHEN attempts > 0 "
                 "THEN 'cancelled while queued to run again' ELSE 'cancelled before it started' END "
                 "WHERE id = ? AND status = 'queued' RETURNING *",
                 (time.time(), job_id),
