@@ -254,9 +254,9 @@ class Services:
 
     def page(self, *, limit: int, after: str | None, **order) -> tuple[list[Job], bool]:
         """A page of both APIs' job lists; an `after` that names no job is a 404 saying so (an empty page
-        would read as the end of the list)."""
+        would read as the end of the list); an empty one is none (a client's loop before its first page)."""
         try:
-            return self.store.list(limit=limit, after=after, **order)
+            return self.store.list(limit=limit, after=after or None, **order)
         except UnknownCursor:
             raise HTTPException(
                 404, f"after={shown(after)} names no job; give the last_id of the page before"

@@ -435,6 +435,9 @@ def test_a_job_without_a_seed_gets_a_random_one_kept_in_its_request(client):
 def test_a_list_after_no_job_is_a_404_saying_so(client, path):
     r = client.get(path, params={"after": "nope"})
     assert r.status_code == 404 and "after='nope' names no job" in r.text, r.text
+    client.post("/generate", json={"prompt": "fox"})
+    empty = client.get(f"{path}?after=")  # a client's first page, its cursor not yet set: the start
+    assert empty.status_code == 200 and empty.json()["data"] == client.get(path).json()["data"], empty.text
 
 
 def test_v1_takes_a_seed_and_says_it(client):
