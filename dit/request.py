@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +103,20 @@ def check_loras(loras) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(pairs))
 
 
+# A regular expression's character class of what a blank prompt holds: Python's whitespace (str.isspace)
+# and the invisible format characters a copy from a web page brings (zero-width spaces and joiners, the
+# byte order mark, direction marks, the soft hyphen); a prompt of these alone is empty to the model
+BLANK_CLASS = (
+    r"\t-\r\x1c-\x20\x85\xa0\xad\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u2064\u2066-\u206f\u3000\ufeff"
+)
+_BLANK = re.compile(rf"[{BLANK_CLASS}]*")
+
+
+def blank(text: str) -> bool:
+    """Whether `text` reads as empty: nothing but whitespace and invisible characters (`BLANK_CLASS`)."""
+    return _BLANK.fullmatch(text) is not None
+
+
 def check_text(name: str, value: str) -> None:
     """ValueError naming the field when `value` has no UTF-8 form (a lone UTF-16 surrogate, as JSON's
     "\\ud800" gives): such text can be neither tokenized nor stored."""
@@ -114,8 +129,8 @@ def check_text(name: str, value: str) -> None:
 def check_prompts(req: GenerationRequest) -> GenerationRequest:
     """The prompt (a string that is not blank) and the negative prompt (None: none), each valid text;
     ValueError naming the field. Their length in tokens needs the model's tokenizer: `Pipeline.validate`."""
-    if not isinstance(req.prompt, str) or not req.prompt.strip():
-        raise ValueError("prompt must be a non-empty string")
+    if not isinstance(req.prompt, str) or blank(req.prompt):
+        raise ValueError("prompt must be a non-empty string (not only spaces or invisible characters)")
     if req.negative_prompt is None:  # the field's default: none
         req = replace(req, negative_prompt="")
     if not isinstance(req.negative_prompt, str):

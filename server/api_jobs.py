@@ -27,7 +27,7 @@ from starlette.datastructures import Headers, UploadFile
 
 from dit import cache_config
 from dit.cache_config import CacheConfig
-from dit.request import MAX_SEED
+from dit.request import BLANK_CLASS, MAX_SEED
 from server import images, videos
 from server import limits as limits_mod
 from server import loras as loras_mod
@@ -169,10 +169,9 @@ def _form_numbers(fields: dict) -> dict:
 
 
 # The text rules (services.text_field) as the document states them: no NUL, and a prompt not blank
-# (Python's whitespace: str.strip)
+# (`dit.request.blank`)
 TEXT_PATTERN = r"^[^\x00]*$"
-_NOT_SPACE = r"[^\x00\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
-PROMPT_PATTERN = rf"^[^\x00]*{_NOT_SPACE}[^\x00]*$"
+PROMPT_PATTERN = rf"^[^\x00]*[^\x00{BLANK_CLASS}][^\x00]*$"
 
 
 def schema_with_limits(document: dict, info: dict) -> dict:

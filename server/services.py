@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from fastapi import HTTPException
 
 from dit.image import ImageError, ImageTooLarge, UnsupportedFormat
-from dit.request import check_text
+from dit.request import blank, check_text
 from dit.vocabulary import prompt_warnings
 from server import images, loras, videos
 from server import limits as limits_mod
@@ -55,8 +55,8 @@ def text_field(name: str, value, *, max_chars: int, required: bool = False) -> s
     `required`, and storable and renderable (UTF-8 encodable, so no lone UTF-16 surrogate; no NUL)."""
     if not isinstance(value, str):
         raise unprocessable(name, f"{name} is required" if value is None else f"{name} must be a string")
-    if required and not value.strip():
-        raise unprocessable(name, f"{name} must not be empty or blank")
+    if required and blank(value):
+        raise unprocessable(name, f"{name} must not be empty or blank (only spaces or invisible characters)")
     if len(value) > max_chars:
         raise unprocessable(name, f"{name} is {len(value)} characters long; at most {max_chars} are accepted")
     try:

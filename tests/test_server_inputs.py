@@ -286,8 +286,9 @@ def test_an_unexpected_error_is_a_json_500_in_the_route_shape(client, monkeypatc
 
 @pytest.mark.parametrize("path", ["/generate", "/v1/videos"])
 def test_prompt_rules_are_the_same_on_both_routes(client, path):
-    blank = client.post(path, json={"prompt": "  \n\t "})
-    assert blank.status_code == 422 and _field(blank) == "prompt"
+    for text in ("  \n\t ", "\u200b", "\ufeff \u200d\u00ad"):  # spaces, or invisible characters only
+        blank = client.post(path, json={"prompt": text})
+        assert blank.status_code == 422 and _field(blank) == "prompt", (text, blank.text)
     long = client.post(path, json={"prompt": "x" * 60_000})
     assert long.status_code == 422 and _field(long) == "prompt"
     over = client.post(path, json={"prompt": "x" * MAX_TOKENS})  # 128 bytes + end token
