@@ -241,7 +241,7 @@ class Services:
     def _queue_full(self, queued: int) -> HTTPException:
         return HTTPException(
             429,
-            f"the queue is full ({queued} jobs waiting); retry later",
+            f"the queue is full ({queued} job{'s' if queued != 1 else ''} waiting); retry later",
             headers={"Retry-After": str(self.retry_after(queued))},
         )
 
