@@ -413,6 +413,8 @@ def test_expired_are_the_jobs_over_before_a_time_not_yet_deleted(store):
 def test_phases_progress_and_a_cancel_after_the_last_step(store):
     job, _ = store.create({"prompt": "a"})
     assert store.claim("w", "box").phase == "encoding"
+    store.set_spec(job.id, {"prompt": "a", "num_inference_steps": 10})  # validated: its steps known
+    assert (store.get(job.id).step, store.get(job.id).total_steps) == (0, 10)  # not 0 of 0 until step 1
     assert store.set_phase(job.id, "w", "denoising") is False
     store.progress(job.id, "w", 5, 10)
     assert (store.get(job.id).phase, store.get(job.id).progress) == ("denoising", 45)

@@ -71,8 +71,13 @@ class JobRuns(Connections):
         return [log_change(job_from_row(row)) for row in rows]
 
     def set_spec(self, job_id: str, spec: dict) -> None:
+        """Record a claimed job's request as validated (the model's defaults filled in): its step count
+        shows from then on (`total_steps`; 0 until known)."""
         with self._write() as db:
-            db.execute("UPDATE jobs SET spec = ? WHERE id = ?", (json.dumps(spec), job_id))
+            db.execute(
+                "UPDATE jobs SET spec = ?, total_steps = ? WHERE id = ?",
+                (json.dumps(spec), spec.get("num_inference_steps") or 0, job_id),
+            )
 
     def progress(self, job_id: str, worker: str, step: int, total_steps: int) -> bool:
         """Record a finished denoising step; True when the job's cancel flag is set or the job is no longer
