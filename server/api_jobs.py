@@ -34,6 +34,7 @@ from server import loras as loras_mod
 from server.file_response import PARTS, ConditionalFile
 from server.jsonsafe import SafeJSONResponse, render, shown
 from server.openai_errors import responses
+from server.replies import JobList, JobView, Status, reply
 from server.services import MAX_PROMPT_CHARS, Services, unprocessable
 from server.store import Job, StoreBusy
 
@@ -316,7 +317,7 @@ def _preview_url(job_id: str) -> str:
 @router.post(
     "/generate",
     status_code=202,
-    responses=responses(400, 401, 409, 413, 415, 422, 429, 503),
+    responses=reply(JobView, 202) | responses(400, 401, 409, 413, 415, 422, 429, 503),
     openapi_extra=_GENERATE_BODY,
 )
 async def generate(request: Request, idempotency_key: IdempotencyKey = None):
@@ -385,13 +386,13 @@ def submitted(view: dict, created: bool, status: int) -> SafeJSONResponse:
     return SafeJSONResponse(view, status_code=status, headers=headers)
 
 
-@router.get("/jobs", responses=responses(401, 404, 422, 503))
+@router.get("/jobs", responses=reply(JobList) | responses(401, 404, 422, 503))
 def list_jobs(
     request: Request,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     after: str | None = None,
     order: Literal["asc", "desc"] = "desc",
-    status: Literal["queued", "in_progress", "completed", "failed", "cancelled"] | None = None,
+    status: Status | None = None,
 ):
     services = svc(request)
     jobs, has_more = services.page(limit=limit, after=after, order=order, status=status)
@@ -402,7 +403,7 @@ def list_jobs(
     }
 
 
-@router.get("/jobs/{job_id}", responses=responses(401, 404, 503))
+@router.get("/jobs/{job_id}", responses=reply(JobView) | responses(401, 404, 503))
 def get_job(request: Request, job_id: str):
     services = svc(request)
     return SafeJSONResponse(
@@ -410,7 +411,7 @@ def get_job(request: Request, job_id: str):
     )  # the hot poll path: no jsonable_encoder
 
 
-@router.delete("/jobs/{job_id}", responses=responses(401, 404, 409, 503))
+@router.delete("/jobs/{job_id}", responses=reply(JobView) | responses(401, 404, 409, 503))
 def cancel_job(request: Request, job_id: str):
     services = svc(request)
     return job_view(services, services.cancel(job_id))

@@ -45,6 +45,7 @@ from server.file_response import PARTS
 from server.jsonsafe import shown
 from server.number_patterns import decimal_range
 from server.openai_errors import responses
+from server.replies import Video, VideoDeleted, VideoList, reply
 from server.services import MAX_PROMPT_CHARS, Services, text_field, unprocessable
 from server.store import Job
 
@@ -316,14 +317,14 @@ def _create(services: Services, fields: dict, idempotency_key: str | None):
 @router.post(
     "",
     openapi_extra={"requestBody": _CREATE_BODY},
-    responses=responses(400, 401, 409, 413, 415, 422, 429, 503, openai=True),
+    responses=reply(Video) | responses(400, 401, 409, 413, 415, 422, 429, 503, openai=True),
 )
 async def create_video(request: Request, idempotency_key: IdempotencyKey = None):
     fields = await _create_fields(request)
     return await run_in_threadpool(_create, svc(request), fields, idempotency_key)
 
 
-@router.get("", responses=responses(401, 404, 422, 503, openai=True))
+@router.get("", responses=reply(VideoList) | responses(401, 404, 422, 503, openai=True))
 def list_videos(
     request: Request,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
@@ -342,13 +343,13 @@ def list_videos(
     }
 
 
-@router.get("/{video_id}", responses=responses(401, 404, 503, openai=True))
+@router.get("/{video_id}", responses=reply(Video) | responses(401, 404, 503, openai=True))
 def retrieve_video(request: Request, video_id: str):
     services = svc(request)
     return video_view(services, services.job(video_id))
 
 
-@router.delete("/{video_id}", responses=responses(401, 404, 503, openai=True))
+@router.delete("/{video_id}", responses=reply(VideoDeleted) | responses(401, 404, 503, openai=True))
 def delete_video(request: Request, video_id: str):
     """Cancels the job if it is still queued or running, hides it and removes its video."""
     services = svc(request)

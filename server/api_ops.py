@@ -9,20 +9,21 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from server import metrics
 from server.api_jobs import svc
 from server.openai_errors import responses
+from server.replies import Health, Ready, reply
 from server.store import StoreBusy
 
 router = APIRouter()
 
 
-@router.get("/health")
-@router.head("/health")
+@router.get("/health", responses=reply(Health))
+@router.head("/health", responses=reply(Health))
 async def health(request: Request):  # no store: it answers while another process holds the store's lock
     supervisor = svc(request).supervisor
     reason = supervisor.degraded() if supervisor else None
     return {"status": "ok"} if reason is None else {"status": "degraded", "reason": reason}
 
 
-_READY = {"responses": {503: {"description": "Not ready (the same body)"}} | responses(401)}
+_READY = {"responses": reply(Ready) | reply(Ready, 503, "Not ready (the same body)") | responses(401)}
 
 
 @router.get("/ready", **_READY)

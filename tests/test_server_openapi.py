@@ -10,6 +10,7 @@ import math
 import re
 import time
 
+import jsonschema_rs
 import pytest
 import schemathesis
 from fastapi.testclient import TestClient
@@ -53,6 +54,60 @@ def test_openapi_tells_the_truth(client):
     assert client.head("/health").status_code == 200
     probe = client.head("/ready")  # a load balancer's: the status alone
     assert probe.status_code == client.get("/ready").status_code == 200 and probe.content == b""
+
+
+def test_every_json_reply_is_what_the_document_says(client):
+    """Both APIs' replies for a job in each state it passes through (queued, running with a preview,
+    completed, failed by its time limit, cancelled, deleted), the lists, /health and /ready, each against the
+    document's schema for its route and status (they had none: any body passed)."""
+    doc = client.get("/openapi.json").json()
+    store = client.app.state.services.store
+
+    def check(r, path: str, method: str = "get"):
+        content = doc["paths"][path][method]["responses"][str(r.status_code)]["content"]
+        schema = content["application/json"]["schema"]
+        assert "$ref" in schema, (path, method, r.status_code)  # a model's, not {}
+        validator = jsonschema_rs.Draft202012Validator(schema | {"components": doc["components"]})
+        validator.validate(r.json())
+        assert not validator.is_valid(r.json() | {"unlisted": 1})  # every field the reply has is described
+        return r.json()
+
+    ids = [
+        check(client.post("/generate", json={"prompt": "fox"}), "/generate", "post")["id"] for _ in range(4)
+    ]
+    ids.append(check(client.post("/v1/videos", json={"prompt": "fox"}), "/v1/videos", "post")["id"])
+    claimed = [store.claim("w", "box") for _ in range(3)]
+    for job in claimed:
+        store.set_spec(job.id, job.spec | {"num_inference_steps": 4})
+        store.set_phase(job.id, "w", "denoising", {"encoding_s": 0.1})
+        store.progress(job.id, "w", 2, 4)
+    store.set_preview(claimed[0].id, "w", 2)  # still running
+    timings = {"decoding_s": 0.2, "writing_s": 0.01, "total_s": 1.0, "steps": 4, "mean_step_s": 0.2}
+    store.finish(
+        claimed[1].id,
+        "w",
+        "completed",
+        video=f"{claimed[1].id}.mp4",
+        timings=timings | {"evaluated": 8, "skipped": 0},
+    )
+    store.finish(
+        claimed[2].id,
+        None,
+        "failed",
+        error="over",
+        timings=store.get(claimed[2].id).timings_until(time.time()),
+    )
+    check(client.delete(f"/jobs/{ids[3]}"), "/jobs/{job_id}", "delete")  # queued: cancelled
+    statuses = set()
+    for job_id in ids:
+        statuses.add(check(client.get(f"/jobs/{job_id}"), "/jobs/{job_id}")["status"])
+        check(client.get(f"/v1/videos/{job_id}"), "/v1/videos/{video_id}")
+    assert statuses == {"queued", "in_progress", "completed", "failed", "cancelled"}
+    check(client.get("/jobs"), "/jobs")
+    check(client.get("/v1/videos"), "/v1/videos")
+    check(client.delete(f"/v1/videos/{ids[0]}"), "/v1/videos/{video_id}", "delete")
+    check(client.get("/health"), "/health")
+    assert check(client.get("/ready"), "/ready")["ready"] is True  # a published replica's
 
 
 def test_the_document_says_which_routes_need_the_key(tmp_path):
