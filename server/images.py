@@ -44,16 +44,34 @@ def from_data_url(text: str) -> bytes:
         raise ImageError("the image's data URL holds invalid base64") from None
 
 
+class DuplicateKey(ValueError):
+    """A JSON object names a key twice: which value was meant is not for the server to guess."""
+
+    def __init__(self, key: str, times: int):
+        super().__init__(key)
+        self.key, self.times = key, times
+
+
+def _once(pairs: list[tuple[str, object]]) -> dict:
+    out = dict(pairs)
+    if len(out) < len(pairs):
+        keys = [key for key, _ in pairs]
+        twice = next(key for key in keys if keys.count(key) > 1)
+        raise DuplicateKey(twice, keys.count(twice))
+    return out
+
+
 def parse_json(body: bytes):
-    """`json.loads(body)`; a large body's data URL value is cut out first (a data URL needs no JSON escape)
-    and put back after, so the parser holds the GIL for the few fields around it, not for the image."""
+    """`json.loads(body)`, a key given twice in an object refused (`DuplicateKey`); a large body's data URL
+    value is cut out first (a data URL needs no JSON escape) and put back after, so the parser holds the GIL
+    for the few fields around it, not for the image."""
     match = _DATA_URL.search(body, 0, _LARGE) if len(body) > _LARGE else None
     end = body.find(b'"', match.end()) if match else -1
     url = body[match.end() - 5 : end] if end != -1 else b""
     if not url or b"\\" in url or not url.isascii():
-        return json.loads(body)
+        return json.loads(body, object_pairs_hook=_once)
     token = f"data:,{uuid.uuid4().hex}"
-    fields = json.loads(body[: match.end() - 5] + token.encode() + body[end:])
+    fields = json.loads(body[: match.end() - 5] + token.encode() + body[end:], object_pairs_hook=_once)
     if isinstance(fields, dict):  # the image is a top-level field; a token elsewhere fails as any text would
         url_text = url.decode("ascii")
         fields = {key: url_text if value == token else value for key, value in fields.items()}

@@ -131,7 +131,9 @@ def test_a_large_json_body_is_parsed_with_its_data_url_cut_out(monkeypatch):
     """The parser walks the fields around a large body's data URL, not the image: json.loads' result."""
     url = "data:image/png;base64," + "A" * 2_000_000
     parsed, loads = [], json.loads
-    monkeypatch.setattr(images.json, "loads", lambda text: parsed.append(len(text)) or loads(text))
+    monkeypatch.setattr(
+        images.json, "loads", lambda text, **kw: parsed.append(len(text)) or loads(text, **kw)
+    )
     for body in (
         {"prompt": "fox", "image": url, "seed": 1},
         {"image": url},
@@ -327,6 +329,9 @@ def test_multipart_fields_are_checked_as_json_ones(i2v):
     for url in ("/generate", "/v1/videos"):  # which of two was meant is not for the server to guess
         r = i2v.post(url, files=[("prompt", (None, "fox")), ("prompt", (None, "owl")), ("seed", (None, "1"))])
         assert r.status_code == 422 and _error(r) == ("prompt", "'prompt' is given 2 times; give it once")
+        body = b'{"prompt": "fox", "seed": 1, "prompt": "owl", "prompt": "cat"}'  # JSON's last one was taken
+        r = i2v.post(url, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 422 and _error(r) == ("prompt", "'prompt' is given 3 times; give it once")
 
 
 def test_openai_input_reference(i2v, tmp_path):
