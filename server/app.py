@@ -25,9 +25,15 @@ PUBLIC_PATHS = ("/health", *api_web.PAGE_FILES)
 
 def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
     """`on_fatal` is called (from the supervisor thread) when the worker group cannot be kept alive."""
-    # Requests wait briefly for another process's write lock, then answer 503; the supervisor waits longer.
+    # Requests wait briefly for another process's write lock, then answer 503; so does each supervisor call,
+    # which then rides the lock out as an outage (retried up to --store-outage-grace), /ready saying so while
+    # requests are refused (a 30 s wait had /ready say ready all along)
     store = open_store(config, busy_timeout=config.store_busy_timeout)
-    supervisor = Supervisor(config, open_store(config), on_fatal) if config.workers else None
+    supervisor = (
+        Supervisor(config, open_store(config, busy_timeout=config.store_busy_timeout), on_fatal)
+        if config.workers
+        else None
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import time
 
@@ -20,7 +21,9 @@ import pytest
 
 from dit.video import read_mp4
 from server import videos
-from server.store import JobStore
+from server.app import create_app
+from server.config import ServeConfig
+from server.store import JobStore, StoreBusy
 from testing.server_process import FAKE, ServerProcess, group_pids, wait_until
 
 # every test here starts real server processes: left out of the quick loop (README, Tests)
@@ -287,3 +290,21 @@ def test_ready_says_why_a_ready_group_went_quiet_and_a_full_disk_ends_once_write
     time.sleep(0.35)
     outage.answered()  # writes have landed for FULL_SETTLE_S
     assert outage.describe() is None
+
+
+def test_an_sqlite_lock_past_the_busy_timeout_makes_the_server_unready(tmp_path):
+    """A lock that refuses requests (503 past --store-busy-timeout) is an outage to the supervisor too: its
+    call gives up as soon (it waited 30 s in silence, /ready saying ready all along), rides it out for the
+    grace, and /ready says "locked"; the store answers again, the outage is over."""
+    config = ServeConfig(data_dir=str(tmp_path), store_busy_timeout=0.5, store_outage_grace=1.0)
+    supervisor = create_app(config).state.services.supervisor  # not started: one round, by hand
+    holder = sqlite3.connect(tmp_path / "jobs.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    start = time.monotonic()
+    with pytest.raises(StoreBusy):
+        supervisor._watch_group()
+    assert time.monotonic() - start < 10 and not supervisor.ready()
+    assert "locked" in supervisor.unready()
+    holder.execute("COMMIT")
+    supervisor._watch_group()
+    assert supervisor.outage.describe() is None
