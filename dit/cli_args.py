@@ -138,7 +138,7 @@ def add_request_args(p: argparse.ArgumentParser, prompt_default: str | None = No
         default=None,
         help="a two-expert model's (Wan2.2 A14B) guidance below its boundary (default: --guidance)",
     )
-    p.add_argument("--seed", type=int, default=0, help="the initial noise depends on it alone")
+    p.add_argument("--seed", type=int, default=0, help="the initial noise depends on it alone (default: 0)")
     p.add_argument(
         "--image",
         default=None,

@@ -720,7 +720,12 @@ def test_help_describes_every_option_with_its_default():
         text = " ".join(parser.format_help().split())
         for action in parser._actions:
             assert action.help, (name, action.dest)
-            if action.default not in (None, False, "", argparse.SUPPRESS):
+            # by identity: 0 == False, and --seed's 0 went unsaid
+            if (
+                action.default is not None
+                and action.default is not False
+                and action.default not in ("", argparse.SUPPRESS)
+            ):
                 assert f"(default: {action.default})" in text, (name, action.dest)
 
 
