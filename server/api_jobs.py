@@ -331,9 +331,10 @@ async def generate(request: Request, idempotency_key: IdempotencyKey = None):
         body = GenerateBody.model_validate(_form_numbers(fields) if form else fields)
     except ValidationError as e:  # in FastAPI's own shape
         errors = e.errors(include_url=False)
+        published = {}
         if any(err["type"] in _BOUND_ERRORS for err in errors):
             published = (await run_in_threadpool(svc(request).worker_info)).get("limits", {})
-            errors = [_model_range(err, published) for err in errors]
+        errors = [_in_words(err, published) for err in errors]
         raise RequestValidationError([err | {"loc": ("body", *err["loc"])} for err in errors]) from None
     image = image if form else body.image
     return await run_in_threadpool(_generate, svc(request), body, image, idempotency_key)
@@ -342,17 +343,17 @@ async def generate(request: Request, idempotency_key: IdempotencyKey = None):
 _BOUND_ERRORS = ("greater_than_equal", "less_than_equal", "greater_than", "less_than")
 
 
-def _model_range(error: dict, published: dict) -> dict:
-    """A sanity bound's error (height 0: "greater than or equal to 1") in the loaded model's words where it
-    published the field's range ("height=0 is out of range: allowed 16..256 in steps of 16")."""
+def _in_words(error: dict, published: dict) -> dict:
+    """pydantic's error in the API's words: an unknown field names the allowed ones (as /v1's do); a sanity
+    bound's error (height 0: "greater than or equal to 1") in the loaded model's words where it published the
+    field's range ("height=0 is out of range: allowed 16..256 in steps of 16")."""
+    if not error["loc"]:  # the body's own (a key pydantic cannot name)
+        return error
     (field, *inner), value = error["loc"], error.get("input")
+    if error["type"] == "extra_forbidden" and not inner:
+        return error | {"msg": f"unknown field {shown(field)}; allowed: {sorted(GenerateBody.model_fields)}"}
     if error["type"] not in _BOUND_ERRORS or inner or field not in published:
         return error
-    if isinstance(value, str):  # a form's text
-        try:
-            value = float(value) if any(c in value for c in ".eE") else int(value)
-        except ValueError:
-            return error
     said = dict(limits_mod.check({field: value}, {field: published[field]}))
     return error | {"msg": said[field]} if field in said else error
 

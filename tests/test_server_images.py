@@ -322,6 +322,7 @@ def test_multipart_fields_are_checked_as_json_ones(i2v):
     assert r.status_code == 422 and _error(r)[0] == "height" and "16..256" in r.text
     r = i2v.post("/generate", data={"prompt": "fox", "colour": "red"}, files=files)
     assert r.status_code == 422 and r.json()["detail"][0]["type"] == "extra_forbidden"
+    assert _error(r)[1].startswith("unknown field 'colour'; allowed: ['cache', 'fps', "), r.text
     r = i2v.post("/generate", files={"prompt": ("p.txt", b"fox"), "image": ("a.png", PNG)})
     assert r.status_code == 422 and _error(r) == ("prompt", "'prompt' cannot be a file; only image can")
     r = i2v.post("/generate", files={"prompt": (None, "fox"), "image": (None, data_url(PNG))})  # a text part
