@@ -134,14 +134,19 @@ class Worker:
     def _beat(self) -> None:
         """One heartbeat; never raises: the next one carries the newest state (and an error being handled
         stays the one the group reports)."""
-        # state is read under the lock, so the final "stopped"/"failed" write is the last one
+        # state is read under the lock, so the final "stopped"/"failed" write is the last one; a SIGTERM
+        # (a drain, or a launcher ending the group as another rank died) makes a serving replica "stopping":
+        # /ready turns false within a heartbeat, not only once the group is gone
         with self._beat_lock:
+            state = self.state
+            if self.terminated.is_set() and state in ("ready", "busy"):
+                state = "stopping"
             try:
                 self.store.once.heartbeat(
                     self.name,
                     instance=self.config.instance,
                     group_id=self.group_id,
-                    state=self.state,
+                    state=state,
                     info=self.info | {"job": next(iter(self.jobs), None), "jobs": self.jobs},
                 )
             except Exception as e:  # StoreBusy: the outage logged it

@@ -20,6 +20,7 @@ from dit.video import read_mp4
 from server import videos
 from server.config import ServeConfig
 from server.store import JobStore
+from server.supervisor import group_ready
 from server.worker import IDLE_AFTER_S, IDLE_POLL_S, Worker
 from server.writers import StreamedVideo
 from testing import fake_ffmpeg, fake_pipeline
@@ -244,3 +245,13 @@ def test_a_resumed_run_cancelled_names_the_jobs_step(tmp_path):
     run.step_times = [0.1]  # this run's one step: it resumed after step 6
     run.ended(fake_pipeline.GenerationCancelled(7, 10), None)
     assert finished == {"status": "cancelled", "error": "cancelled after step 7"}
+
+
+def test_a_replica_sent_sigterm_says_it_is_stopping_within_a_heartbeat(served):
+    """A SIGTERM (a drain, or the launcher ending the group as another rank died) takes the replica out of
+    /ready at its next heartbeat; it read ready until the group was gone (up to the 30 s the launcher
+    gives its ranks)."""
+    wait_until(lambda: group_ready(served.store), WAIT_S, "the replica ready")
+    served.worker.terminated.set()
+    wait_until(lambda: served.store.workers()[0]["state"] == "stopping", 5, "the replica stopping")
+    assert not group_ready(served.store)
