@@ -30,6 +30,8 @@ except ImportError:
 def resolve_backend(backend: str, q: torch.Tensor, key_mask) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}; allowed: {', '.join(BACKENDS)}")
+    if backend == "flash" and (flash_attn_func is None or not q.is_cuda):  # it called None
+        raise ValueError("backend='flash' needs flash-attn installed and CUDA tensors; use auto or sdpa")
     if backend != "auto":
         return backend
     if not q.is_cuda:
@@ -61,7 +63,7 @@ def _bool_mask(key_mask, causal: bool, Sq: int, Sk: int, device) -> torch.Tensor
 
 
 def _math(q, k, v, mask, causal):
-    acc = torch.promote_types(q.dtype, torch.float32)
+    acc = _acc_dtype(q)
     s = (q.to(acc) @ k.to(acc).transpose(-1, -2)) * q.shape[-1] ** -0.5
     if causal:
         s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), float("-inf"))
@@ -78,10 +80,13 @@ def local_attention(q, k, v, *, key_mask=None, causal=False, backend="auto", ret
     Sq, Sk = q.shape[1], k.shape[1]
     if causal and Sq != Sk:
         raise ValueError(f"causal attention needs as many queries as keys, got {Sq} and {Sk}")
+    if Sq == 0 or Sk == 0:  # nothing to attend (a sample's text all padding, cut away): the CPU op dies on it
+        out, lse = q.new_zeros(q.shape), q.new_full(q.shape[:-1], float("-inf"), dtype=_acc_dtype(q))
+        return (out, lse) if return_lse else out
     backend = resolve_backend(backend, q, key_mask)
     if backend == "fp8":
         out, lse = fp8_attention(q, k, v, key_mask=key_mask, causal=causal)
-        return (out, lse) if return_lse else out
+        return _keyless(out, lse, key_mask, causal) if return_lse else out
     if backend == "flash" and key_mask is None:
         out = flash_attn_func(q, k, v, causal=causal, return_attn_probs=return_lse)
         return (out[0], out[1].transpose(1, 2)) if return_lse else out
@@ -112,4 +117,21 @@ def local_attention(q, k, v, *, key_mask=None, causal=False, backend="auto", ret
             out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=is_causal)
         lse = None
     out = out.transpose(1, 2)
-    return (out, lse.transpose(1, 2)) if return_lse else out
+    return _keyless(out, lse.transpose(1, 2), key_mask, causal) if return_lse else out
+
+
+def _acc_dtype(q) -> torch.dtype:
+    """What the LSE and the math path's scores are kept in: float32, float64 for float64 inputs."""
+    return torch.promote_types(q.dtype, torch.float32)
+
+
+def _keyless(out, lse, key_mask, causal):
+    """(out [B, Sq, H, D], lse [B, Sq, H]) with every query row that sees no key at all (its keys all masked)
+    as a merge takes "no keys": out 0 and lse -inf. The kernels disagree there: the CPU flash op answers 0
+    and lse 0 (a merge then weighs a zero output in), the math path NaN and -inf (NaN times a zero weight is
+    NaN)."""
+    if key_mask is None:
+        return out, lse
+    seen = key_mask.cumsum(-1) > 0 if causal else key_mask.any(-1, keepdim=True)  # [B, Sq or 1]
+    blind = ~seen[..., None]
+    return out.masked_fill(blind[..., None], 0), lse.masked_fill(blind, float("-inf"))

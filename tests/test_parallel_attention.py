@@ -59,6 +59,9 @@ def make_cases(world: int) -> list[dict]:
         dict(text="joint", text_mask=True),
         dict(text="joint", text_first=True, text_mask=True),
         dict(text="kv", text_mask=True),
+        # a sample whose text is all padding: its image rows see no text key, its text rows none at all
+        dict(text="joint", text_mask="empty"),
+        dict(text="joint", text_first=True, text_mask="empty"),
     ]
     few = [texts[0], texts[4]]
     cases = [dict(ulysses=world, ring=1, comm="alltoall", **t) for t in texts]
@@ -112,7 +115,8 @@ def _run_case(case: dict, S: int, seed: int) -> dict:
     rnd = lambda *shape: torch.randn(*shape, generator=g)
     q, k, v = rnd(B, S, H, D), rnd(B, S, H, D), rnd(B, S, H, D)
     tq, tk, tv = rnd(B, T, H, D), rnd(B, T, H, D), rnd(B, T, H, D)
-    text_mask = torch.tensor([[True] * T, [True] * (T - 2) + [False] * 2]) if case.get("text_mask") else None
+    padded = {True: [True] * (T - 2) + [False] * 2, "empty": [False] * T}.get(case.get("text_mask"))
+    text_mask = None if padded is None else torch.tensor([[True] * T, padded])
     text = {None: None, "joint": (tq, tk, tv), "kv": (None, tk, tv)}[case["text"]]
     causal, text_first = case.get("causal", False), case.get("text_first", False)
     ref_out, ref_text = reference(q, k, v, text, text_mask, text_first, causal)
@@ -135,8 +139,8 @@ def _run_case(case: dict, S: int, seed: int) -> dict:
     errs = {"out": rel_err(parallel.gather_sequence(out, mesh, info), ref_out, fp8)}
     if ref_text is not None:
         if text_mask is not None:  # only real text rows: padded ones carry no meaning (zero in a batch)
-            real = text_mask[:, :, None, None]
-            text_out, ref_text = text_out * real, ref_text * real
+            real = text_mask[:, :, None, None]  # where: a padded row may be NaN (causal: it sees no key)
+            text_out, ref_text = (torch.where(real, t, 0) for t in (text_out, ref_text))
         errs["text"] = rel_err(text_out, ref_text, fp8)
     return errs
 
@@ -153,6 +157,14 @@ def _check(results: list, world: int) -> None:
         assert max(errs.values()) <= bound, (case, errs)
     for r in results[1:]:  # text_out identical on every rank → identical errors
         assert [e.get("text") for _, e in r] == [e.get("text") for _, e in per_rank]
+
+
+def test_a_backend_that_cannot_run_here_says_why():
+    import parallel
+
+    q = torch.zeros(1, 4, 2, 8)
+    with pytest.raises(ValueError, match="backend='flash' needs flash-attn installed and CUDA tensors"):
+        parallel.local_attention(q, q, q, backend="flash")  # TypeError: 'NoneType' object is not callable
 
 
 def test_world_one_without_process_group():
