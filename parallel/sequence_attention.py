@@ -45,10 +45,15 @@ def _check_local(q, k, v, text, text_mask, causal):
         )
 
 
-def _check_across_ranks(mesh: ParallelMesh, q, text) -> None:
-    """Every rank of this sp group must bring the same shapes (one tiny gloo all-gather)."""
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # as `_check_across_ranks` codes them
+
+
+def _check_across_ranks(mesh: ParallelMesh, q, text, causal: bool) -> None:
+    """Every rank of this sp group must bring the same shapes, dtype and causal flag (one tiny gloo
+    all-gather): a dtype that differs aborted a rank, a causal flag mixed the results without a word."""
     T = -1 if text is None else text[1].shape[1]
-    meta = torch.tensor([*q.shape, T, int(text is not None and text[0] is not None)])
+    dtype = _DTYPES.index(q.dtype) if q.dtype in _DTYPES else -1
+    meta = torch.tensor([*q.shape, T, int(text is not None and text[0] is not None), dtype, int(causal)])
     rows = torch.empty(dist.get_world_size(mesh.control_group) * meta.numel(), dtype=meta.dtype)
     _all_gather_single(
         rows, meta, group=mesh.control_group
@@ -56,8 +61,13 @@ def _check_across_ranks(mesh: ParallelMesh, q, text) -> None:
     rows = rows.view(-1, meta.numel())
     mine = rows[mesh.cfg_rank * mesh.sp_size : (mesh.cfg_rank + 1) * mesh.sp_size]
     if not (mine == meta).all():
+        said = [
+            [*row[:6], str(_DTYPES[row[6]]) if row[6] >= 0 else "other", bool(row[7])]
+            for row in mine.tolist()
+        ]
         raise ValueError(
-            f"shapes differ across sp ranks ([B, S_local, H, D, T, has_text_q] per rank): {mine.tolist()}"
+            "shapes, dtypes or causal flags differ across sp ranks "
+            f"([B, S_local, H, D, T, has_text_q, dtype, causal] per rank): {said}"
         )
 
 
@@ -86,7 +96,7 @@ def attention(
     if H < U:
         raise ValueError(f"{H} heads cannot split over ulysses={U}: every rank needs a head (ulysses <= {H})")
     if mesh.validate and mesh.control_group is not None:
-        _check_across_ranks(mesh, q, text)
+        _check_across_ranks(mesh, q, text, causal)
 
     args = (text_mask, text_first, causal, backend)
 

@@ -232,6 +232,15 @@ def _error_cases():
             *(torch.randn(1, 2 + (rank == 1), 8, 4),) * 3,
             __import__("dataclasses").replace(parallel.init_parallel(), validate=True),
         ),
+        "dtypes": lambda: parallel.attention(  # a rank aborted in gloo
+            *(torch.randn(1, 2, 8, 4, dtype=torch.float16 if rank == 1 else torch.float32),) * 3,
+            __import__("dataclasses").replace(parallel.init_parallel(), validate=True),
+        ),
+        "causal": lambda: parallel.attention(  # mixed results, no error
+            *(torch.randn(1, 2, 8, 4),) * 3,
+            __import__("dataclasses").replace(parallel.init_parallel(), validate=True),
+            causal=rank == 1,
+        ),
     }.items():
         try:
             fn()
@@ -246,7 +255,8 @@ def test_errors_raise_clearly_and_never_hang():
         assert "valid ulysses x ring x cfg" in msgs["degrees"] and "4x1x1" in msgs["degrees"]
         assert "3 heads cannot split over ulysses=4: every rank needs a head (ulysses <= 3)" in msgs["heads"]
         assert "'alltoall'" in msgs["comm"] and "'p2p+fp8'" in msgs["comm"]
-        assert "shapes differ across sp ranks" in msgs["shapes"]
+        assert "shapes, dtypes or causal flags differ across sp ranks" in msgs["shapes"]
+        assert "'torch.float16', False]" in msgs["dtypes"] and "'torch.float32', True]" in msgs["causal"]
 
 
 # world 4 first: the pool started by the tests above is reused
