@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import os
 import queue
+import signal
 import socket
 import time
 import traceback
@@ -22,6 +23,11 @@ from datetime import timedelta
 from parallel.launch import forked_context
 
 COLLECTIVE_TIMEOUT_S = 15.0
+POLL_S = 0.5  # between looks at whether a rank's process died
+
+
+def _exit(code: int) -> str:
+    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
 
 
 class DistError(RuntimeError):
@@ -99,18 +105,21 @@ class DistPool:
         deadline = time.monotonic() + timeout
         got: dict[int, object] = {}
         errors: dict[int, str] = {}
-        while len(got) + len(errors) < self.world_size:
-            left = deadline - time.monotonic()
-            if errors:  # peers of a failed rank may be stuck until their collective times out
-                left = min(left, COLLECTIVE_TIMEOUT_S + 5.0)
+        peers_told = False  # a rank failed: its peers get a collective's timeout to end too
+        while len(got) + len(errors) < self.world_size and (left := deadline - time.monotonic()) > 0:
             try:
-                rank, ok, payload = self._results.get(timeout=max(left, 0.01))
-            except queue.Empty:
-                break
-            if ok:
-                got[rank] = _loads(payload)
+                rank, ok, payload = self._results.get(timeout=min(left, POLL_S))
+            except queue.Empty:  # a rank whose process died (a signal: SIGFPE, SIGSEGV) never answers
+                for rank, proc in enumerate(self._procs):
+                    if proc.exitcode is not None and rank not in got and rank not in errors:
+                        errors[rank] = f"its process died: {_exit(proc.exitcode)}\n"
             else:
-                errors[rank] = payload
+                if ok:
+                    got[rank] = _loads(payload)
+                else:
+                    errors[rank] = payload
+            if errors and not peers_told:  # they may be stuck until their collective times out
+                peers_told, deadline = True, min(deadline, time.monotonic() + COLLECTIVE_TIMEOUT_S + 5.0)
         if errors or len(got) < self.world_size:
             self.close()
             missing = sorted(set(range(self.world_size)) - got.keys() - errors.keys())
