@@ -368,4 +368,5 @@ def model_limits(
         size_multiple=size_multiple,
         image=family.takes_image(config, folder, model),
         image_optional=family.expand_timesteps(folder, model),
+        two_experts=family.boundary_ratio(model, folder) is not None,
     )

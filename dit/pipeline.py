@@ -145,8 +145,6 @@ class Pipeline:
             height, width = self.family.video_size(*image_size(req.image), lim.image_target_size)
             req = replace(req, height=height, width=width)
         req = check_numbers(req, lim)
-        if self.boundary is None and req.guidance_scale_2 is not None:
-            raise ValueError("guidance_scale_2 is for two-expert models (Wan2.2 A14B); this model has one")
         if self.boundary is not None:  # as diffusers: the low-noise expert takes guidance_scale unless told
             if req.guidance_scale_2 is None:
                 req = replace(req, guidance_scale_2=req.guidance_scale)
@@ -539,7 +537,6 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     limits = replace(
         model_limits(family, folder, model_name, raw[0][0].config, channels, model.config.patch_size),
         max_prompt_tokens=tokenizer.max_tokens,
-        two_experts=second is not None,
     ).with_schedule(schedule)
     return Pipeline(
         config, mesh, family, model, tokenizer, text_encoder, vae, limits, sampling, second, image_encoder,

@@ -184,6 +184,8 @@ def check_numbers(req: GenerationRequest, lim: Limits) -> GenerationRequest:
     _check_int("fps", req.fps, lim.min_fps, lim.max_fps)
     _check_int("seed", req.seed, 0, MAX_SEED)
     check_guidance("guidance_scale", req.guidance_scale, lim)
+    if not lim.two_experts and req.guidance_scale_2 is not None:  # before any rank starts (`dit.preflight`)
+        raise ValueError("guidance_scale_2 is for two-expert models (Wan2.2 A14B); this model has one")
     if lim.image and req.image is None:
         raise ValueError("image: this image-to-video model needs a first-frame image")
     if not (lim.image or lim.image_optional) and req.image is not None:

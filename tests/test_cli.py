@@ -293,6 +293,9 @@ def test_expert_settings_that_do_not_fit_the_model_are_refused_before_any_rank(t
         main(["generate", "a fox", "--preset", "tiny-moe-random", "--nproc", "2", "--lora", str(lora)]) == 2
     )
     assert "error: --lora: LoRAs on a two-expert model (Wan2.2 A14B)" in capsys.readouterr().err
+    # it was said only once the model loaded: after the ranks started, and parity took it for a failed run
+    assert main(["generate", "a fox", "--nproc", "2", "--guidance-2", "2"]) == 2
+    assert "error: --guidance-2 is for two-expert models (Wan2.2 A14B)" in capsys.readouterr().err
 
 
 def test_a_save_latents_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys):
