@@ -505,12 +505,17 @@ def test_parity_two_ranks_prints_each_row_as_its_run_ends(tmp_path):
     pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proc = subprocess.Popen([ITHACA, *argv], cwd=tmp_path, **pipes)
     try:
-        progress = [proc.stderr.readline() for _ in range(3)]  # --json: the table goes to stderr as it grows
+        said = proc.stderr.readline()  # what every run is, then the table: on stderr as it grows (--json)
+        progress = [proc.stderr.readline() for _ in range(3)]
         still_running = proc.poll() is None  # the cfg run has not started yet
         out, err = proc.communicate(timeout=240)
     finally:
         proc.kill()
-    assert proc.returncode == 0, out + "".join(progress) + err
+    assert proc.returncode == 0, out + said + "".join(progress) + err
+    assert (
+        said.startswith("each run: ithaca generate --preset tiny --dtype bfloat16 ")
+        and "-- '-a red circle'" in said
+    )
     assert progress[0].split()[:2] == ["mode", "ranks"], progress
     assert progress[1].split()[:3] == ["reference", "1", "1x1x1"], progress
     assert progress[2].split()[:3] == ["alltoall", "2", "2x1x1"] and progress[2].rstrip().endswith("ok")
@@ -523,6 +528,16 @@ def test_parity_two_ranks_prints_each_row_as_its_run_ends(tmp_path):
     assert rows["cfg"]["latents_rel"] <= 1e-5 and rows["cfg"]["frames_max_abs"] <= 1
     assert rows["hybrid"]["status"] == "skipped"  # needs 4 ranks
     assert rows["ring"]["status"] == "ok" and (rows["ring"]["tol"], rows["cfg"]["tol"]) == (0.5, 2e-2)
+    assert (rows["ring"]["frames_tol"], rows["cfg"]["frames_tol"]) == (None, 2)  # the ring's frames unchecked
+    assert report["runs"][0] == "generate" and "--dtype" in report["runs"]
+
+
+def test_a_parity_whose_reference_run_refuses_its_settings_exits_2(tmp_path):
+    """A prompt longer than the text encoder takes is known once the run's tokenizer loads: its refusal is
+    the user's mistake (exit 2, as generate's), not a failed run (exit 1)."""
+    proc = _run("parity", "--nproc", "2", "--modes", "alltoall", "--prompt", "a " * 40, cwd=tmp_path)
+    assert proc.returncode == 2 and "the 1-rank reference run failed" in proc.stderr, proc.stderr
+    assert "tokens long" in proc.stderr
 
 
 def test_generate_picks_the_hunyuan_family_from_the_preset(tmp_path):
