@@ -28,6 +28,7 @@ def preflight(
     ring: int | str | None = None,
     cfg: int | str | None = None,
     request=None,
+    planned: bool = False,
     **settings,
 ) -> None:
     """Raise ValueError (one line: the option, the value, what is allowed) for a pipeline's settings that
@@ -38,7 +39,7 @@ def preflight(
     Degrees: integers, "auto", or None (see `parallel.plan.requested`); auto ones are resolved for the model
     last (`dit.shape.plan_layout`). `request` (a `GenerationRequest`): its frames, size, steps, guidance and
     fps against the model's limits, read from its configs and its folder's card (`dit.model_card`) before any
-    model code loads."""
+    model code loads; `planned`: a video's size only (`ithaca plan`), no image-to-video model's image."""
     from parallel.plan import AUTO, CFG_DEGREES, check_fixed, needs_model
 
     preset = settings.pop("preset", None)  # not a field: the model by name, which a folder overrides
@@ -99,7 +100,7 @@ def preflight(
 
         limits = request_limits(model, sampler=sampler, timesteps=timesteps)
         if request is not None:
-            check_numbers(request, limits)
+            check_numbers(request, limits, planned=planned)
         for size in config.warmup:
             try:
                 check_numbers(warmup_request(limits, size, GenerationRequest), limits)

@@ -140,11 +140,12 @@ def check_prompts(req: GenerationRequest) -> GenerationRequest:
     return req
 
 
-def check_numbers(req: GenerationRequest, lim: Limits) -> GenerationRequest:
+def check_numbers(req: GenerationRequest, lim: Limits, *, planned: bool = False) -> GenerationRequest:
     """The request's size, length, steps, guidance, fps and seed: None ones the model's defaults, each
     checked against `lim` (ValueError naming the field), whether it has the image the model needs or takes
-    none, and its `loras` as `check_loras` spells them. What
-    `Pipeline.validate` checks first, and all `dit.preflight` can check before the model loads."""
+    none (`planned`: a video's size alone, as `ithaca plan` asks, needs none), and its `loras` as
+    `check_loras` spells them. What `Pipeline.validate` checks first, and all `dit.preflight` can check
+    before the model loads."""
     numbers_ = ("num_frames", "height", "width", "num_inference_steps", "guidance_scale", "guidance_scale_2",
                 "fps", "seed")  # fmt: skip
     req = replace(req, **{name: plain_number(getattr(req, name)) for name in numbers_})
@@ -186,7 +187,7 @@ def check_numbers(req: GenerationRequest, lim: Limits) -> GenerationRequest:
     check_guidance("guidance_scale", req.guidance_scale, lim)
     if not lim.two_experts and req.guidance_scale_2 is not None:  # before any rank starts (`dit.preflight`)
         raise ValueError("guidance_scale_2 is for two-expert models (Wan2.2 A14B); this model has one")
-    if lim.image and req.image is None:
+    if lim.image and req.image is None and not planned:
         raise ValueError("image: this image-to-video model needs a first-frame image")
     if not (lim.image or lim.image_optional) and req.image is not None:
         raise ValueError("image: this text-to-video model takes no image")

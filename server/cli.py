@@ -154,7 +154,7 @@ def plan(args: argparse.Namespace) -> int:
         video = GenerationRequest("", num_frames=args.frames, height=args.height, width=args.width,
                                   guidance_scale=args.guidance)  # fmt: skip
         preflight(model_path=args.model_path, preset=args.preset, device="cpu", nproc=args.nproc,
-                  request=video)  # fmt: skip
+                  request=video, planned=True)  # fmt: skip
         if node < 1:
             raise ValueError(f"--nproc-per-node must be a positive integer, got {node}")
         if args.nproc % node:

@@ -129,6 +129,9 @@ def test_ithaca_plan_prints_the_table_and_marks_the_choice(capsys):
     assert "17 frames 64×64: 80 tokens, 4 heads × 32, 4 layers, guided; 2 ranks" in capsys.readouterr().out
     assert main(["plan", "--nproc", "2", "--frames", "-5"]) == 2  # the video against the model's limits
     assert "--frames must be 4k+1 between 5 and 33, got -5" in capsys.readouterr().err
+    for i2v in ("tiny-joint-i2v", "wan2.1-i2v-14b-480p"):  # a size to plan, no first frame (it was refused)
+        assert main(["plan", "--nproc", "4", "--preset", i2v]) == 0, capsys.readouterr().err
+        assert "auto picks layout" in capsys.readouterr().out
 
 
 def _parse(argv, env=None) -> ServeConfig:
