@@ -156,6 +156,9 @@ def _generate(args, config) -> int:
     def report(choice) -> None:  # global rank 0, before the model loads
         if choice.reason != "as given":
             print(choice.line(), file=sys.stderr)
+        if choice.layout.ulysses == 1 and config.comm not in ("alltoall", "auto"):  # it ran exact, unsaid
+            say = f"--comm {config.comm} is Ulysses' exchange, and this layout has none (ulysses 1): unused"
+            print(f"ithaca generate: warning: {say}", file=sys.stderr)
         for warning in prompt_warnings(args.prompt, read_vocabulary(config.model)):
             print(f"ithaca generate: warning: {warning}", file=sys.stderr)
 
@@ -200,6 +203,8 @@ def _generate(args, config) -> int:
                 torch.save({"latents": latents.cpu(), "frames": torch.from_numpy(frames)}, args.save_latents)
             n, h, w, _ = frames.shape
             layout = f"ulysses {mesh.ulysses_size} x ring {mesh.ring_size} x cfg {mesh.cfg_size}"
+            if mesh.ulysses_size > 1:  # the exchange it used (fp8 moves the latents: it was not said)
+                layout += f" over {pipe.config.comm}"
             seconds = time.perf_counter() - start_s
             stats, cached = pipe.evaluations, ""
             if req.cache != "off":

@@ -379,6 +379,23 @@ def test_a_folder_missing_a_part_is_refused_not_stood_in_for(tmp_path, capsys):
     check_parts(folder)
 
 
+def test_generate_names_its_exchange_and_warns_of_one_it_cannot_use(tmp_path):
+    """A lossy --comm moves the latents: the result line names the exchange; with no Ulysses exchange in the
+    layout (a ring alone) --comm went unused without a word."""
+    video = ["--steps", "1", "--frames", "5", "--height", "32", "--width", "32", "--nproc", "2"]
+    ring = _run(
+        "generate", "a red circle", *video, "--ring", "2", "--comm", "fp8", "--out", "r.mp4", cwd=tmp_path
+    )
+    assert ring.returncode == 0, ring.stderr
+    assert (
+        "warning: --comm fp8 is Ulysses' exchange, and this layout has none (ulysses 1): unused"
+        in ring.stderr
+    )
+    ulysses = _run("generate", "a red circle", *video, "--ulysses", "2", "--comm", "p2p", "--out", "u.mp4",
+                   cwd=tmp_path)  # fmt: skip
+    assert "ulysses 2 x ring 1 x cfg 1 over p2p (2 ranks)" in ulysses.stdout, ulysses.stdout + ulysses.stderr
+
+
 def test_a_part_only_rank_0_loads_that_does_not_fit_is_one_line_on_any_ranks(tmp_path):
     """Weights that do not fit their config are found only as they load, and rank 0 alone loads the text
     encoder: the other rank ended in a collective's traceback (40 lines, exit 1)."""
