@@ -299,7 +299,8 @@ def choose(
         why.append(
             "guided, so CFG parallel" if cfg == 2
             else "unguided, so no CFG parallel" if not shape.guided
-            else "guided, but the ranks do not split in two, so no CFG parallel"
+            else "guided, but the ranks do not split in two, so no CFG parallel" if fixed_sp == 1
+            else f"guided, but the {fixed_sp} sequence ranks given leave no second branch, so no CFG parallel"
         )  # fmt: skip
     n = world // cfg
     if ulysses == AUTO and ring == AUTO:
@@ -313,8 +314,11 @@ def choose(
     best = min(step.values())
     equal = [u for u in allowed if step[u] <= best * (1 + TIE)]
     u = max(equal, key=lambda u: (shape.heads % u == 0, u))
-    if AUTO in (ulysses, ring):
+    if ulysses == AUTO and ring == AUTO:
         why.append(_why_ulysses(u, n, node, shape.heads, allowed, step))
+    elif AUTO in (ulysses, ring):  # the other degree was given: this one is what it leaves
+        given = f"ring {ring}" if ulysses == AUTO else f"ulysses {ulysses}"
+        why.append(f"ulysses {u} × ring {n // u}: what the {given} given leaves of {n} ranks")
     return Choice(Layout.of(u, n // u, cfg), "auto: " + "; ".join(why))
 
 

@@ -53,6 +53,11 @@ def test_the_reason_says_why():
     )
     assert "ring 2 across nodes" in choose(16, replace(WAN14, guided=False), node=8).reason
     assert "ulysses 8 would give the slowest rank 2 heads" in choose(8, replace(WAN13, guided=False)).reason
+    # a degree given: the other is what it leaves (it said "ring 2 past 40 heads", "the ranks do not split")
+    assert choose(2, WAN14, ulysses="auto", ring=2, cfg="auto").reason == (
+        "auto: guided, but the 2 sequence ranks given leave no second branch, so no CFG parallel; "
+        "ulysses 1 × ring 2: what the ring 2 given leaves of 2 ranks"
+    )
 
 
 def test_uneven_heads_are_allowed_when_nothing_else_fits():
