@@ -19,6 +19,8 @@ def _check_local(q, k, v, text, text_mask, causal):
         raise ValueError(
             f"q, k, v must share one [B, S_local, H, D] shape, got {[tuple(t.shape) for t in (q, k, v)]}"
         )
+    if not (q.is_floating_point() and q.dtype == k.dtype == v.dtype):  # a matmul's error deep inside, or none
+        raise ValueError(f"q, k, v must share one floating-point dtype, got {[t.dtype for t in (q, k, v)]}")
     if text is None:
         return
     tq, tk, tv = text

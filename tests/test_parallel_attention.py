@@ -159,12 +159,16 @@ def _check(results: list, world: int) -> None:
         assert [e.get("text") for _, e in r] == [e.get("text") for _, e in per_rank]
 
 
-def test_a_backend_that_cannot_run_here_says_why():
+def test_inputs_that_cannot_run_here_say_why():
     import parallel
 
     q = torch.zeros(1, 4, 2, 8)
     with pytest.raises(ValueError, match="backend='flash' needs flash-attn installed and CUDA tensors"):
         parallel.local_attention(q, q, q, backend="flash")  # TypeError: 'NoneType' object is not callable
+    mesh = parallel.init_parallel()
+    for k in (q.long(), q.bfloat16()):  # a matmul's "expected m1 and m2 to have the same dtype", or none
+        with pytest.raises(ValueError, match="q, k, v must share one floating-point dtype"):
+            parallel.attention(q if k.dtype == torch.bfloat16 else k, k, k, mesh)
 
 
 def test_world_one_without_process_group():
