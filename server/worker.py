@@ -134,12 +134,12 @@ class Worker:
     def _beat(self) -> None:
         """One heartbeat; never raises: the next one carries the newest state (and an error being handled
         stays the one the group reports)."""
-        # state is read under the lock, so the final "stopped"/"failed" write is the last one; a SIGTERM
-        # (a drain, or a launcher ending the group as another rank died) makes a serving replica "stopping":
-        # /ready turns false within a heartbeat, not only once the group is gone
+        # state is read under the lock, so the final "stopped"/"failed" write is the last one; a replica told
+        # to stop (its server's drain, a SIGTERM: a launcher ending the group as another rank died) is
+        # "stopping": /ready turns false within a heartbeat, not only once the group is gone
         with self._beat_lock:
             state = self.state
-            if self.terminated.is_set() and state in ("ready", "busy"):
+            if (self.stopping.is_set() or self.terminated.is_set()) and state in ("ready", "busy"):
                 state = "stopping"
             try:
                 self.store.once.heartbeat(

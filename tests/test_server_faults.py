@@ -308,3 +308,13 @@ def test_an_sqlite_lock_past_the_busy_timeout_makes_the_server_unready(tmp_path)
     holder.execute("COMMIT")
     supervisor._watch_group()
     assert supervisor.outage.describe() is None
+
+
+def test_a_stopping_group_makes_the_server_unready_saying_so(tmp_path):
+    """A replica that heartbeats "stopping" (its server's drain, or its launcher's teardown after another
+    rank failed) takes /ready to 503 with that reason (it said "loading, or starting again")."""
+    supervisor = create_app(ServeConfig(data_dir=str(tmp_path))).state.services.supervisor  # not started
+    supervisor.group_id = "g"
+    supervisor.store.heartbeat("box/g/replica0", instance="box", group_id="g", state="stopping", info={})
+    supervisor._watch_group()
+    assert not supervisor.ready() and supervisor.unready().startswith("the worker group is stopping")

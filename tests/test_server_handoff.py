@@ -255,3 +255,13 @@ def test_a_replica_sent_sigterm_says_it_is_stopping_within_a_heartbeat(served):
     served.worker.terminated.set()
     wait_until(lambda: served.store.workers()[0]["state"] == "stopping", 5, "the replica stopping")
     assert not group_ready(served.store)
+
+
+def test_a_draining_replica_says_it_is_stopping_while_its_last_mp4_closes(served):
+    """Its server's drain (through the store: no signal) takes it out of /ready too, at once; it read ready
+    while it finished its work (here: a close held)."""
+    job, _ = served.store.create(SPEC)
+    _at(served, job.id, "in_progress", "writing")
+    served.worker.stopping.set()  # what the drain request does (`Worker._should_stop`)
+    wait_until(lambda: served.store.workers()[0]["state"] == "stopping", 5, "the replica stopping")
+    assert not group_ready(served.store)
