@@ -365,8 +365,9 @@ async def json_fields(request: Request):
         return await run_in_threadpool(images.parse_json, await request.body())
     except json.JSONDecodeError as e:
         raise HTTPException(400, f"the body is not valid JSON: {e.msg} at character {e.pos}") from None
-    except images.DuplicateKey as e:  # as a form's field given twice (`form_fields`)
-        raise unprocessable(e.key, f"{shown(e.key)} is given {e.times} times; give it once") from None
+    except images.DuplicateKey as e:  # as a form's field given twice (`form_fields`), where it is
+        said = f"{shown(e.path[-1])} is given {e.times} times; give it once"
+        raise HTTPException(422, [{"loc": ["body", *e.path], "msg": said, "type": "value_error"}]) from None
     except (UnicodeDecodeError, RecursionError):  # not UTF-8/16/32, or nested past Python's recursion limit
         raise HTTPException(400, "the body is not readable JSON: not UTF-8, or nested too deeply") from None
     except ValueError:  # Python's int() limit: a number of more than 4300 digits

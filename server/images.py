@@ -45,20 +45,44 @@ def from_data_url(text: str) -> bytes:
 
 
 class DuplicateKey(ValueError):
-    """A JSON object names a key twice: which value was meant is not for the server to guess."""
+    """A JSON object names a key twice: which value was meant is not for the server to guess. `path`: where
+    (the body's field, then any keys and list indexes inside it, the key given twice last)."""
 
-    def __init__(self, key: str, times: int):
-        super().__init__(key)
-        self.key, self.times = key, times
+    def __init__(self, path: tuple, times: int):
+        super().__init__(path)
+        self.path, self.times = path, times
+
+
+class _Twice(dict):
+    """An object whose `key` came `times` times, marked where it lies (`_first_twice` finds its path)."""
+
+    key: str
+    times: int
 
 
 def _once(pairs: list[tuple[str, object]]) -> dict:
     out = dict(pairs)
     if len(out) < len(pairs):
         keys = [key for key, _ in pairs]
-        twice = next(key for key in keys if keys.count(key) > 1)
-        raise DuplicateKey(twice, keys.count(twice))
+        out = _Twice(out)
+        out.key = next(key for key in keys if keys.count(key) > 1)
+        out.times = keys.count(out.key)
     return out
+
+
+def _first_twice(value, path: tuple = ()) -> DuplicateKey | None:
+    """The first object of the parsed body that named a key twice, outermost first."""
+    if isinstance(value, _Twice):
+        return DuplicateKey((*path, value.key), value.times)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    return next((found for key, v in items if (found := _first_twice(v, (*path, key)))), None)
+
+
+def _loads(text: bytes):
+    parsed = json.loads(text, object_pairs_hook=_once)
+    if (twice := _first_twice(parsed)) is not None:
+        raise twice
+    return parsed
 
 
 def parse_json(body: bytes):
@@ -69,9 +93,9 @@ def parse_json(body: bytes):
     end = body.find(b'"', match.end()) if match else -1
     url = body[match.end() - 5 : end] if end != -1 else b""
     if not url or b"\\" in url or not url.isascii():
-        return json.loads(body, object_pairs_hook=_once)
+        return _loads(body)
     token = f"data:,{uuid.uuid4().hex}"
-    fields = json.loads(body[: match.end() - 5] + token.encode() + body[end:], object_pairs_hook=_once)
+    fields = _loads(body[: match.end() - 5] + token.encode() + body[end:])
     if isinstance(fields, dict):  # the image is a top-level field; a token elsewhere fails as any text would
         url_text = url.decode("ascii")
         fields = {key: url_text if value == token else value for key, value in fields.items()}

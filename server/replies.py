@@ -40,8 +40,8 @@ class JobView(_Reply):
     phase: Literal[PHASES]
     progress: int = Field(ge=0, le=100, description="steps fill 0-90, the decode 90-97, writing 97, done 100")
     step: int = Field(ge=0)
-    total_steps: int = Field(ge=0, description="0 until the worker has validated the request")
-    queue_position: int | None = Field(description="1: next; null unless queued")
+    total_steps: int = Field(ge=0, description="0 until a worker has first validated the request")
+    queue_position: int | None = Field(description="jobs queued before it (0: next); null unless queued")
     request: dict[str, Any] = Field(description="the request, with the model's defaults once claimed")
     created_at: float
     started_at: float | None

@@ -333,6 +333,9 @@ def test_multipart_fields_are_checked_as_json_ones(i2v):
         body = b'{"prompt": "fox", "seed": 1, "prompt": "owl", "prompt": "cat"}'  # JSON's last one was taken
         r = i2v.post(url, content=body, headers={"content-type": "application/json"})
         assert r.status_code == 422 and _error(r) == ("prompt", "'prompt' is given 3 times; give it once")
+    nested = b'{"prompt": "fox", "loras": [{"name": "a", "name": "b"}]}'  # said where it is (it read "name")
+    r = i2v.post("/generate", content=nested, headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "loras", 0, "name"], r.text
 
 
 def test_openai_input_reference(i2v, tmp_path):
