@@ -103,11 +103,14 @@ def check_loras(loras) -> tuple[tuple[str, float], ...]:
     return tuple(sorted(pairs))
 
 
-# A regular expression's character class of what a blank prompt holds: Python's whitespace (str.isspace)
-# and the invisible format characters a copy from a web page brings (zero-width spaces and joiners, the
-# byte order mark, direction marks, the soft hyphen); a prompt of these alone is empty to the model
+# A regular expression's character class of what a blank prompt holds: Python's whitespace (str.isspace),
+# Unicode's default-ignorable characters (zero-width spaces and joiners, the byte order mark, direction
+# marks, the soft hyphen, variation selectors, Hangul fillers) and the blank braille pattern, as a copy from
+# a web page brings them; a prompt of these alone is empty to the model. The Basic Multilingual Plane's
+# only: the OpenAPI pattern's regex dialects share no escape past it.
 BLANK_CLASS = (
-    r"\t-\r\x1c-\x20\x85\xa0\xad\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u2064\u2066-\u206f\u3000\ufeff"
+    r"\t-\r\x1c-\x20\x85\xa0\xad\u034f\u061c\u115f\u1160\u1680\u17b4\u17b5\u180b-\u180f\u2000-\u200f"
+    r"\u2028-\u202f\u205f-\u206f\u2800\u3000\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8"
 )
 _BLANK = re.compile(rf"[{BLANK_CLASS}]*")
 

@@ -286,7 +286,7 @@ def test_an_unexpected_error_is_a_json_500_in_the_route_shape(client, monkeypatc
 
 @pytest.mark.parametrize("path", ["/generate", "/v1/videos"])
 def test_prompt_rules_are_the_same_on_both_routes(client, path):
-    for text in ("  \n\t ", "\u200b", "\ufeff \u200d\u00ad"):  # spaces, or invisible characters only
+    for text in ("  \n\t ", "\u200b", "\ufeff \u200d\u00ad", "\u3164\u034f", "\u2800"):  # nothing to read
         blank = client.post(path, json={"prompt": text})
         assert blank.status_code == 422 and _field(blank) == "prompt", (text, blank.text)
     long = client.post(path, json={"prompt": "x" * 60_000})
