@@ -229,7 +229,7 @@ class Supervisor:
         self._group_ready = False  # as the last round found it: every replica of the group serving
         self._was_ready = False  # the running group was ready once
         self._heard_at: float | None = None  # its newest heartbeat (time.time())
-        self._stopping = False  # as the last round found it: a replica said it is stopping
+        self._group_stopping = False  # as the last round found it: a replica said it is stopping
         self._failures_in_a_row = 0
         self._stopping = threading.Event()
         self._hurried = threading.Event()  # `hurry`: a shutdown's wait for the running job ends
@@ -262,7 +262,7 @@ class Supervisor:
         outage = self.fatal or self.outage.describe()
         if outage:
             return outage
-        if self._stopping:
+        if self._group_stopping:
             return "the worker group is stopping (its server drains it, or another of its ranks failed)"
         silent = None if self._heard_at is None else time.time() - self._heard_at
         if self._was_ready and silent is not None and silent >= FRESH_HEARTBEAT_S:
@@ -328,7 +328,7 @@ class Supervisor:
         workers = self.store.workers(group_id=self.group_id)
         self._group_ready = serving(workers, whole=True)
         self._heard_at = max((w["heartbeat_at"] for w in workers), default=None)
-        self._stopping = any(w["state"] == "stopping" for w in workers)
+        self._group_stopping = any(w["state"] == "stopping" for w in workers)
         if self._group_ready and not self._was_ready:
             self._was_ready, self._failures_in_a_row = True, 0
             log.info("worker group %s is ready", self.group_id)
