@@ -116,7 +116,12 @@ def restore(
     state: DenoiseState, scheduler, generator: torch.Generator | None, counts, device, cache=None, rank=0
 ) -> torch.Tensor:
     """Put `state` back into a scheduler whose timesteps are set, the generator, the counts and the step
-    `cache` (this rank's entry, `rank` in its replica); returns the latents on `device`."""
+    `cache` (this rank's entry, `rank` in its replica); returns the latents on `device`. A state of another
+    sampler (its attributes) or schedule (its timesteps and sigmas: another step count, shift or fixed
+    schedule) is a ValueError: it went on past the request's last step, or stopped short of it."""
+    why = _other_schedule(state.scheduler, scheduler)
+    if why:
+        raise ValueError(f"resume: the state does not fit this request: {why}")
     for name, value in state.scheduler.items():
         now = getattr(scheduler, name, None)  # a schedule tensor goes back where set_timesteps put it
         setattr(scheduler, name, _copy(name, value, now.device if isinstance(now, torch.Tensor) else device))
@@ -128,6 +133,17 @@ def restore(
     if cache is not None and state.cache is not None:
         cache.load(state.cache[rank], device)
     return state.latents.to(device)
+
+
+def _other_schedule(theirs: dict, scheduler) -> str | None:
+    ours = {k: v for k, v in vars(scheduler).items() if k != "config"}
+    if not ours.keys() <= theirs.keys():  # more is fine: a checkpoint of diffusers' scheduler, before ours
+        return "made by another sampler"
+    for name in ("timesteps", "sigmas"):
+        a, b = theirs[name], ours[name]
+        if not (isinstance(a, torch.Tensor) and a.shape == b.shape and torch.equal(a.to(b), b)):
+            return f"made for another schedule (its {name}: another step count, shift or fixed schedule)"
+    return None
 
 
 def _copy(name: str, value, device=None):
