@@ -196,7 +196,7 @@ def generate_batch(
 def _decode(pipe, latents: torch.Tensor, job: BatchJob) -> np.ndarray | None | RuntimeError:
     enter_phase(job.on_phase, "decoding")
     try:
-        return pipe.decode(latents, job.on_frames, job.decode_callback)
+        return pipe._own(pipe.decode, latents, job.on_frames, job.decode_callback)  # inside generate_batch
     except (GenerationFailed, GenerationCancelled) as stop:
         return stop
 

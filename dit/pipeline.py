@@ -80,13 +80,30 @@ DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def _one_at_a_time(method):
-    """A pipeline's runs share its scheduler, step cache and applied LoRAs: calls from several threads take
-    turns (two at once failed inside the scheduler, with an IndexError)."""
+    """A pipeline's runs share its scheduler, step cache, decoder and applied LoRAs: calls from several
+    threads take turns (two at once failed inside the scheduler, with an IndexError), and a call from inside
+    a run on its own thread (a callback calling back into its pipeline) is a RuntimeError: it would have run
+    on the shared state mid-run (the outer run failed with an IndexError, or returned 14 frames of 17). A
+    run's own calls (`generate`'s denoise, then its decode) go through `_own`."""
 
     @wraps(method)
     def run(self, *args, **kwargs):
-        with self._turn:
+        me = threading.get_ident()
+        if self._runner == me:
+            if not self._handing_on:
+                raise RuntimeError(
+                    f"Pipeline.{method.__name__} was called from inside a run of the same pipeline (a "
+                    "callback?): the two would share its scheduler and decoder; call it once the run is "
+                    "over, or on another thread (it then waits its turn)"
+                )
+            self._handing_on = False  # once: the callbacks of the call it makes must not come back in
             return method(self, *args, **kwargs)
+        with self._turn:
+            self._runner = me
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                self._runner = None
 
     return run
 
@@ -112,7 +129,8 @@ class Pipeline:
         loras: LoraSwitch | None = None,
     ):
         self.config, self.mesh, self.family, self.model = config, mesh, family, model
-        self._turn = threading.RLock()  # `_one_at_a_time`: generate holds it through denoise and decode
+        # `_one_at_a_time`: the thread whose run holds the turn (generate's through its denoise and decode)
+        self._turn, self._runner, self._handing_on = threading.Lock(), None, False
         # the VAE's (time, space) compression; `expand_timesteps`: the model is a `dit.first_frame.FirstFrame`
         # (Wan2.2 TI2V-5B), whose image is the first latent frame
         self.compression, self.expand_timesteps = compression, expand_timesteps
@@ -409,9 +427,14 @@ class Pipeline:
         `resume` and `checkpoints` as in `denoise`, `on_frames` and `decode_callback` as `decode`'s
         `on_frames` and `callback` (a cancel during the decode). GenerationFailed (every rank alike) when
         the job cannot be made: a decode that overflowed."""
-        latents = self.denoise(req, callback, on_phase, on_preview, resume, checkpoints)
+        latents = self._own(self.denoise, req, callback, on_phase, on_preview, resume, checkpoints)
         enter_phase(on_phase, "decoding")
-        return self.decode(latents, on_frames, decode_callback)
+        return self._own(self.decode, latents, on_frames, decode_callback)
+
+    def _own(self, call, *args):
+        """A run's own call of another of the pipeline's runs (`_one_at_a_time` lets it in, once)."""
+        self._handing_on = True
+        return call(*args)
 
     @_one_at_a_time
     def generate_batch(

@@ -78,6 +78,18 @@ def test_two_threads_take_turns(pipe):
     assert all(np.array_equal(a, b) for a, b in zip(alone, got, strict=True))
 
 
+def test_a_callback_that_calls_back_into_its_pipeline_is_refused(pipe):
+    """It ran on the scheduler and decoder of the run it came from: an IndexError, or 14 frames of 17."""
+    req = GenerationRequest("a cat", **SMALL)
+    alone = pipe.generate(req)
+    said = "called from inside a run of the same pipeline"
+    with pytest.raises(RuntimeError, match=f"Pipeline.denoise was {said}"):
+        pipe.generate(req, callback=lambda step, total: pipe.denoise(req))
+    with pytest.raises(RuntimeError, match=f"Pipeline.generate was {said}"):
+        pipe.generate(req, on_frames=lambda frames: pipe.generate(req))
+    assert np.array_equal(pipe.generate(req), alone)  # whole again
+
+
 def test_numpy_numbers_are_taken_as_pythons(pipe):
     """np.int64 (a seed from rng.integers) was refused as "num_frames must be 4k+1 ..., got np.int64(17)", and
     np.float32 guidance too, where np.float64 (a float) was taken and kept."""
