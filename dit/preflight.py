@@ -202,6 +202,10 @@ def check_settings(config: PipelineConfig, local_nproc: int = 1, named: Callable
         strength = plain_number(pair[1]) if paired else None
         if isinstance(strength, bool) or not isinstance(strength, int | float):
             raise ValueError(f"{named('loras')} must be (path, strength) pairs, got {pair!r}")
+        if not math.isfinite(strength):  # NaN weights: the decode's overflow was blamed on the VAE
+            raise ValueError(
+                f"{named('loras')} {pair[0]}: the strength must be a finite number, got {strength}"
+            )
     return on_cuda
 
 

@@ -328,6 +328,7 @@ def test_tiny_text_encoder_pads_like_wan(pipe):
         (dict(cache="bogus"), "cache must be off, fbcache, or fbcache:THRESHOLD"),  # every request failed
         (dict(offload_idle_expert=True), "offload_idle_expert is for two-expert models"),
         (dict(loras="x.safetensors"), "loras must be \\(path, strength\\) pairs, got 'x.safetensors'"),
+        (dict(loras=[("x.safetensors", float("nan"))]), "loras x.safetensors: the strength must be a finite"),
         (dict(loras=(("x.safetensors", "abc"),)), "loras must be"),  # "could not convert string to float"
         (dict(timesteps=[1000, 750]), "timesteps must be text"),  # "'list' object has no attribute 'split'"
     ],
