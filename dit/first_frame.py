@@ -42,7 +42,10 @@ class ImageEncoder:
     def encode(self, image) -> torch.Tensor:
         """`image`: a PIL image or uint8 [H, W, 3]."""
         device = next(self.model.parameters()).device
-        inputs = self.processor(images=image, return_tensors="pt", **self.preprocess)
+        # channels last said, not guessed: an image 1 or 3 pixels tall read as channels first
+        inputs = self.processor(
+            images=image, return_tensors="pt", input_data_format="channels_last", **self.preprocess
+        )
         hidden = self.layer is not None
         out = self.model(
             pixel_values=inputs.pixel_values.to(device, self.model.dtype), output_hidden_states=hidden

@@ -127,6 +127,9 @@ def test_the_image_is_required_or_refused():
         i2v.validate(GenerationRequest("a fox", image=np.zeros((8, 8), np.float32)))
     with pytest.raises(ValueError, match="image must be a uint8 numpy array .* got shape \\(8, 8\\)"):
         i2v.validate(GenerationRequest("a fox", image=np.zeros((8, 8), np.uint8)))
+    # an image 1 or 3 pixels tall is channels last, as every other: CLIP's processor guessed channels first
+    flat = np.random.default_rng(0).integers(0, 256, (3, 56, 3), dtype=np.uint8)
+    assert torch.equal(i2v.image_encoder.encode(flat), i2v.image_encoder.encode(Image.fromarray(flat)))
     t2v = load_pipeline(PipelineConfig(model="tiny-random", device="cpu"))
     assert not t2v.limits.image
     with pytest.raises(ValueError, match="image: this text-to-video model takes no image"):
