@@ -404,6 +404,10 @@ class Pipeline:
         writer takes them while the next ones decode. `callback(decoded, frames)` (the leader) is asked as
         each chunk is decoded, before its frames go to `on_frames`: False stops the decode, DecodeCancelled
         (a GenerationCancelled) on every rank."""
+        channels = self.model.config.in_channels  # the latents it samples (`latent_shape`)
+        if not isinstance(latents, torch.Tensor) or latents.dim() != 5 or latents.shape[:2] != (1, channels):
+            shape = tuple(latents.shape) if isinstance(latents, torch.Tensor) else type(latents).__name__
+            raise ValueError(f"decode takes one video's latents [1, {channels}, F, H, W], got {shape}")
         if self.config.parallel_decode:
             return self.family.decode(self.vae, latents, self.mesh.replica_group, on_frames, callback)
         if not self.mesh.is_replica_leader:

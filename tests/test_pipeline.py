@@ -90,6 +90,13 @@ def test_a_callback_that_calls_back_into_its_pipeline_is_refused(pipe):
     assert np.array_equal(pipe.generate(req), alone)  # whole again
 
 
+def test_decode_takes_one_videos_latents(pipe):
+    latents = pipe.denoise(GenerationRequest("a cat", **SMALL))
+    for bad in (torch.cat([latents, latents]), latents[:, :4], latents.numpy()):  # the first video, or deep
+        with pytest.raises(ValueError, match=r"decode takes one video's latents \[1, 16, F, H, W\]"):
+            pipe.decode(bad)
+
+
 def test_numpy_numbers_are_taken_as_pythons(pipe):
     """np.int64 (a seed from rng.integers) was refused as "num_frames must be 4k+1 ..., got np.int64(17)", and
     np.float32 guidance too, where np.float64 (a float) was taken and kept."""
