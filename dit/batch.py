@@ -115,7 +115,14 @@ def denoise_batch(
     `generate_batch` calls this module). `on_phase` hears "encoding" and "denoising" once. `checkpoints`
     (the replica leader's): when due, its `save` hears `[(job index, DenoiseState)]`, each job still in the
     batch with its own state, from which it resumes alone (`Pipeline.generate(resume=)`)."""
-    requests = [pipe.validate(job.request) for job in jobs]
+    if not isinstance(jobs, list | tuple) or not all(isinstance(job, BatchJob) for job in jobs):
+        raise TypeError(f"generate_batch takes a list of BatchJob, got {_kinds(jobs)}")
+    requests = []
+    for i, job in enumerate(jobs):  # which job: a batch's message named none
+        try:
+            requests.append(pipe.validate(job.request))
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"job {i}: {e}") from None
     check_batch(requests)
     first = requests[0]
     pipe.apply_loras(first.loras)  # the batch's one set
@@ -191,6 +198,12 @@ def generate_batch(
         job.ended(_decode(pipe, out, job)) if isinstance(out, torch.Tensor) else out
         for out, job in zip(outcomes, jobs, strict=True)
     ]
+
+
+def _kinds(jobs) -> str:
+    if isinstance(jobs, list | tuple):
+        return f"a {type(jobs).__name__} of {', '.join(sorted({type(job).__name__ for job in jobs}))}"
+    return type(jobs).__name__
 
 
 def _decode(pipe, latents: torch.Tensor, job: BatchJob) -> np.ndarray | None | RuntimeError:

@@ -156,6 +156,8 @@ class Pipeline:
 
     def validate(self, req: GenerationRequest) -> GenerationRequest:
         """The request with defaults filled in; ValueError naming the field and its allowed values if not."""
+        if not isinstance(req, GenerationRequest):  # a dict's AttributeError, from deep inside
+            raise TypeError(f"a request is a GenerationRequest, got {type(req).__name__}")
         lim = self.limits
         if req.image is not None:  # its kind and shape: the pixels are fitted only when the job runs
             check_image(req.image)

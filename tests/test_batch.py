@@ -188,6 +188,19 @@ def test_requests_that_cannot_share_a_batch_are_refused(pipe, change, message):
     assert batch_key(pipe.validate(REQUESTS[0])) == batch_key(pipe.validate(REQUESTS[2]))
 
 
+def test_a_batch_says_which_job_is_wrong_and_takes_only_jobs(pipe):
+    from dataclasses import replace
+
+    wrong = [BatchJob(REQUESTS[0]), BatchJob(replace(REQUESTS[1], num_inference_steps=0))]
+    with pytest.raises(ValueError, match=r"^job 1: num_inference_steps must be"):  # no job was named
+        pipe.generate_batch(wrong)
+    for bad, kind in ((None, "NoneType"), (list(REQUESTS[:2]), "a list of GenerationRequest")):  # deep inside
+        with pytest.raises(TypeError, match=f"generate_batch takes a list of BatchJob, got {kind}"):
+            pipe.generate_batch(bad)
+    with pytest.raises(TypeError, match="a request is a GenerationRequest, got dict"):  # an AttributeError
+        pipe.validate({"prompt": "a fox"})
+
+
 def _layouts(layouts):
     """On every rank, per layout: the batch's outcomes (job 1 cancelled after step 2), jobs 0 and 2 alone;
     then HunyuanVideo-1.5 tiny (texts of different lengths: padded in the batch) per layout."""
