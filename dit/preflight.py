@@ -206,6 +206,13 @@ def check_settings(config: PipelineConfig, local_nproc: int = 1, named: Callable
             raise ValueError(
                 f"{named('loras')} {pair[0]}: the strength must be a finite number, got {strength}"
             )
+    every = plain_number(config.preview_every)  # "2" failed at load, 1.5 and -1 ran
+    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        raise ValueError(f"{named('preview_every')} must be an integer of 0 (none) or more, got {every!r}")
+    if not isinstance(config.compile, bool):  # "yes" and "no" both compiled
+        raise ValueError(f"{named('compile')} must be True or False, got {config.compile!r}")
+    if not isinstance(config.model, str) or not config.model:  # pathlib's TypeError named nothing
+        raise ValueError(f"{named('model')} must be a preset's name or a folder, got {config.model!r}")
     return on_cuda
 
 

@@ -336,13 +336,17 @@ def test_tiny_text_encoder_pads_like_wan(pipe):
         (dict(offload_idle_expert=True), "offload_idle_expert is for two-expert models"),
         (dict(loras="x.safetensors"), "loras must be \\(path, strength\\) pairs, got 'x.safetensors'"),
         (dict(loras=[("x.safetensors", float("nan"))]), "loras x.safetensors: the strength must be a finite"),
+        (dict(preview_every=1.5), "preview_every must be an integer of 0 \\(none\\) or more, got 1.5"),
+        (dict(preview_every="2"), "preview_every must be an integer"),  # a TypeError at load
+        (dict(compile="yes"), "compile must be True or False, got 'yes'"),  # it compiled
+        (dict(model=None), "model must be a preset's name or a folder, got None"),  # pathlib's TypeError
         (dict(loras=(("x.safetensors", "abc"),)), "loras must be"),  # "could not convert string to float"
         (dict(timesteps=[1000, 750]), "timesteps must be text"),  # "'list' object has no attribute 'split'"
     ],
 )
 def test_settings_are_checked_as_the_command_line_checks_them(settings, says):
     with pytest.raises(ValueError, match=f"^{says}"):
-        load_pipeline(PipelineConfig(model="tiny-random", device="cpu", **settings))
+        load_pipeline(PipelineConfig(**{"model": "tiny-random", "device": "cpu", **settings}))
 
 
 def test_numpy_settings_are_taken_as_pythons():
