@@ -99,7 +99,7 @@ def _one_at_a_time(method):
             self._handing_on = False  # once: the callbacks of the call it makes must not come back in
             return method(self, *args, **kwargs)
         with self._turn:
-            self._runner = me
+            self._runner, self._handing_on = me, False  # a hand-on made outside a run is not this run's
             try:
                 return method(self, *args, **kwargs)
             finally:
