@@ -438,8 +438,10 @@ class Pipeline:
         return self._own(self.decode, latents, on_frames, decode_callback)
 
     def _own(self, call, *args):
-        """A run's own call of another of the pipeline's runs (`_one_at_a_time` lets it in, once)."""
-        self._handing_on = True
+        """A run's own call of another of the pipeline's runs (`_one_at_a_time` lets it in, once); from
+        outside a run (dit.batch called directly), or from another thread's, an ordinary call."""
+        if self._runner == threading.get_ident():
+            self._handing_on = True
         return call(*args)
 
     @_one_at_a_time

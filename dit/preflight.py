@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import replace
@@ -202,18 +203,25 @@ def check_settings(config: PipelineConfig, local_nproc: int = 1, named: Callable
         strength = plain_number(pair[1]) if paired else None
         if isinstance(strength, bool) or not isinstance(strength, int | float):
             raise ValueError(f"{named('loras')} must be (path, strength) pairs, got {pair!r}")
-        if not math.isfinite(strength):  # NaN weights: the decode's overflow was blamed on the VAE
+        if not _finite(strength):  # NaN weights: the decode's overflow was blamed on the VAE
             raise ValueError(
                 f"{named('loras')} {pair[0]}: the strength must be a finite number, got {strength}"
             )
     every = plain_number(config.preview_every)  # "2" failed at load, 1.5 and -1 ran
     if isinstance(every, bool) or not isinstance(every, int) or every < 0:
         raise ValueError(f"{named('preview_every')} must be an integer of 0 (none) or more, got {every!r}")
-    if not isinstance(config.compile, bool):  # "yes" and "no" both compiled
+    if config.compile not in (True, False):  # "yes" and "no" both compiled (numpy's bools are taken)
         raise ValueError(f"{named('compile')} must be True or False, got {config.compile!r}")
-    if not isinstance(config.model, str) or not config.model:  # pathlib's TypeError named nothing
+    if not isinstance(config.model, str | os.PathLike) or not str(config.model):  # pathlib's TypeError
         raise ValueError(f"{named('model')} must be a preset's name or a folder, got {config.model!r}")
     return on_cuda
+
+
+def _finite(number) -> bool:
+    try:
+        return math.isfinite(number)
+    except OverflowError:  # an int past a float's range
+        return False
 
 
 def _one_video(layout, nproc: int, model: str, video: dict, sampler, timesteps) -> None:

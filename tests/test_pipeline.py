@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -340,6 +341,7 @@ def test_tiny_text_encoder_pads_like_wan(pipe):
         (dict(preview_every="2"), "preview_every must be an integer"),  # a TypeError at load
         (dict(compile="yes"), "compile must be True or False, got 'yes'"),  # it compiled
         (dict(model=None), "model must be a preset's name or a folder, got None"),  # pathlib's TypeError
+        (dict(loras=[("x.safetensors", 10**400)]), "loras x.safetensors: the strength must be a finite"),
         (dict(loras=(("x.safetensors", "abc"),)), "loras must be"),  # "could not convert string to float"
         (dict(timesteps=[1000, 750]), "timesteps must be text"),  # "'list' object has no attribute 'split'"
     ],
@@ -350,7 +352,15 @@ def test_settings_are_checked_as_the_command_line_checks_them(settings, says):
 
 
 def test_numpy_settings_are_taken_as_pythons():
-    load_pipeline(PipelineConfig(model="tiny-random", device="cpu", flow_shift=np.float32(3.0)))
+    load_pipeline(
+        PipelineConfig(model="tiny-random", device="cpu", flow_shift=np.float32(3.0), compile=np.False_)
+    )
+
+
+def test_a_model_folder_may_be_a_path():
+    from dit.presets import SHIPPED
+
+    assert load_pipeline(PipelineConfig(model=Path(SHIPPED["tiny"]), device="cpu")).limits.default_steps == 12
 
 
 def test_attn_backend_is_applied(monkeypatch):
