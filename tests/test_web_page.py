@@ -9,6 +9,7 @@ running job is cancelled. Screenshots go to pytest's tmp_path."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import replace
 
 import httpx
@@ -261,7 +262,7 @@ def test_the_page_asks_for_the_key_and_cancels(servers, page, tmp_path):
         " && Number(li.querySelector('[role=progressbar]').getAttribute('aria-valuenow')) > 0)"
     )
     card.get_by_role("button", name="Cancel").click()
-    card.get_by_text("Cancelled: no video was made.").wait_for()
+    card.get_by_text(re.compile(r"^Cancelled after step \d+: no video was made\.$")).wait_for()  # the reason
     assert card.get_by_role("progressbar").get_attribute("aria-valuenow") != "100"
     assert card.locator("video").is_hidden()
     jobs = keyed.client.get("/jobs", params={"limit": 1}).json()["data"]
@@ -313,6 +314,12 @@ def test_a_long_queue_leaves_the_page_connections_to_submit(browser, tmp_path):
         store.close()
         page.get_by_text("1 in the catalogue").wait_for(timeout=10_000)
         assert (frames.input_value(), height.input_value()) == ("18", "")
+        page.get_by_role("button", name="Add LoRA").click()  # `style`; then it leaves the catalogue: its row
+        store = open_store(config)  # goes (hidden with its field, it was still sent: every Generate refused)
+        publish(store, TINY_LIMITS, config.image_limits)
+        store.close()
+        page.locator("#loras-field").wait_for(state="hidden", timeout=10_000)
+        assert page.locator(".lora-row").count() == 0
         frames.fill(str(TINY_LIMITS.default_frames))
         height.fill(str(TINY_LIMITS.default_height))
 
@@ -333,6 +340,31 @@ def test_a_long_queue_leaves_the_page_connections_to_submit(browser, tmp_path):
             )
         page.get_by_role("button", name="Generate").click()
         page.locator("li.job", has_text="one more").nth(1).wait_for(timeout=10_000)  # sent: nothing blocks it
+
+        # a run queued again starts its previews over: the page kept the dead run's (a later step) and dropped
+        # every one of the new run's until it passed that step
+        store = open_store(config)
+        job = store.claim("w", "box")  # "queued 0", the oldest
+        previews = tmp_path / "videos" / "previews"
+        previews.mkdir(parents=True, exist_ok=True)
+        card = page.locator("li.job", has_text="queued 0")
+        for step in (8, 2):
+            Image.new("RGB", (8, 8), "red").save(previews / f"{job.id}.webp", "WEBP")
+            store.set_preview(job.id, "w", step)
+            card.locator(f"img[alt$='at step {step}']").wait_for(timeout=10_000)
+            if step == 8:
+                store.requeue_or_fail(store.get(job.id), max_attempts=3, reason="its group died")
+                card.locator("img").first.wait_for(state="hidden", timeout=10_000)
+                assert store.claim("w", "box").id == job.id
+        store.close()
+
+        # the server gone: its 3 streams are tried again once a second each, not in a growing storm (each
+        # failure armed its own retry of every stream: 2 requests a second grew to 22 in 13 s)
+        tries = []
+        page.on("request", lambda request: tries.append(request.url) if "/events" in request.url else None)
+        server.stop()
+        page.wait_for_timeout(10_000)
+        assert 10 <= len(tries) <= 45, len(tries)
     finally:
         context.close()
         server.stop()

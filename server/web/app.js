@@ -149,6 +149,18 @@ let loraRows = 0; // rows made so far: each row's labels stay unique
 function applyLoras(catalogue) {
   loraNames = (catalogue || []).filter((entry) => entry.fits).map((entry) => entry.name);
   $("loras-field").hidden = loraNames.length === 0;
+  // a row whose LoRA left the catalogue goes (hidden, it was still sent, and every Generate was refused);
+  // the others are offered what the catalogue holds now
+  for (const row of $("lora-rows").querySelectorAll(".lora-row")) {
+    const select = row.querySelector("select");
+    if (!loraNames.includes(select.value)) {
+      row.remove();
+      continue;
+    }
+    const chosen = select.value;
+    select.replaceChildren(...loraNames.map((lora) => element("option", { value: lora }, lora)));
+    select.value = chosen;
+  }
   const misfits = (catalogue || []).filter((entry) => !entry.fits).map((entry) => entry.name);
   $("loras-hint").textContent =
     `${loraNames.length} in the catalogue, strength −${MAX_STRENGTH} to ${MAX_STRENGTH}` +
@@ -382,7 +394,16 @@ function update(card, job) {
   card.fill.style.width = `${job.progress}%`;
   card.cancel.hidden = TERMINAL.has(job.status) || job.cancel_requested;
   if (job.status === "failed") showError(card, `Failed: ${job.error || "no reason given"}`);
-  if (job.status === "cancelled") showError(card, "Cancelled: no video was made.");
+  if (job.status === "cancelled") {
+    // the server's reason ("cancelled after step 4"), else the word alone
+    const why = job.error ? job.error[0].toUpperCase() + job.error.slice(1) : "Cancelled";
+    showError(card, `${why}: no video was made.`);
+  }
+  if (job.preview_step == null && card.previewStep !== null) {
+    // queued again and starting over: the last run's preview (a later step) is not this run's
+    card.previewStep = null;
+    card.preview.hidden = true;
+  }
   if (job.preview_step != null) showPreview(card, job.preview_step, job.preview_url);
   if (job.status === "completed") showVideo(card, job);
   followMore();
@@ -494,7 +515,19 @@ async function follow(card) {
   } finally {
     if (card.stream === controller) card.stream = null;
   }
-  setTimeout(followMore, card.dropped || TERMINAL.has(card.status) ? 0 : 1000);
+  if (card.dropped || TERMINAL.has(card.status)) setTimeout(followMore, 0); // its place is free
+  else retryStreams();
+}
+
+// One retry of the dropped streams a second later, however many dropped: each armed its own, and with the
+// server down every one of them retried every stream (2 requests a second grew to 22 in 13 s).
+let retrying = null;
+function retryStreams() {
+  if (retrying !== null) return;
+  retrying = setTimeout(() => {
+    retrying = null;
+    followMore();
+  }, 1000);
 }
 
 function handleEvent(card, block) {
