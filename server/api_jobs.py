@@ -462,16 +462,22 @@ def _current_view(services: Services, job_id: str) -> dict | None:
     return None if job is None else job_view(services, job)  # None: deleted meanwhile (/v1/videos)
 
 
+# A change of what makes a `progress` event: a cancel asked by another client, or the step count known once a
+# worker validated the request, changed nothing else for a while (the page said neither)
+_FOLLOWED = ("status", "phase", "step", "total_steps", "progress", "queue_position", "cancel_requested")
+
+
 @router.get(
     "/jobs/{job_id}/events",
     response_class=StreamingResponse,
     responses={200: {"content": {"text/event-stream": {"schema": _EVENT}}}} | responses(401, 404, 503),
 )
 def job_events(request: Request, job_id: str):
-    """Server-Sent Events: a `progress` event whenever the job changes (status, phase, step, progress, place
-    in the queue: the decode moves progress alone), a `: keep-alive` comment after `SSE_KEEPALIVE_S` without
-    one, a `preview` event ({"step", "url"}) whenever a newer live preview is in place, then one final `done`
-    event, or `deleted` ({"id", "deleted": true}) when the job is deleted meanwhile."""
+    """Server-Sent Events: a `progress` event whenever the job changes (`_FOLLOWED`: status, phase, step and
+    step count, progress, place in the queue, a cancel asked: the decode moves progress alone), a
+    `: keep-alive` comment after `SSE_KEEPALIVE_S` without one, a `preview` event ({"step", "url"}) whenever
+    a newer live preview is in place, then one final `done` event, or `deleted` ({"id", "deleted": true})
+    when the job is deleted meanwhile."""
     services = svc(request)
     services.job(job_id)  # 404 before the stream starts
 
@@ -492,7 +498,7 @@ def job_events(request: Request, job_id: str):
                 last_preview, said = view["preview_step"], time.monotonic()
                 preview = {"step": last_preview, "url": view["preview_url"]}
                 yield f"event: preview\ndata: {render(preview).decode()}\n\n"
-            key = (view["status"], view["phase"], view["step"], view["progress"], view["queue_position"])
+            key = tuple(view[name] for name in _FOLLOWED)
             if key != last:
                 last, said = key, time.monotonic()
                 yield f"event: {'done' if terminal else 'progress'}\ndata: {render(view).decode()}\n\n"

@@ -261,14 +261,15 @@ def test_the_event_stream_says_each_phase_and_keeps_a_quiet_stream_alive(client,
     running = view | {"status": "in_progress", "step": 2, "queue_position": None}
     views = iter(
         [view] * 6  # 0.6 s queued
+        + [running, running | {"cancel_requested": True}]  # asked elsewhere: an event (it was none)
         + [running | {"phase": "decoding"}, running | {"phase": "writing"}, running | {"status": "completed"}]
     )
     monkeypatch.setattr(api_jobs, "SSE_KEEPALIVE_S", 0.25)
     monkeypatch.setattr(api_jobs, "_current_view", lambda services, jid: next(views))
     with client.stream("GET", f"/jobs/{job_id}/events") as r:
         events = [e.split("\n")[0] for e in r.read().decode().strip().split("\n\n")]
-    assert events[0] == "event: progress" and events[-3:] == ["event: progress"] * 2 + ["event: done"]
-    assert events[1:-3] and set(events[1:-3]) == {": keep-alive"}, events  # 0.5 s of sleeps, or more
+    assert events[0] == "event: progress" and events[-5:] == ["event: progress"] * 4 + ["event: done"]
+    assert events[1:-5] and set(events[1:-5]) == {": keep-alive"}, events  # 0.5 s of sleeps, or more
 
 
 def test_an_unexpected_error_is_a_json_500_in_the_route_shape(client, monkeypatch):
