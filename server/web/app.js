@@ -300,7 +300,9 @@ async function showPage(index) {
   if (changed) list.replaceChildren(...els);
   for (const job of data) {
     const card = cards.get(job.id);
-    if (!card.stream) update(card, job); // a followed job hears of itself first from its own stream
+    // a followed job hears of itself from its own stream, once the list has said where it is: a stream
+    // opened by an earlier card's update left its state blank until its first event
+    if (!card.stream || !card.state.textContent) update(card, job);
   }
   $("jobs-status").textContent = data.length ? "" : "No jobs yet.";
   $("page-number").textContent = `Page ${index + 1}`;
