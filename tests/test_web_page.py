@@ -356,6 +356,9 @@ def test_a_long_queue_leaves_the_page_connections_to_submit(browser, tmp_path):
                 store.requeue_or_fail(store.get(job.id), max_attempts=3, reason="its group died")
                 card.locator("img").first.wait_for(state="hidden", timeout=10_000)
                 assert store.claim("w", "box").id == job.id
+        store.set_resumed(job.id, "w", 4, 12)  # its seconds are its last run's: said so
+        store.finish(job.id, "w", "completed", video=f"{job.id}.mp4", timings={"total_s": 4.25})
+        card.get_by_text("Completed in 4.3 s (its last run) · resumed after step 4").wait_for(timeout=10_000)
         store.close()
 
         # the server gone: its 3 streams are tried again once a second each, not in a growing storm (each

@@ -385,11 +385,13 @@ function update(card, job) {
   let state = STATUS_WORDS[job.status] || job.status;
   if (job.status === "queued" && job.queue_position != null) state += ` (position ${job.queue_position})`;
   if (job.status === "in_progress") state += ` · ${job.phase}` + (job.total_steps ? ` · step ${job.step} of ${job.total_steps}` : "");
+  if (job.status === "completed" && job.timings && job.timings.total_s != null) {
+    // a resumed job's seconds are its last run's: "resumed after step 6 in 4.3 s" read as the whole job's
+    const run = job.resumed_from_step != null ? " (its last run)" : "";
+    state += ` in ${job.timings.total_s.toFixed(1)} s${run}`;
+  }
   if (job.resumed_from_step != null) state += ` · resumed after step ${job.resumed_from_step}`;
   if (job.cancel_requested && !TERMINAL.has(job.status)) state += " · cancelling…";
-  if (job.status === "completed" && job.timings && job.timings.total_s != null) {
-    state += ` in ${job.timings.total_s.toFixed(1)} s`;
-  }
   card.state.textContent = state;
   card.bar.setAttribute("aria-valuenow", String(job.progress));
   card.bar.setAttribute("aria-valuetext", `${job.progress} %`);
