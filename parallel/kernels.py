@@ -63,7 +63,7 @@ def _bool_mask(key_mask, causal: bool, Sq: int, Sk: int, device) -> torch.Tensor
 
 
 def _math(q, k, v, mask, causal):
-    acc = _acc_dtype(q)
+    acc = acc_dtype(q)
     s = (q.to(acc) @ k.to(acc).transpose(-1, -2)) * q.shape[-1] ** -0.5
     if causal:
         s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), float("-inf"))
@@ -81,7 +81,7 @@ def local_attention(q, k, v, *, key_mask=None, causal=False, backend="auto", ret
     if causal and Sq != Sk:
         raise ValueError(f"causal attention needs as many queries as keys, got {Sq} and {Sk}")
     if Sq == 0 or Sk == 0:  # nothing to attend (a sample's text all padding, cut away): the CPU op dies on it
-        out, lse = q.new_zeros(q.shape), q.new_full(q.shape[:-1], float("-inf"), dtype=_acc_dtype(q))
+        out, lse = q.new_zeros(q.shape), q.new_full(q.shape[:-1], float("-inf"), dtype=acc_dtype(q))
         return (out, lse) if return_lse else out
     backend = resolve_backend(backend, q, key_mask)
     if backend == "fp8":
@@ -120,8 +120,8 @@ def local_attention(q, k, v, *, key_mask=None, causal=False, backend="auto", ret
     return _keyless(out, lse.transpose(1, 2), key_mask, causal) if return_lse else out
 
 
-def _acc_dtype(q) -> torch.dtype:
-    """What the LSE and the math path's scores are kept in: float32, float64 for float64 inputs."""
+def acc_dtype(q) -> torch.dtype:
+    """What the LSE, the math path's scores and the ring's merge are kept in: float32, or float64."""
     return torch.promote_types(q.dtype, torch.float32)
 
 

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from parallel.comm import all_gather, ring_pass
-from parallel.kernels import local_attention
+from parallel.kernels import acc_dtype, local_attention
 from parallel.padded_text import each_sample_own_text, padded_batch
 from parallel.sharding import SequenceShardInfo
 
@@ -55,7 +55,7 @@ def ring_attention(q, k, v, info: SequenceShardInfo, group, text, text_mask, tex
         return each_sample_own_text(alone, q, k, v, text, text_mask)
     R, r = dist.get_world_size(group), dist.get_rank(group)
     tq, tk, tv = text if text is not None else (None, None, None)
-    acc = torch.promote_types(q.dtype, torch.float32)
+    acc = acc_dtype(q)
     S, half, nq = q.shape[1], q.shape[1] // 2, info.span_valid(r)
     zigzag = info.layout == "zigzag"
     out, lse = _empty(q[:, :nq], acc)

@@ -158,7 +158,7 @@ function applyLoras(catalogue) {
       continue;
     }
     const chosen = select.value;
-    select.replaceChildren(...loraNames.map((lora) => element("option", { value: lora }, lora)));
+    select.replaceChildren(...loraOptions());
     select.value = chosen;
   }
   const misfits = (catalogue || []).filter((entry) => !entry.fits).map((entry) => entry.name);
@@ -167,11 +167,15 @@ function applyLoras(catalogue) {
     (misfits.length ? `; not for this model: ${misfits.join(", ")}` : "");
 }
 
+function loraOptions() {
+  return loraNames.map((lora) => element("option", { value: lora }, lora));
+}
+
 $("add-lora").addEventListener("click", () => {
   loraRows += 1;
   const row = element("div", { class: "lora-row" });
   const name = element("select", { id: `lora-${loraRows}`, "aria-label": `LoRA ${loraRows}` });
-  name.append(...loraNames.map((lora) => element("option", { value: lora }, lora)));
+  name.append(...loraOptions());
   const strength = element("input", {
     id: `lora-${loraRows}-strength`,
     type: "number",
