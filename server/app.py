@@ -8,7 +8,7 @@ import threading
 
 from fastapi import FastAPI
 
-from server import api_jobs, api_openai, api_ops, api_web, images, openai_errors, videos
+from server import api_docs, api_jobs, api_openai, api_ops, api_web, images, openai_errors, videos
 from server.config import ServeConfig
 from server.head import HeadAsGet
 from server.jsonsafe import SafeJSONResponse
@@ -61,12 +61,15 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
         lifespan=lifespan,
         default_response_class=SafeJSONResponse,
         redirect_slashes=False,  # server.middleware.TrailingSlash
+        docs_url=None,  # server.api_docs: the pages without a CDN
+        redoc_url=None,
     )
     app.state.services = services = Services(config, store, supervisor)
     retention = Retention(services, config.keep_hours) if config.keep_hours else None
     for module in (api_ops, api_jobs, api_openai, api_web):
         app.include_router(module.router)
     openai_errors.install(app)
+    api_docs.install(app)
 
     def openapi() -> dict:
         """FastAPI's document (built once) with the limits the workers published, as of this request."""

@@ -344,3 +344,20 @@ def test_metrics_answer_through_a_store_outage(client, monkeypatch):
     r = client.get("/metrics")
     assert r.status_code == 200 and "ithaca_store_up 0" in r.text and "ithaca_ready 0" in r.text
     assert "ithaca_queue_depth" not in r.text and "ithaca_worker_restarts_total 0" in r.text
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_the_api_pages_need_no_internet(client, page):
+    """A GPU box is often offline: every script, style and icon the page names is served here, and the page
+    reads this server's document."""
+    html = client.get(page).text
+    urls = re.findall(r"""(?:src|href|url)\s*[=:]\s*['"]([^'"]+)['"]""", html)
+    assert urls and not [u for u in urls if "//" in u], urls
+    assert "/openapi.json" in urls
+    scripts = [u for u in urls if u.endswith(".js")]
+    assert scripts
+    for url in urls:
+        reply = client.get(url)
+        assert reply.status_code == 200 and len(reply.content) > 1000, url
+    for url in scripts:
+        assert "javascript" in client.get(url).headers["content-type"]
