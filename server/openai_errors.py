@@ -129,7 +129,8 @@ def install(app: FastAPI) -> None:
             headers = (headers or {}) | {"Allow": _allowed_methods(request)}
         elif exc.status_code == 404 and detail == "Not Found":  # no route: an SDK method this server lacks
             path = shown(request.scope["path"])
-            detail = f"this server has no {request.method} {path}; /openapi.json lists its routes"
+            method = "GET" if request.method == "HEAD" else request.method  # a HEAD's headers are its GET's
+            detail = f"this server has no {method} {path}; /openapi.json lists its routes"
         return error_response(request.scope["path"], exc.status_code, detail, headers)
 
     @app.exception_handler(RequestValidationError)
