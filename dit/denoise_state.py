@@ -1,12 +1,13 @@
 """Denoising checkpoints: all a sampling loop needs to go on after a step as if it had never stopped.
 
-A `DenoiseState` holds the latents after `step` steps, the scheduler's whole state (every attribute but its
-config: the multistep history UniPC keeps, the step index, ...), the CPU generator's state (a renoise
-sampler's fresh noise comes from it) and the evaluations counted so far. Resumed with the same model, layout
-and request, the loop's remaining steps see exactly the numbers they would have seen: on the CPU the final
-latents are bit-identical. A cached generation's state also holds every rank's step-cache residuals
-(dit.cache, gathered on the replica leader), so it resumes with the decisions it would have taken. A batch's
-loop (dit.batch) gives one state per row (`capture_rows`): each job's own, to resume alone.
+A `DenoiseState` holds the latents after `step` steps, the scheduler's whole state (every attribute: the
+multistep history UniPC keeps, the step index, ...; its class and config apart, to check a resume by), the CPU
+generator's state (a renoise sampler's fresh noise comes from it) and the evaluations counted so far. Resumed
+with the same model, layout and request, the loop's remaining steps see exactly the numbers they would have
+seen: on the CPU the final latents are bit-identical. A cached generation's state also holds every rank's
+step-cache residuals (dit.cache, gathered on the replica leader), so it resumes with the decisions it would
+have taken. A batch's loop (dit.batch) gives one state per row (`capture_rows`): each job's own, to resume
+alone.
 
 Files hold the state with a `key` (a JSON-able description of the model, layout and request) and are read
 with `torch.load(weights_only=True)`: plain tensors, numbers and lists, never code. A file whose format or key
@@ -41,6 +42,9 @@ class DenoiseState:
     evaluated: int = 0
     skipped: int = 0
     cache: list | None = None  # cached: each rank's StepCache.state(), in the replica's rank order
+    # the scheduler's class and config (`sampler_of`): euler and renoise share a class and every attribute,
+    # their config apart; None in a state made before it was kept (not checked then)
+    sampler: str | None = None
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,13 @@ def capture(
         evaluated=counts.evaluated if counts is not None else 0,
         skipped=counts.skipped if counts is not None else 0,
         cache=cache,
+        sampler=sampler_of(scheduler),
     )
+
+
+def sampler_of(scheduler) -> str:
+    """The scheduler's class and config as JSON: what makes two samplers of one class differ."""
+    return json.dumps({"class": type(scheduler).__name__, **scheduler.config}, sort_keys=True)
 
 
 def capture_rows(
@@ -119,7 +129,7 @@ def restore(
     `cache` (this rank's entry, `rank` in its replica); returns the latents on `device`. A state of another
     sampler (its attributes) or schedule (its timesteps and sigmas: another step count, shift or fixed
     schedule) is a ValueError: it went on past the request's last step, or stopped short of it."""
-    why = _other_schedule(state.scheduler, scheduler)
+    why = _other_schedule(state, scheduler)
     if why:
         raise ValueError(f"resume: the state does not fit this request: {why}")
     for name, value in state.scheduler.items():
@@ -135,14 +145,19 @@ def restore(
     return state.latents.to(device)
 
 
-def _other_schedule(theirs: dict, scheduler) -> str | None:
-    ours = {k: v for k, v in vars(scheduler).items() if k != "config"}
+def _other_schedule(state: DenoiseState, scheduler) -> str | None:
+    theirs, ours = state.scheduler, {k: v for k, v in vars(scheduler).items() if k != "config"}
     if not ours.keys() <= theirs.keys():  # more is fine: a checkpoint of diffusers' scheduler, before ours
         return "made by another sampler"
     for name in ("timesteps", "sigmas"):
         a, b = theirs[name], ours[name]
         if not (isinstance(a, torch.Tensor) and a.shape == b.shape and torch.equal(a.to(b), b)):
             return f"made for another schedule (its {name}: another step count, shift or fixed schedule)"
+    if state.sampler is not None and state.sampler != sampler_of(scheduler):
+        was, now = json.loads(state.sampler), json.loads(sampler_of(scheduler))
+        differ = ", ".join(f"{k} {was.get(k)!r}, here {now.get(k)!r}" for k in sorted(was.keys() | now.keys())
+                           if was.get(k) != now.get(k))  # fmt: skip
+        return f"made by another sampler (its {differ})"
     return None
 
 
@@ -215,6 +230,8 @@ def _malformed(state, expected: Expected) -> str | None:
         return "the scheduler state is not a table of plain values"
     if not all(_count(state.get(name, 0)) for name in ("evaluated", "skipped")):
         return "the evaluation counts are not counts"
+    if not isinstance(state.get("sampler"), str | None):
+        return "the sampler is not a string"
     if state.get("cache") is not None:
         return malformed_states(state["cache"], expected.ranks)
     return None

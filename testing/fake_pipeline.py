@@ -46,6 +46,9 @@ from dit.sampling import passes_per_step, should_continue
 __all__ = ["GenerationCancelled", "GenerationFailed", "GenerationRequest", "PipelineConfig", "load_pipeline"]
 
 
+_SCHEDULER = SimpleNamespace(config={})  # a checkpoint's: no attributes, no config
+
+
 class _WordCounter:
     max_tokens = TINY_LIMITS.max_prompt_tokens
 
@@ -117,7 +120,7 @@ class FakePipeline:
         for step in range(1 + (resume.step if resume else 0), req.num_inference_steps + 1):
             time.sleep(self.step_s)
             if checkpoints is not None and checkpoints.due(step, req.num_inference_steps):
-                checkpoints.take(partial(capture, step, torch.zeros(1), SimpleNamespace(), None, None))
+                checkpoints.take(partial(capture, step, torch.zeros(1), _SCHEDULER, None, None))
             if not should_continue(callback, step, req.num_inference_steps, self.mesh):
                 raise GenerationCancelled(step, req.num_inference_steps)
             if on_preview is not None and self.mesh.is_replica_leader:
@@ -141,7 +144,7 @@ class FakePipeline:
         for step in range(1, total + 1):
             time.sleep(self.step_s)
             if checkpoints is not None and checkpoints.due(step, total):
-                state = partial(capture, step, torch.zeros(1), SimpleNamespace(), None, None)
+                state = partial(capture, step, torch.zeros(1), _SCHEDULER, None, None)
                 checkpoints.take(lambda state=state: [(j, state()) for j in live])
             answers = RowAnswers(
                 jobs[j].callback is None or goes_on(jobs[j].callback(step, total)) for j in live

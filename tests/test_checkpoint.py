@@ -52,6 +52,10 @@ def test_every_step_resumes_to_the_same_latents(sampler):
     if sampler == "unipc":  # a state of its history on a sampler of none: 2.19 off, said nothing
         with pytest.raises(ValueError, match="resume: the state does not fit this request"):
             _pipe(sampler="euler").denoise(req, resume=saved[1])
+    else:  # one class, one schedule, every attribute alike: the other's video (6.4 off), said nothing
+        other = "renoise" if sampler == "euler" else "euler"
+        with pytest.raises(ValueError, match="made by another sampler .*stochastic_sampling"):
+            _pipe(sampler=other).denoise(req, resume=saved[1])
 
 
 def test_every_n_steps_and_the_two_experts_across_their_switch():
@@ -134,6 +138,7 @@ def test_a_malformed_checkpoint_is_refused_with_the_reason(tmp_path):
         (dict(generator=torch.zeros(3)), "the generator state is not a CPU generator's"),
         (dict(scheduler=[1]), "the scheduler state is not a table of plain values"),
         (dict(skipped=-1), "the evaluation counts are not counts"),
+        (dict(sampler=1), "the sampler is not a string"),
         (dict(cache=[cache, cache]), "the step cache does not hold one state for each of the 1 ranks"),
         (dict(cache=[cache | {"rest": {}}]), "holds no residuals"),
         (dict(cache=[cache | {"first": 1}]), "a step-cache residual is not a floating-point tensor"),
