@@ -35,7 +35,7 @@ class CacheConfig:
         """ "off", "fbcache" or "fbcache:0.08" (`PATTERN`; ValueError saying `RULE` otherwise); None: off."""
         if text is None:
             return cls()
-        if not re.fullmatch(PATTERN, text):
+        if not isinstance(text, str) or not re.fullmatch(PATTERN, text):  # a number: a string was meant
             raise ValueError(f"{RULE}, got {text!r}")
         policy, _, threshold = text.partition(":")
         return cls(policy, float(threshold)) if threshold else cls(policy)

@@ -209,10 +209,10 @@ def _generate(args, config) -> int:
             stats, cached = pipe.evaluations, ""
             if req.cache != "off":
                 cached = f", {stats.skipped} of {stats.evaluated + stats.skipped} evaluations skipped"
-            plural = "s" if mesh.world_size > 1 else ""
+            steps, ranks = req.num_inference_steps, mesh.world_size
             print(
                 f"wrote {args.out}: {n} frames {w}x{h} @ {req.fps} fps, "
-                f"{req.num_inference_steps} steps{cached}, {layout} ({mesh.world_size} rank{plural}), "
+                f"{steps} step{'s' * (steps > 1)}{cached}, {layout} ({ranks} rank{'s' * (ranks > 1)}), "
                 f"{seconds:.1f} s"
             )
         return 0

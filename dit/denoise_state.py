@@ -207,6 +207,8 @@ def load_file(path: str, key: dict, expected: Expected) -> tuple[DenoiseState | 
 def unusable(state: DenoiseState, expected: Expected) -> str | None:
     """What a resume of the job `expected` could not use in `state` (the Python API's, not a file's), or
     None: another request's step count or size went on past the last step, or at the state's size."""
+    if not isinstance(state, DenoiseState):  # a file's dict, say: load_file reads one into its state
+        raise TypeError(f"resume takes a DenoiseState (a checkpoint's, or load_file's), got {state!r:.80}")
     return _malformed(vars(state), expected)
 
 

@@ -169,8 +169,6 @@ class Pipeline:
             if req.guidance_scale_2 is None:
                 req = replace(req, guidance_scale_2=req.guidance_scale)
             check_guidance("guidance_scale_2", req.guidance_scale_2, lim)
-        if req.cache is not None and not isinstance(req.cache, str):
-            raise ValueError(f"cache must be a string such as fbcache:0.1, got {req.cache!r}")
         req = replace(req, cache=str(CacheConfig.parse(req.cache or self.config.cache)))
         if req.loras:
             if self.lora_catalogue is None:

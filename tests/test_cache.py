@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dit.cache_config import CacheConfig
-from dit.pipeline import GenerationRequest
+from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline
 from tests.distributed import run_distributed
 
 # 24 steps: enough late steps whose first-block change is small for the cache to skip some
@@ -46,7 +46,7 @@ def test_parse():
     assert CacheConfig.parse("fbcache:0.05") == CacheConfig("fbcache", 0.05)
     # the API's rule on the command line too: it took 1e-2, seven decimals, an empty threshold or setting
     for bad in ("teacache", "fbcache:x", "fbcache:2", "fbcache:-1", "fbcache:1e-2", "fbcache:0.1234567",
-                "fbcache:", "", "off:0.1"):  # fmt: skip  # off takes no threshold (a key of its own)
+                "fbcache:", "", "off:0.1", 0.1):  # fmt: skip  # off takes no threshold (a key of its own)
         with pytest.raises(ValueError, match=r"from 0 to 1 in at most 6 decimals \(e.g. fbcache:0.05\), got"):
             CacheConfig.parse(bad)
 
@@ -56,6 +56,8 @@ def test_bad_request_cache_is_a_value_error(one_rank):
     for bad in ("fbcache:high", 0.1):
         with pytest.raises(ValueError, match="cache"):
             pipe.validate(GenerationRequest(**REQUEST, cache=bad))
+    with pytest.raises(ValueError, match=r"^cache must be off, fbcache, .*got 0.1$"):  # "cacheexpected"
+        load_pipeline(PipelineConfig(cache=0.1))
 
 
 def test_threshold_zero_is_the_uncached_run(one_rank):

@@ -46,6 +46,8 @@ def test_every_step_resumes_to_the_same_latents(sampler):
     for other, why in (({"num_inference_steps": 2}, "step 2 is not 1 to 1"), ({"height": 48}, "of shape")):
         with pytest.raises(ValueError, match=f"^resume: the state does not fit this request: .*{why}"):
             pipe.denoise(GenerationRequest(**REQUEST | other), resume=saved[1])
+    with pytest.raises(TypeError, match="^resume takes a DenoiseState .*got {'step': 4}"):  # "vars()"
+        pipe.denoise(req, resume={"step": 4})
     # fewer steps, or more, past the state's: it went on to the state's own last step (6 of 4, or 4 of 8)
     with pytest.raises(ValueError, match="made for another schedule"):
         pipe.denoise(GenerationRequest(**REQUEST | {"num_inference_steps": 8}), resume=saved[1])

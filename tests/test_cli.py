@@ -501,7 +501,7 @@ def test_a_copied_model_folder_keeps_its_defaults(tmp_path, capsys):
     argv = ["generate", "a red circle", "--model-path", str(folder), "--steps", "1", "--out", str(out)]
     assert main(argv) == 0
     assert read_mp4(out).frames.shape == (17, 64, 64, 3)
-    assert f"wrote {out}: 17 frames 64x64 @ 16 fps, 1 steps" in capsys.readouterr().out
+    assert f"wrote {out}: 17 frames 64x64 @ 16 fps, 1 step," in capsys.readouterr().out
 
     card = json.loads((folder / "ithaca.json").read_text())
     for bad, says in (({**card, "frames": 9}, "unknown key 'frames'"),
