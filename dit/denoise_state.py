@@ -153,8 +153,9 @@ def _other_schedule(state: DenoiseState, scheduler) -> str | None:
         a, b = theirs[name], ours[name]
         if not (isinstance(a, torch.Tensor) and a.shape == b.shape and torch.equal(a.to(b), b)):
             return f"made for another schedule (its {name}: another step count, shift or fixed schedule)"
-    if state.sampler is not None and state.sampler != sampler_of(scheduler):
-        was, now = json.loads(state.sampler), json.loads(sampler_of(scheduler))
+    sampler = sampler_of(scheduler)
+    if state.sampler is not None and state.sampler != sampler:
+        was, now = json.loads(state.sampler), json.loads(sampler)
         differ = ", ".join(f"{k} {was.get(k)!r}, here {now.get(k)!r}" for k in sorted(was.keys() | now.keys())
                            if was.get(k) != now.get(k))  # fmt: skip
         return f"made by another sampler (its {differ})"
