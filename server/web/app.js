@@ -276,6 +276,7 @@ let listing = 0; // the latest showPage call: an earlier one answered later is d
 
 async function showPage(index) {
   const ticket = ++listing;
+  const asked = performance.now();
   let response;
   try {
     response = await api(`/jobs?limit=${PAGE_SIZE}` + (cursors[index] ? `&after=${cursors[index]}` : ""));
@@ -305,8 +306,9 @@ async function showPage(index) {
   for (const job of data) {
     const card = cards.get(job.id);
     // a followed job hears of itself from its own stream, once the list has said where it is: a stream
-    // opened by an earlier card's update left its state blank until its first event
-    if (!card.stream || !card.state.textContent) update(card, job);
+    // opened by an earlier card's update left its state blank until its first event. A list asked for before
+    // the stream's last event is older than the card: a job done meanwhile read "Queued", 0 % again.
+    if ((!card.stream || !card.state.textContent) && !(card.heard > asked)) update(card, job);
   }
   $("jobs-status").textContent = data.length ? "" : "No jobs yet.";
   $("page-number").textContent = `Page ${index + 1}`;
@@ -339,6 +341,7 @@ function makeCard(job) {
     previewStep: null,
     videoShown: false,
     stream: null, // AbortController of the event stream being read
+    heard: 0, // when its stream last told of it (performance.now())
     urls: [], // blob: URLs to revoke when the card goes
     dropped: false,
   };
@@ -548,7 +551,10 @@ function handleEvent(card, block) {
   if (!data.length) return;
   const payload = jobJson(data.join("\n"));
   if (name === "preview") showPreview(card, payload.step, payload.url);
-  else if (name === "progress" || name === "done") update(card, payload);
+  else if (name === "progress" || name === "done") {
+    card.heard = performance.now();
+    update(card, payload);
+  }
   else if (name === "deleted") deleted(card);
 }
 
