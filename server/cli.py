@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args) or 0
     except KeyboardInterrupt:  # Ctrl-C before a command's own handling (its checks, the model's look-up)
-        print(f"ithaca {args.command}: interrupted", file=sys.stderr)
+        logs.last_line(f"ithaca {args.command}: interrupted", parser.commands[args.command].log_format)
         return 130
     except BrokenPipeError:  # `ithaca plan ... | head`: the reader left; no traceback for that
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit would fail too

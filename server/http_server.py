@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import uvicorn
@@ -23,6 +24,17 @@ class ClosingServer(uvicorn.Server):
             return
         self.closing.set()
         super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        """uvicorn's, less its raising of the signal again once shut down: that killed the drained server
+        (SIGTERM: exit 143, skipping what follows `run`; Ctrl-C: a KeyboardInterrupt, exit 130), where a
+        drain asked for and done is a clean exit, 0."""
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                self._captured_signals.clear()
 
     def stop(self) -> None:  # the worker group failed for good
         self.closing.set()

@@ -186,6 +186,20 @@ def test_a_generate_stopped_while_its_ranks_start_says_so(monkeypatch, capsys, t
     assert capsys.readouterr().err == f"ithaca generate: interrupted once the video was written ({out})\n"
 
 
+def test_a_serve_stopped_before_its_server_runs_says_so_in_the_logs_format(monkeypatch, capsys):
+    """Ctrl-C during serve's checks (a Hub look-up, the layout): "interrupted" was plain text among a JSON
+    collector's records."""
+    import server.cli
+
+    def stopped(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(server.cli, "serve", stopped)
+    assert server.cli.main(["serve", "--log-format", "json"]) == 130
+    said = json.loads(capsys.readouterr().err)
+    assert (said["level"], said["message"]) == ("error", "ithaca serve: interrupted"), said
+
+
 def test_a_world_size_left_in_the_shell_is_no_launch(monkeypatch, capsys):
     """`WORLD_SIZE=1 ithaca generate --nproc 2` ran on one rank (a rank of a launch has RANK too), and with
     --ulysses 2 said the degrees "do not fit --nproc 1"."""

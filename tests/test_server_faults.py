@@ -138,7 +138,7 @@ def test_api_restart_runs_queued_jobs_and_requeues_the_interrupted_one(data_dir)
         # Graceful SIGTERM: the running job finishes, then the server exits.
         job = srv.submit(prompt="finish me", num_frames=17, height=128, width=128, num_inference_steps=20)
         _wait_step(srv, job["id"])
-        assert srv.stop(signal.SIGTERM) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once shut down
+        assert srv.stop(signal.SIGTERM) == 0  # drained: a clean exit (uvicorn re-raised the signal: 143)
         assert "the running job has" in srv.log()
         assert store.get(job["id"]).status == "completed"
         assert group_pids(data_dir)[1] == []
