@@ -13,6 +13,7 @@ from server.config import ServeConfig
 from server.head import HeadAsGet
 from server.jsonsafe import SafeJSONResponse
 from server.middleware import GuardMiddleware, TrailingSlash, secured
+from server.orphans import Sweeper
 from server.retention import Retention
 from server.services import Services
 from server.store import open_store
@@ -34,6 +35,12 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
         if config.workers
         else None
     )
+    # an API-only server sweeps what a supervisor's rounds would: jobs of worker boxes that vanished
+    sweeper = (
+        None
+        if config.workers
+        else Sweeper(config, open_store(config, busy_timeout=config.store_busy_timeout))
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -42,11 +49,13 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
         threading.Thread(target=services.prompt_tokenizer, name="tokenizer", daemon=True).start()
         if supervisor is not None:
             supervisor.start()
-        if retention is not None:
-            retention.start()
+        for thread in (sweeper, retention):
+            if thread is not None:
+                thread.start()
         yield
-        if retention is not None:
-            retention.stop()
+        for thread in (sweeper, retention):
+            if thread is not None:
+                thread.stop()
         if supervisor is not None:
             log.info(
                 "shutting down: no new jobs; the running job has %.0f s to finish (asked again, by Ctrl-C "

@@ -7,23 +7,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 
 from fastapi import HTTPException
 
-from server.store import StoreBusy
+from server.periodic import Periodic
 
 log = logging.getLogger("ithaca.server")
 SWEEP_S = 60.0  # a job outlives its hours by at most this
 BATCH = 500  # jobs read at a time
 
 
-class Retention:
+class Retention(Periodic):
+    name, every = "retention", SWEEP_S
+
     def __init__(self, services, keep_hours: float):
+        super().__init__()
         self.services, self.keep_s = services, keep_hours * 3600
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="retention", daemon=True)
 
     def sweep(self, now: float) -> int:
         """Delete every job that finished more than --keep-hours before `now`; how many went."""
@@ -37,20 +37,9 @@ class Retention:
             if len(jobs) < BATCH:
                 break
         if deleted:
-            log.info("deleted %d jobs finished over %g h ago (--keep-hours)", deleted, self.keep_s / 3600)
+            said = f"{deleted} job{'' if deleted == 1 else 's'}"
+            log.info("deleted %s finished over %g h ago (--keep-hours)", said, self.keep_s / 3600)
         return deleted
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(SWEEP_S):
-            try:
-                self.sweep(time.time())
-            except StoreBusy:
-                pass  # an outage: the next sweep deletes them
-            except Exception:
-                log.exception("retention: a sweep failed; trying again in %g s", SWEEP_S)
+    def tick(self) -> None:
+        self.sweep(time.time())

@@ -24,10 +24,9 @@
 - At start, groups an earlier server of this instance left behind are asked to drain (they stop claiming),
   and jobs this instance left in_progress in a previous run are re-queued (or failed after max_attempts).
   While running, jobs of any server sharing the store whose worker sent no heartbeat for `orphan_timeout`
-  seconds are re-queued the same way (a replica that vanished for good), and such workers' rows are pruned.
+  seconds are re-queued the same way (server/orphans.py), and such workers' rows are pruned.
 - A job-store outage costs a wait: every store call is retried up to --store-outage-grace
-  (server/store/retry.py), a round that still fails is tried again, and the orphan sweep waits
-  `orphan_timeout` after the store is back (the workers' heartbeats could not land meanwhile).
+  (server/store/retry.py), and a round that still fails is tried again.
 """
 
 from __future__ import annotations
@@ -45,12 +44,12 @@ from parallel.parent_death import with_parent
 from parallel.torchrun import torchrun
 from server import videos
 from server.config import ServeConfig
+from server.orphans import OrphanSweep, requeue
 from server.store import JobStore, StoreBusy
 from server.store.retry import PatientStore, StoreOutage
 
 log = logging.getLogger("ithaca.supervisor")
 FRESH_HEARTBEAT_S = 5.0
-ORPHAN_SWEEP_S = 5.0
 RDZV_ID = "ithaca"  # the rendezvous of a group across machines: one per --rdzv-endpoint (node 0's store)
 RELAUNCH_STABLE_S = 60.0  # a worker-only node's share that ran this long did not fail to start
 RELAUNCH_MAX_S = 60.0  # the longest pause of its backoff
@@ -222,7 +221,7 @@ class Supervisor:
         self.outage = StoreOutage(config.store_outage_grace, "supervisor")
         self.store = PatientStore(store, self.outage)
         self.restarts = 0
-        self._last_sweep = 0.0
+        self._sweep_orphans = OrphanSweep(config, self.store, self.outage)
         self.group_id: str | None = None
         self.fatal: str | None = None
         self._proc: subprocess.Popen | None = None
@@ -249,7 +248,7 @@ class Supervisor:
                 )  # fmt: skip
             self.store.request_drain(group)  # a killed server's group must not claim beside ours
         for job in self.store.in_progress(instance=self.config.instance):
-            self._requeue(job, "interrupted when the server stopped while it ran")
+            requeue(self.config, self.store, job, "interrupted when the server stopped while it ran")
         self._thread.start()
         threading.Thread(target=self._watchdog, name="supervisor-watchdog", daemon=True).start()
 
@@ -342,9 +341,11 @@ class Supervisor:
         error = self.store.group_error(self.group_id)
         # drained as asked, and not by this server: by another that starts under the same --instance
         taken = code == 0 and self.store.drain_requested(self.group_id)
+        why = f"the worker group exited ({_exit_said(code)}) while running it" + (
+            f": {error}" if error else ""
+        )
         for job in self.store.in_progress(worker_prefix=self._worker_prefix()):
-            self._requeue(job, f"the worker group exited ({_exit_said(code)}) while running it"
-                          + (f": {error}" if error else ""))  # fmt: skip
+            requeue(self.config, self.store, job, why)
         self.store.forget_group(self.group_id)
         self.restarts += 1
         self._failures_in_a_row += 0 if self._was_ready else 1
@@ -369,28 +370,6 @@ class Supervisor:
         log.critical("%s; stopping the server", self.fatal)
         self.on_fatal()
         return True
-
-    def _sweep_orphans(self) -> None:
-        """Re-queue (or fail) running jobs whose worker stopped answering, also those another server sharing
-        the store claimed and then vanished with: otherwise they would stay in_progress forever."""
-        now, stale = time.monotonic(), self.config.orphan_timeout
-        if now - self._last_sweep < ORPHAN_SWEEP_S or now - self.outage.back_at < stale:
-            return  # after an outage, the workers get `stale` seconds to write their buffered heartbeats
-        self._last_sweep = now
-        self.store.prune_workers(stale_after=stale)
-        for job in self.store.orphans(stale_after=stale):
-            log.warning(
-                "job %s: its worker %s sent no heartbeat for %g s; re-queueing", job.id, job.worker, stale
-            )
-            self._requeue(job, f"its worker {job.worker} stopped answering (no heartbeat for {stale:g} s)")
-
-    def _requeue(self, job, reason: str, counted: bool = True) -> None:
-        """Re-queue an interrupted job, or fail it past its attempts: then its checkpoint goes too.
-        `counted=False`: the run ended for no fault of the job's (a shutdown), and does not use an attempt."""
-        max_attempts = self.config.max_attempts
-        after = self.store.requeue_or_fail(job, max_attempts=max_attempts, reason=reason, counted=counted)
-        if after is not None and after.terminal:
-            videos.remove_checkpoint(self.config.videos_dir, job.id)
 
     def _enforce_time_limit(self) -> None:
         now = time.time()
@@ -432,6 +411,6 @@ class Supervisor:
                 proc.wait()
         if self.group_id is not None:  # the group is gone: no late end of its run can come
             for job in self.store.in_progress(worker_prefix=self._worker_prefix()):
-                self._requeue(job, "interrupted by a server shutdown", counted=False)
+                requeue(self.config, self.store, job, "interrupted by a server shutdown", counted=False)
         if self._thread.is_alive():
             self._thread.join(timeout=5)

@@ -292,10 +292,15 @@ def test_ready_says_why_a_ready_group_went_quiet_and_a_full_disk_ends_once_write
     assert outage.describe() is None
 
 
-def test_an_sqlite_lock_past_the_busy_timeout_makes_the_server_unready(tmp_path):
+def test_an_sqlite_lock_past_the_busy_timeout_makes_the_server_unready(tmp_path, monkeypatch):
     """A lock that refuses requests (503 past --store-busy-timeout) is an outage to the supervisor too: its
     call gives up as soon (it waited 30 s in silence, /ready saying ready all along), rides it out for the
-    grace, and /ready says "locked"; the store answers again, the outage is over."""
+    grace, and /ready says "locked"; the store answers again, the outage is over. A second lock soon after
+    is one too: the orphan sweep, an idle supervisor's only write, waits --orphan-timeout after an outage,
+    and meanwhile /health said ok and /ready blamed the workers' disk."""
+    from server import orphans
+
+    monkeypatch.setattr(orphans, "SWEEP_S", 0.0)  # every round sweeps
     config = ServeConfig(data_dir=str(tmp_path), store_busy_timeout=0.5, store_outage_grace=1.0)
     supervisor = create_app(config).state.services.supervisor  # not started: one round, by hand
     holder = sqlite3.connect(tmp_path / "jobs.db", isolation_level=None)
@@ -308,6 +313,29 @@ def test_an_sqlite_lock_past_the_busy_timeout_makes_the_server_unready(tmp_path)
     holder.execute("COMMIT")
     supervisor._watch_group()
     assert supervisor.outage.describe() is None
+    holder.execute("BEGIN EXCLUSIVE")
+    with pytest.raises(StoreBusy):
+        supervisor._watch_group()
+    assert "locked" in supervisor.unready() and "locked" in supervisor.degraded()
+    holder.execute("COMMIT")
+
+
+def test_an_api_only_server_requeues_the_jobs_of_a_box_that_vanished(tmp_path):
+    """--no-workers: the orphan sweep ran only in a supervisor's rounds, so with every worker box gone (or
+    none beside an API-only front) their jobs read in_progress forever."""
+    srv = ServerProcess(tmp_path, "--no-workers", "--orphan-timeout", "1")
+    try:
+        srv.wait("/health")
+        job = srv.submit(prompt="a red circle moving right", num_inference_steps=2)
+        assert (
+            JobStore(os.path.join(tmp_path, "jobs.db")).claim("gone-box/g/replica0", "gone-box").id
+            == job["id"]
+        )
+        wait_until(lambda: srv.client.get(f"/jobs/{job['id']}").json()["status"] == "queued", 20, "the sweep")
+        assert srv.client.get(f"/jobs/{job['id']}").json()["attempts"] == 1
+        assert "sent no heartbeat for 1 s" in srv.log()
+    finally:
+        assert srv.stop() == 0
 
 
 def test_a_stopping_group_makes_the_server_unready_saying_so(tmp_path):

@@ -64,6 +64,12 @@ class Connections:
     def _write(self):
         return _WriteTxn(self._db, self._backend.begin)
 
+    def write_probe(self) -> None:
+        """An empty write transaction: raises `StoreBusy` where a write would (SQLite's lock held, a full
+        disk, PostgreSQL gone), changing nothing."""
+        with self._write():
+            pass
+
     def close(self) -> None:
         db = getattr(self._local, "db", None)
         if db is not None:
