@@ -57,11 +57,6 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
             if thread is not None:
                 thread.stop()
         if supervisor is not None:
-            log.info(
-                "shutting down: no new jobs; the running job has %.0f s to finish (asked again, by Ctrl-C "
-                "or SIGTERM: it stops now, to run again later)",
-                config.shutdown_grace,
-            )
             supervisor.stop(config.shutdown_grace)
 
     app = FastAPI(

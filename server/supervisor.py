@@ -393,24 +393,38 @@ class Supervisor:
 
     def stop(self, grace: float) -> None:
         """Stop claiming, let the running job finish within `grace` seconds (or until `hurry`), then end the
-        group."""
+        group; at once without a running job (a group still loading its model or warming up would have
+        been waited for, and its drain said "the running job has 300 s")."""
         self._stopping.set()
+        running = []
         if self.group_id is not None:
-            self.store.request_drain(self.group_id)
+            self.store.request_drain(self.group_id)  # first: a claim after the look below is re-queued
+            running = self.store.in_progress(worker_prefix=self._worker_prefix())
+        if running:
+            log.info(
+                "shutting down: no new jobs; the running job has %.0f s to finish (asked again, by Ctrl-C or "
+                "SIGTERM: it stops now, to run again later)",
+                grace,
+            )
+        else:
+            log.info("shutting down: no job is running; stopping the worker group")
+            grace = 0.0
         proc = self._proc
         if proc is not None:
             deadline = time.monotonic() + grace
             while proc.poll() is None and time.monotonic() < deadline and not self._hurried.is_set():
                 self._hurried.wait(0.1)  # a short wait: the signal handler that hurries runs on this thread
             if proc.poll() is None:  # a rank's SIGTERM only drains, as the store already asked
-                late = f"the running job did not finish within {grace:.0f} s"
-                log.warning(
-                    "%s; stopping the worker group", "asked again" if self._hurried.is_set() else late
-                )
+                if running:
+                    late = f"the running job did not finish within {grace:.0f} s"
+                    log.warning(
+                        "%s; stopping the worker group", "asked again" if self._hurried.is_set() else late
+                    )
                 self._kill_group()
                 proc.wait()
         if self.group_id is not None:  # the group is gone: no late end of its run can come
             for job in self.store.in_progress(worker_prefix=self._worker_prefix()):
                 requeue(self.config, self.store, job, "interrupted by a server shutdown", counted=False)
+            self.store.group_stopped(self.group_id)
         if self._thread.is_alive():
             self._thread.join(timeout=5)

@@ -1,7 +1,8 @@
 """A fake instant pipeline with the `dit.pipeline` surface, for server tests and bench/server_overhead.py.
 
 No model work: `generate` sleeps `ITHACA_FAKE_STEP_S` seconds per step and `ITHACA_FAKE_DECODE_S` in its
-decode (defaults 0; spread over its latent frames, each asking `decode_callback`) and returns small random
+decode (defaults 0; spread over its latent frames, each asking `decode_callback`), and its load
+`ITHACA_FAKE_LOAD_S`, and returns small random
 frames; on the replica leader it calls `on_preview` after every
 step with a 32×48 gradient that brightens with the step; it resumes from a checkpoint's step and hands
 `checkpoints` a state (its step, zero latents, no scheduler) when one is due. Everything else is the real
@@ -197,4 +198,5 @@ def _preview(step: int, total: int) -> np.ndarray:
 
 
 def load_pipeline(config: PipelineConfig, mesh) -> FakePipeline:
+    time.sleep(float(os.environ.get("ITHACA_FAKE_LOAD_S", "0")))  # a large model's load
     return FakePipeline(mesh, config)

@@ -225,6 +225,24 @@ def test_past_its_shutdown_grace_a_job_is_stopped_at_once_and_keeps_its_attempts
     assert group_pids(tmp_path) == ([], [])
 
 
+def test_a_sigterm_while_the_group_loads_its_model_stops_it_at_once(tmp_path):
+    """No job runs: the drain waited for the model's load and warm-up (minutes for a large model), saying
+    "the running job has 300 s"."""
+    srv = ServerProcess(tmp_path, "--pipeline-module", FAKE, "--nproc", "1", env={"ITHACA_FAKE_LOAD_S": "60"},
+                        restarts=True)  # fmt: skip
+    try:
+        srv.wait("/health")
+        wait_until(lambda: group_pids(tmp_path)[1], 30, "the group's rank")
+        start = time.monotonic()
+        code = srv.stop(signal.SIGTERM, timeout=30)
+        took = time.monotonic() - start
+    finally:
+        srv.stop(signal.SIGKILL)
+    assert code == 0 and took < 10, (code, took)  # ~1 s
+    assert "no job is running" in srv.log() and "the running job has" not in srv.log()
+    assert group_pids(tmp_path) == ([], [])
+
+
 @pytest.mark.parametrize("soon", [False, True], ids=["during-the-wait", "at-once"])
 def test_a_second_ctrl_c_stops_the_running_job_at_once(tmp_path, soon):
     """The first Ctrl-C lets the running job finish within --shutdown-grace; the wait held the event loop,
@@ -248,8 +266,11 @@ def test_a_second_ctrl_c_stops_the_running_job_at_once(tmp_path, soon):
     finally:
         srv.stop(signal.SIGKILL)
     assert "asked again; stopping the worker group" in srv.log()
-    after = JobStore(os.path.join(tmp_path, "jobs.db")).get(job["id"])
+    store = JobStore(os.path.join(tmp_path, "jobs.db"))
+    after = store.get(job["id"])
     assert (after.status, after.attempts) == ("queued", 0), after
+    # the killed ranks' last heartbeat said "busy": a server sharing the store read it as serving
+    assert {w["state"] for w in store.workers()} == {"stopped"}
     assert took < 10, f"{took:.1f} s after the second Ctrl-C"  # ~1 s; it waited for the job (20 s here)
     assert code == 0 and "interrupted" not in srv.log(), code  # drained: it was a KeyboardInterrupt, exit 130
     assert group_pids(tmp_path) == ([], [])

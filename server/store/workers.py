@@ -39,6 +39,12 @@ class Workers(Connections):
             db.execute("DELETE FROM workers WHERE group_id = ?", (group_id,))
             db.execute("DELETE FROM flags WHERE name IN (?, ?)", (drain_flag(group_id), error_flag(group_id)))
 
+    def group_stopped(self, group_id: str) -> None:
+        """Mark the rows of a group its server ended as stopped: a rank killed mid-heartbeat left "ready",
+        which read as serving for seconds. The rows stay (the limits the group published are still read)."""
+        with self._write() as db:
+            db.execute("UPDATE workers SET state = 'stopped' WHERE group_id = ?", (group_id,))
+
     def prune_workers(self, *, stale_after: float) -> int:
         """Remove worker rows silent for `stale_after` seconds (groups that vanished), keeping the newest row
         so the API still knows the model's last published limits; returns how many went."""
