@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import re
 import sqlite3
 import threading
 import time
@@ -497,10 +498,18 @@ def test_state_changes_are_logged_one_line_each_also_as_json(store, caplog):
         store.claim("w", "box")
         store.set_phase(job.id, "w", "decoding")
         store.finish(job.id, "w", "failed", error="boom")
+        store.create({"prompt": "b"})
+        store.requeue_or_fail(store.claim("w", "box"), max_attempts=2, reason="its worker stopped answering")
     lines = [r for r in caplog.records if r.name == "ithaca.jobs"]
-    assert [r.fields["state"] for r in lines] == ["in_progress", "in_progress", "failed"]
-    assert [r.fields["phase"] for r in lines] == ["encoding", "decoding", "decoding"]
-    entry = json.loads(logs.JsonFormatter().format(lines[-1]))
+    assert [r.fields["state"] for r in lines[:3]] == ["in_progress", "in_progress", "failed"]
+    assert [r.fields["phase"] for r in lines[:3]] == ["encoding", "decoding", "decoding"]
+    # in text too: why it was queued again (it read "queued (queued)", the reason in the JSON record alone)
+    said = [re.sub(r"\d+\.\d s", "T s", r.getMessage().replace(r.fields["job"], "ID")) for r in lines]
+    assert said == ["job ID in_progress (encoding) T s", "job ID in_progress (decoding) T s",
+                    "job ID failed (decoding) T s: boom", "job ID queued T s",
+                    "job ID in_progress (encoding) T s",
+                    "job ID queued T s: its worker stopped answering"], said  # fmt: skip
+    entry = json.loads(logs.JsonFormatter().format(lines[2]))
     assert entry["job"] == job.id and entry["state"] == "failed" and entry["error"] == "boom"
     assert entry["duration_s"] >= 0 and job.id in entry["message"]
 

@@ -118,13 +118,17 @@ def log_change(job: Job | None, reason: str | None = None) -> Job | None:
             fields["error"] = job.error
         if reason:
             fields["reason"] = reason
+        # text: the phase where it says more than the state, and why (a re-queue's reason, a failure's
+        # error): it read "queued (queued)", the reason in the JSON record alone
+        phase = f" ({job.phase})" if job.phase != job.status else ""
+        why = fields.get("error") or reason
         log.info(
-            "job %s %s (%s) %.1f s%s",
+            "job %s %s%s %.1f s%s",
             job.id,
             job.status,
-            job.phase,
+            phase,
             fields["duration_s"],
-            f": {job.error}" if "error" in fields else "",
+            f": {why}" if why else "",
             extra={"fields": fields},
         )
     return job
