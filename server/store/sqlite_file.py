@@ -45,7 +45,9 @@ def check_file(path: str) -> None:
     any) is ours. The file is read through SQLite only: closing a plain file handle on it would drop every
     lock SQLite holds on it in this process, and other processes would then rebuild the WAL index under it."""
     if os.path.isdir(path):
-        raise StoreError(path, "is a folder, not a file")
+        # not "move it aside": the folder is likely where the file was meant to go
+        meant = os.path.join(path, "jobs.db")
+        raise StoreError(path, "is a folder, not a file", fix=f"name a file in it ({meant}?)")
     if not os.path.exists(path) or os.path.getsize(path) == 0:
         return  # SQLite makes a new database of it
     try:
