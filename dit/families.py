@@ -334,8 +334,14 @@ def pick_sampling(
     else:
         schedule = None
     if schedule is not None and sampler not in FIXED_SCHEDULE_SAMPLERS:
+        # a folder's own schedule is named as such: with `--sampler unipc` the message named no file
+        whose = (
+            ""
+            if timesteps is not None
+            else f"{folder / 'scheduler' / 'scheduler_config.json'}: its {SCHEDULE_KEY} "
+        )
         raise ValueError(
-            f"fixed timesteps {schedule} are sampled with {' or '.join(FIXED_SCHEDULE_SAMPLERS)}, not "
+            f"{whose}fixed timesteps {schedule} are sampled with {' or '.join(FIXED_SCHEDULE_SAMPLERS)}, not "
             f"{sampler}; pick one of those samplers"
         )
     own = config if class_name == SCHEDULERS[sampler] else None

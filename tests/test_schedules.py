@@ -238,6 +238,14 @@ def test_a_schedule_that_cannot_run_is_refused(tmp_path):
     folder = _folder(tmp_path, {**unipc, "denoising_step_list": [1000, 1000]})
     with pytest.raises(ValueError, match=r"scheduler_config.json: denoising_step_list: timesteps must be"):
         load_pipeline(PipelineConfig(model=folder, device="cpu", sampler="euler"))
+    (tmp_path / "own").mkdir()
+    own = _folder(tmp_path / "own", {**unipc, "denoising_step_list": [1000, 750, 500, 250]})
+    with pytest.raises(ValueError) as e:  # the folder's own schedule: the message named no file
+        load_pipeline(PipelineConfig(model=own, device="cpu", sampler="unipc"))
+    assert str(e.value) == (
+        f"{own}/scheduler/scheduler_config.json: its denoising_step_list fixed timesteps 1000,750,500,250 "
+        "are sampled with euler or renoise, not unipc; pick one of those samplers"
+    )
     # an option value Ithaca's UniPC does not compute: refused by preflight, before any model loads
     (tmp_path / "scheduler" / "scheduler_config.json").write_text(json.dumps({**unipc, "solver_order": 4}))
     from dit.preflight import preflight
