@@ -408,6 +408,13 @@ class Pipeline:
         if not isinstance(latents, torch.Tensor) or latents.dim() != 5 or latents.shape[:2] != (1, channels):
             shape = tuple(latents.shape) if isinstance(latents, torch.Tensor) else type(latents).__name__
             raise ValueError(f"decode takes one video's latents [1, {channels}, F, H, W], got {shape}")
+        if not bool(torch.isfinite(latents).all()):  # every rank holds the same: each raises alike
+            # the VAE's own check then blamed the decode's dtype
+            raise GenerationFailed(
+                f"the denoised latents hold non-finite values: the sampling diverged ({self.sampler}, flow "
+                f"shift {self.flow_shift:g}; a shift far from the model's, or a float16 DiT's overflow); "
+                "nothing was decoded"
+            )
         if self.config.parallel_decode:
             return self.family.decode(self.vae, latents, self.mesh.replica_group, on_frames, callback)
         if not self.mesh.is_replica_leader:

@@ -13,6 +13,7 @@ import dit.pipeline
 from dit.pipeline import (
     DecodeCancelled,
     GenerationCancelled,
+    GenerationFailed,
     GenerationRequest,
     PipelineConfig,
     load_pipeline,
@@ -96,6 +97,9 @@ def test_decode_takes_one_videos_latents(pipe):
     for bad in (torch.cat([latents, latents]), latents[:, :4], latents.numpy()):  # the first video, or deep
         with pytest.raises(ValueError, match=r"decode takes one video's latents \[1, 16, F, H, W\]"):
             pipe.decode(bad)
+    latents[0, 0, 0, 0, 0] = float("nan")  # diverged sampling (UniPC at flow shift 1e8): the VAE was blamed
+    with pytest.raises(GenerationFailed, match=r"^the denoised latents hold non-finite values: the"):
+        pipe.decode(latents)
 
 
 def test_numpy_numbers_are_taken_as_pythons(pipe):
