@@ -42,14 +42,14 @@ def video_file(config, job: Job) -> str:
 def missing_video(config, job: Job, what: str = "video") -> str:
     """Why a job's MP4 (or its `what`: "preview") is not in this server's results folder, for its 404.
     Servers sharing a job store (PostgreSQL) serve every job's files only when their results folders are one
-    shared folder."""
+    shared folder. The folder is not named: a client has no business with the server's paths."""
     if job.instance and job.instance != config.instance:
         return (
-            f"the {what} of job {job.id} is not in this server's results folder ({config.videos_dir}): "
-            f"server {job.instance!r} wrote it; servers that share a job store must share the results folder "
-            "(--results-dir on a shared file system)"
+            f"the {what} of job {job.id} is not in this server's results folder: server {job.instance!r} "
+            "wrote it; servers that share a job store must share the results folder (--results-dir on a "
+            "shared file system)"
         )
-    return f"the {what} of job {job.id} is gone from {config.videos_dir}"
+    return f"the {what} of job {job.id} is gone from this server's results folder"
 
 
 def input_path(videos_dir: str, job_id: str) -> str:

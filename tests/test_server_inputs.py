@@ -423,6 +423,16 @@ def test_a_job_cancelled_while_queued_to_run_again_leaves_no_file_and_says_so(cl
     assert not any(path.exists() for path in files)
 
 
+def test_a_video_gone_from_the_disk_is_a_404_that_names_no_server_path(client, tmp_path):
+    """It named the results folder's path to any client."""
+    store, instance = client.app.state.services.store, client.app.state.services.config.instance
+    job = client.post("/generate", json={"prompt": "fox"}).json()
+    store.finish(store.claim("w", instance).id, "w", "completed", video="x.mp4")
+    r = client.get(f"/jobs/{job['id']}/video")
+    assert r.status_code == 404 and str(tmp_path) not in r.text, r.text
+    assert r.json()["detail"] == f"the video of job {job['id']} is gone from this server's results folder"
+
+
 def test_a_job_without_a_seed_gets_a_random_one_kept_in_its_request(client):
     seeds = [client.post("/generate", json={"prompt": "fox"}).json()["request"]["seed"] for _ in range(3)]
     v1 = client.post("/v1/videos", json={"prompt": "fox"}).json()["id"]
