@@ -29,9 +29,8 @@ def run(args) -> None:
     shards = [parallel.shard_sequence(t, mesh) for t in (q, k, v)]
     info = shards[0][1]
     if mesh.rank == 0:
-        print(
-            f"Ulysses attention over {mesh.world_size} processes (gloo), B={B} S={S} (+{T} text) H={H} D={D}"
-        )
+        ranks = f"{mesh.world_size} process{'' if mesh.world_size == 1 else 'es'}"
+        print(f"Ulysses attention over {ranks} (gloo), B={B} S={S} (+{T} text) H={H} D={D}")
         print(f"{'comm':<10} {'ms':>8} {'max|Δ| image':>14} {'max|Δ| text':>13} {'‖Δ‖/‖ref‖':>11}")
     for comm in MODES:
         mesh.barrier()
