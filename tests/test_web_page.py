@@ -34,10 +34,15 @@ KEY = "web-page-key"
 WAIT_MS = 30_000  # every browser wait (a tiny job takes a few seconds on 2 busy cores)
 
 # Records every aria-valuenow a progress bar takes and every preview that rendered, from before the submit.
-RECORDER = """() => {
+# What the page went through for the job of `prompt`: its bar's values (the other cards' were mixed in, the
+# session's earlier jobs at 100), and the previews loaded.
+RECORDER = """(prompt) => {
     window.seen = {progress: [], previews: []};
     new MutationObserver((changes) => {
-        for (const c of changes) window.seen.progress.push(Number(c.target.getAttribute("aria-valuenow")));
+        for (const c of changes) {
+            if (c.target.getAttribute("aria-label") !== `Progress of “${prompt}”`) continue;
+            window.seen.progress.push(Number(c.target.getAttribute("aria-valuenow")));
+        }
     }).observe(document.getElementById("jobs"), {subtree: true, attributeFilter: ["aria-valuenow"]});
     document.addEventListener("load", (e) => {  // load does not bubble: caught on its way down
         if (e.target.matches?.("img.preview")) window.seen.previews.push(e.target.naturalWidth);
@@ -177,7 +182,7 @@ def test_generate_on_the_tiny_model(servers, page, tmp_path):
     assert "coloured shapes moving on black" in hint.inner_text() and " triangle " in hint.inner_text()
     page.get_by_label("Prompt", exact=True).fill("a red fox in snow")
     assert hint.inner_text().startswith("It does not know: fox, in, snow.")
-    page.evaluate(RECORDER)
+    page.evaluate(RECORDER, "a red circle moving right")
     page.get_by_role("button", name="Add LoRA").click()  # the session server's catalogue: `glow`
     assert page.get_by_label("LoRA 1", exact=True).input_value() == "glow"
     # enough steps (the tiny model's are ~0.1 s) that the bar is seen between 0 and 100
@@ -272,7 +277,7 @@ def test_the_page_asks_for_the_key_and_cancels(servers, page, tmp_path):
         key.press("Enter")
     assert page.get_by_label("Steps", exact=True).input_value() == "16"
     assert page.get_by_label("Prompt", exact=True).input_value() == "a blue square moving up"
-    page.evaluate(RECORDER)
+    page.evaluate(RECORDER, "a blue square moving up")
     page.get_by_role("button", name="Generate").click()
     seen = _watch_to_the_video(page, "a blue square moving up", tmp_path / "keyed.png")
     assert any(0 < v < 100 for v in seen["progress"]) and seen["previews"], seen
