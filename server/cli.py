@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import ipaddress
 import logging
 import os
 import sys
@@ -57,6 +58,9 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     if choice is not None:  # once the store opened: a damaged one ends serve with its one line alone
         log.info("%s", choice.line())
+    if not config.api_key and not _loopback(config.host):  # an empty ITHACA_API_KEY is none: said, not silent
+        log.warning("no API key (--api-key, ITHACA_API_KEY): every route is open to whoever reaches %s:%d",
+                    config.host, config.port)  # fmt: skip
     supervisor = app.state.services.supervisor
     server = holder["server"] = ClosingServer(
         app.state.services.closing,
@@ -224,6 +228,13 @@ def _add_plan(subparsers) -> None:
     p.add_argument("--width", type=int, default=None, help="default: the model's")
     p.add_argument("--guidance", type=float, default=None, help="default: the model's (1: unguided)")
     p.set_defaults(func=plan)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _log_format(flag: str | None) -> str | None:

@@ -85,6 +85,14 @@ def _store_url(text: str) -> str:
     return text
 
 
+def _api_key(key: str) -> str:
+    """A key with a space or tab at an end cannot be sent: HTTP drops them from the header, so every request
+    was refused (a key of spaces alone too)."""
+    if key != key.strip():
+        raise ValueError("has a space or tab at an end, which HTTP drops from headers: no client can send it")
+    return key
+
+
 def _named(text: str) -> str:
     """A name or path that must not be empty (an empty variable, ITHACA_DATA_DIR= say, is a slip)."""
     if not text.strip():
@@ -141,7 +149,9 @@ class ServeConfig:
         worker=True,
         parse=_above(0),
     )
-    api_key: str | None = _opt(None, "require 'Authorization: Bearer KEY' on every route but /health")
+    api_key: str | None = _opt(
+        None, "require 'Authorization: Bearer KEY' on every route but /health (empty: none)", parse=_api_key
+    )
     max_queue: int = _opt(64, "queued jobs beyond this are refused with 429", parse=_at_least(1))
     lora_patience: float = _opt(
         60.0,

@@ -323,7 +323,7 @@ def test_an_sqlite_lock_past_the_busy_timeout_makes_the_server_unready(tmp_path,
 def test_an_api_only_server_requeues_the_jobs_of_a_box_that_vanished(tmp_path):
     """--no-workers: the orphan sweep ran only in a supervisor's rounds, so with every worker box gone (or
     none beside an API-only front) their jobs read in_progress forever."""
-    srv = ServerProcess(tmp_path, "--no-workers", "--orphan-timeout", "1")
+    srv = ServerProcess(tmp_path, "--no-workers", "--orphan-timeout", "1", "--host", "0.0.0.0")
     try:
         srv.wait("/health")
         job = srv.submit(prompt="a red circle moving right", num_inference_steps=2)
@@ -334,6 +334,11 @@ def test_an_api_only_server_requeues_the_jobs_of_a_box_that_vanished(tmp_path):
         wait_until(lambda: srv.client.get(f"/jobs/{job['id']}").json()["status"] == "queued", 20, "the sweep")
         assert srv.client.get(f"/jobs/{job['id']}").json()["attempts"] == 1
         assert "sent no heartbeat for 1 s" in srv.log()
+        # no key, reachable from elsewhere: said (an empty ITHACA_API_KEY left every route open in silence)
+        assert (
+            f"(--api-key, ITHACA_API_KEY): every route is open to whoever reaches 0.0.0.0:{srv.port}"
+            in srv.log()
+        )
     finally:
         assert srv.stop() == 0
 
