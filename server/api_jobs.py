@@ -137,6 +137,12 @@ class GenerateBody(BaseModel):
         """9.0 taken as 9 (`integral`); strict pydantic would refuse it."""
         return integral(value)
 
+    @field_validator("negative_prompt", mode="before")
+    @classmethod
+    def _no_negative_prompt(cls, value):
+        """null is the field left out, as for every other field (it alone was refused)."""
+        return "" if value is None else value
+
     @field_validator("cache", mode="before")
     @classmethod
     def _cache_rule(cls, value):

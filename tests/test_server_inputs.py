@@ -384,6 +384,15 @@ def test_v1_replays_a_request_however_its_values_are_spelled(client):
     assert client.post("/v1/videos", json=body | {"seed": 8}, headers=key).status_code == 409
 
 
+def test_a_null_negative_prompt_is_one_left_out(client):
+    """Every other field sent as null was taken as left out; this one was a 422 ("a valid string")."""
+    key = {"Idempotency-Key": "negative"}
+    first = client.post("/generate", json={"prompt": "fox"}, headers=key)
+    again = client.post("/generate", json={"prompt": "fox", "negative_prompt": None}, headers=key)
+    assert (first.status_code, again.status_code) == (202, 202), again.text
+    assert again.json()["id"] == first.json()["id"]
+
+
 def test_a_retried_request_gets_its_job_from_a_full_queue(tmp_path):
     """The queue's one place is the key's own job: a retry replays it (a 429 told the client to retry what
     was already queued), another body is still the key's 409, and a new request the queue's 429."""
