@@ -23,7 +23,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import Headers, UploadFile
+from starlette.datastructures import FormData, Headers, UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
 
 from dit import cache_config
 from dit.cache_config import CacheConfig
@@ -257,24 +258,55 @@ async def form_fields(request: Request, file_field: str) -> dict:
     be as long as the body (a data URL in it, URL-encoded up to thrice its length in a urlencoded form): the
     middleware bounds the body, the fields' own rules the other fields."""
     if _media_type(request.headers) == URLENCODED:
-        items = _urlencoded(await request.body())
+        form, items = None, _urlencoded(await request.body())
     else:
         config = svc(request).config
-        form = await request.form(max_part_size=config.max_body_bytes + images.room(config.max_image_bytes))
+        form = await _multipart(request, config.max_body_bytes + images.room(config.max_image_bytes))
         items = form.multi_items()
     parts = []
-    for key, item in items:
-        if isinstance(item, UploadFile):
-            if key != file_field:
-                raise unprocessable(key, f"{shown(key)} cannot be a file; only {file_field} can")
-            item = await item.read()
-        parts.append((key, item))
+    try:
+        for key, item in items:
+            if isinstance(item, UploadFile):
+                if key != file_field:
+                    raise unprocessable(key, f"{shown(key)} cannot be a file; only {file_field} can")
+                item = await item.read()
+            parts.append((key, item))
+    finally:
+        if form is not None:
+            await form.close()  # a file part's spooled file
     parts, loras = loras_mod.form_items(parts)  # a repeated field: one part per LoRA
     keys = [key for key, _ in parts]
     for key in keys:  # any other given twice: which one was meant is not for the server to guess
         if keys.count(key) > 1:
             raise unprocessable(key, f"{shown(key)} is given {keys.count(key)} times; give it once")
     return dict(parts) | ({} if loras is None else {loras_mod.FIELD: loras})
+
+
+class _TextPartsInTheirCharset(MultiPartParser):
+    """Starlette's multipart parser, less its reading of a text part its charset (UTF-8 unless the request
+    says) cannot decode as Latin-1: a prompt of such bytes became other text in silence, where a urlencoded
+    form's is a 400."""
+
+    def on_part_end(self) -> None:
+        part = self._current_part
+        if part.file is None:
+            try:
+                bytes(part.data).decode(self._charset)
+            except (UnicodeDecodeError, LookupError):
+                raise MultiPartException(
+                    f"the form's part {shown(part.field_name)} is not {self._charset}"
+                ) from None
+        super().on_part_end()
+
+
+async def _multipart(request: Request, max_part_size: int) -> FormData:
+    try:
+        async with contextlib.aclosing(request.stream()) as stream:
+            return await _TextPartsInTheirCharset(
+                request.headers, stream, max_part_size=max_part_size
+            ).parse()
+    except MultiPartException as e:
+        raise HTTPException(400, e.message) from None
 
 
 def _urlencoded(body: bytes) -> list[tuple[str, str]]:

@@ -78,6 +78,15 @@ def test_utf7_form_cannot_smuggle_a_surrogate(client):
     assert r.status_code in (200, 422) and client.get("/v1/videos").status_code == 200
 
 
+def test_a_multipart_text_part_is_read_in_its_charset_or_refused(client):
+    """Bytes that are not UTF-8 were read as Latin-1: the prompt became other text in silence."""
+    for path in ("/generate", "/v1/videos"):
+        made = client.post(path, files={"prompt": (None, "café fox".encode())}).json()
+        assert (made["prompt"] if path == "/v1/videos" else made["request"]["prompt"]) == "café fox", made
+        bad = client.post(path, files={"prompt": (None, b"a \xff\xfe fox")})
+        assert bad.status_code == 400 and "the form's part 'prompt' is not utf-8" in bad.text, bad.text
+
+
 def test_urlencoded_form_is_read_as_utf8(client):
     """`curl -d 'prompt=…'` sends UTF-8 raw, not percent-encoded: the prompt must be the one typed."""
     form = "application/x-www-form-urlencoded"
