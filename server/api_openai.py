@@ -194,8 +194,9 @@ def map_request(fields: dict, info: dict) -> dict:
             lo, hi = frames.get("min", 1), frames.get("max")
             raise unprocessable(
                 "seconds",
-                f"seconds={seconds:g} is outside the model's limits: {lo / fps:g} to {hi / fps:g} seconds "
-                f"({lo} to {hi} frames at {fps} fps)",
+                # as given: `:g` rounded 2.06250000000001 onto the limit it passed, 2.0625
+                f"seconds={fields['seconds']} is outside the model's limits: {lo / fps:g} to {hi / fps:g} "
+                f"seconds ({lo} to {hi} frames at {fps} fps)",
             )
         spec["num_frames"] = _snap(seconds * fps, frames)
     if fields.get("size") is not None:
@@ -230,7 +231,10 @@ def _seconds(raw) -> float:
     value = float(raw) if isinstance(raw, str) and _SECONDS.fullmatch(raw) else raw
     # bool is an int to Python; a huge JSON integer compares fine but would overflow float()
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
-        raise unprocessable("seconds", f'seconds={shown(raw)} must be a number in (0, 3600], e.g. "4"')
+        raise unprocessable(
+            "seconds",
+            f'seconds={shown(raw)} must be a number in (0, 3600] (as a string: at most 6 decimals), e.g. "4"',
+        )
     return float(value)
 
 

@@ -581,10 +581,15 @@ def test_v1_refuses_a_size_or_duration_the_model_cannot_make_and_says_what_it_ro
         ({"size": "64x8"}, "size", sizes),
         ({"seconds": "4"}, "seconds", durations),
         ({"seconds": 0.25}, "seconds", durations),
+        ({"seconds": 2.06250000000001}, "seconds", durations),
     ]:
         r = client.post("/v1/videos", json={"prompt": "fox", **fields})
         assert r.status_code == 422 and _field(r) == field, r.text
         assert r.json()["error"]["message"].endswith(f"is outside the model's limits: {allowed}"), r.text
+    # the value as sent: it read "seconds=2.0625 is outside ...: 0.3125 to 2.0625 seconds"
+    assert r.json()["error"]["message"].startswith("seconds=2.06250000000001 is outside"), r.text
+    r = client.post("/v1/videos", json={"prompt": "fox", "seconds": "2.0625001"})  # a number, past the rule
+    assert "must be a number in (0, 3600] (as a string: at most 6 decimals)" in r.text, r.text
     # inside them: the nearest multiples of 16 (40 lies halfway: up), 17.6 frames → 17; the reply says so
     r = client.post("/v1/videos", json={"prompt": "fox", "size": "100x40", "seconds": "1.1"})
     assert r.status_code == 200, r.text
