@@ -283,9 +283,9 @@ async def form_fields(request: Request, file_field: str) -> dict:
 
 
 class _TextPartsInTheirCharset(MultiPartParser):
-    """Starlette's multipart parser, less its reading of a text part its charset (UTF-8 unless the request
-    says) cannot decode as Latin-1: a prompt of such bytes became other text in silence, where a urlencoded
-    form's is a 400."""
+    """Starlette's multipart parser, except that a text part its charset (UTF-8 unless the request says)
+    cannot decode is refused: Starlette read it as Latin-1, and a prompt of such bytes became other text in
+    silence (a urlencoded form's is a 400)."""
 
     def on_part_end(self) -> None:
         part = self._current_part
