@@ -74,6 +74,7 @@ def serve(args: argparse.Namespace) -> int:
             log_config=None,  # uvicorn's lines go through the handler `logs.setup` installed
         ),
         hurry=supervisor.hurry if supervisor is not None else lambda: None,
+        drain=(lambda: supervisor.stop(config.shutdown_grace)) if supervisor is not None else None,
     )
     server.run()
     if supervisor is not None and supervisor.fatal:

@@ -254,10 +254,16 @@ class Supervisor:
 
     def ready(self) -> bool:
         proc = self._proc
-        return proc is not None and proc.poll() is None and self._group_ready and self.outage.since is None
+        serving = proc is not None and proc.poll() is None and self._group_ready
+        return serving and self.outage.since is None and not self._stopping.is_set()
 
     def unready(self) -> str:
         """Why the server does not serve now (while `ready()` is False), for /ready."""
+        if self._stopping.is_set() and self.fatal is None:
+            return (
+                "the server is shutting down: it starts no job (the running one has --shutdown-grace to "
+                "finish; the queued ones wait for another server)"
+            )
         outage = self.fatal or self.outage.describe()
         if outage:
             return outage
@@ -395,6 +401,8 @@ class Supervisor:
         """Stop claiming, let the running job finish within `grace` seconds (or until `hurry`), then end the
         group; at once without a running job (a group still loading its model or warming up would have
         been waited for, and its drain said "the running job has 300 s")."""
+        if self._stopping.is_set():  # drained already (the HTTP server's drain, then the lifespan's stop)
+            return
         self._stopping.set()
         running = []
         if self.group_id is not None:
