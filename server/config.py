@@ -86,10 +86,12 @@ def _store_url(text: str) -> str:
 
 
 def _api_key(key: str) -> str:
-    """A key with a space or tab at an end cannot be sent: HTTP drops them from the header, so every request
-    was refused (a key of spaces alone too)."""
+    """A key no client can send was every request refused: HTTP drops a header's end spaces (a key of spaces
+    alone too), and a header carries printable ASCII (a browser cannot set one of other characters)."""
     if key != key.strip():
         raise ValueError("has a space or tab at an end, which HTTP drops from headers: no client can send it")
+    if not re.fullmatch(r"[\x20-\x7e]+", key):
+        raise ValueError("must be printable ASCII (letters, digits, punctuation): a header carries no other")
     return key
 
 

@@ -679,6 +679,7 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
         # HTTP drops a header's end spaces: a server no client could use (every request refused)
         (["serve", "--api-key", "  "], {}, "argument --api-key: has a space or tab at an end, which HTTP"),
         (["serve"], {"ITHACA_API_KEY": "k\t"}, "ITHACA_API_KEY: has a space or tab at an end"),
+        (["serve", "--api-key", "ключ"], {}, "argument --api-key: must be printable ASCII (letters, digits"),
         (["serve", "--data-dir", "/dev/null/d"], {}, "--data-dir /dev/null/d: /dev/null is a file, not a"),
         # said as the command's, whose --help lists its flags (it was "ithaca: error: ... see ithaca --help")
         (["generate", "a fox", "--stpes", "4"], {},

@@ -30,9 +30,19 @@ function apiKey() {
   return sessionStorage.getItem(KEY_STORE);
 }
 
+// What a header can carry (the server refuses other keys at its start): a key of other characters made every
+// call fail before it was sent, "Cannot reach the server", the key never asked for again, a reload no help.
+const KEY_CHARS = /^[\x20-\x7e]+$/;
+const KEY_RULE = "An API key is printable ASCII (letters, digits, punctuation, spaces inside); enter it again.";
+
 async function api(path, options = {}) {
   const headers = new Headers(options.headers || {});
   const key = apiKey();
+  if (key && !KEY_CHARS.test(key)) {
+    sessionStorage.removeItem(KEY_STORE);
+    askKey(KEY_RULE);
+    throw new AuthError("API key needed");
+  }
   if (key) headers.set("Authorization", `Bearer ${key}`);
   const response = await fetch(path, { ...options, headers });
   if (response.status === 401) {
@@ -68,7 +78,12 @@ function askKey(message) {
 
 $("key-form").addEventListener("submit", (event) => {
   event.preventDefault();
-  sessionStorage.setItem(KEY_STORE, $("api-key").value);
+  const key = $("api-key").value.trim();
+  if (!KEY_CHARS.test(key)) {
+    $("key-error").textContent = KEY_RULE;
+    return;
+  }
+  sessionStorage.setItem(KEY_STORE, key);
   $("api-key").value = "";
   $("key-form").hidden = true;
   start();
@@ -290,6 +305,7 @@ async function showPage(index) {
   }
   const { data, has_more, last_id } = jobJson(await response.text());
   if (ticket !== listing) return;
+  if (!data.length && index > 0) return showPage(index - 1); // its jobs deleted: it said "No jobs yet."
   page = index;
   cursors = cursors.slice(0, index + 1);
   if (has_more) cursors.push(last_id);
@@ -297,12 +313,12 @@ async function showPage(index) {
   for (const [id, card] of cards) {
     if (!shown.has(id)) dropCard(card);
   }
-  // cards already shown keep their stream, preview and video; the list is rebuilt only when it changed, so a
-  // refresh keeps the focus (a card's button) where it is
+  // cards already shown keep their stream, preview and video
   const els = data.map((job) => (cards.get(job.id) || makeCard(job)).el);
   const list = $("jobs");
-  const changed = els.length !== list.children.length || els.some((el, i) => list.children[i] !== el);
-  if (changed) list.replaceChildren(...els);
+  // in place: a card taken out and put back (replaceChildren) lost the keyboard's focus at each new job
+  for (const child of [...list.children]) if (!els.includes(child)) child.remove();
+  els.forEach((el, i) => list.children[i] !== el && list.insertBefore(el, list.children[i] || null));
   for (const job of data) {
     const card = cards.get(job.id);
     // a followed job hears of itself from its own stream, once the list has said where it is: a stream
@@ -349,7 +365,7 @@ function makeCard(job) {
   const when = new Date(job.created_at * 1000).toLocaleString();
   const seed = job.request.seed == null ? "" : ` · seed ${job.request.seed}`; // drawn by the server if not sent
   card.el.append(
-    element("h3", { id: title }, prompt),
+    element("h3", { id: title, tabindex: "-1" }, prompt), // takes the focus from a Cancel that hides itself
     element("p", { class: "meta" }, `${job.id.slice(0, 8)}${seed} · ${when}`),
   );
   card.state = element("p", { class: "state" });
@@ -388,9 +404,13 @@ function dropCard(card) {
 }
 
 function update(card, job) {
+  // an action's error ("Not cancelled: ...") goes once the job has moved on: it stayed under "Completed"
+  if (job.status !== card.status && !card.error.hidden) card.error.hidden = true;
   card.status = job.status;
   let state = STATUS_WORDS[job.status] || job.status;
-  if (job.status === "queued" && job.queue_position != null) state += ` (position ${job.queue_position})`;
+  if (job.status === "queued" && job.queue_position != null) {
+    state += job.queue_position ? ` (${job.queue_position} ahead)` : " (next)"; // it said "position 0"
+  }
   if (job.status === "in_progress") state += ` · ${job.phase}` + (job.total_steps ? ` · step ${job.step} of ${job.total_steps}` : "");
   if (job.status === "completed" && job.timings && job.timings.total_s != null) {
     // a resumed job's seconds are its last run's: "resumed after step 6 in 4.3 s" read as the whole job's
@@ -415,7 +435,8 @@ function update(card, job) {
     card.previewStep = null;
     card.preview.hidden = true;
   }
-  if (job.preview_step != null) showPreview(card, job.preview_step, job.preview_url);
+  // a finished job's preview is its video's poster (showVideo): loaded here too, it was fetched twice
+  if (job.preview_step != null && job.status !== "completed") showPreview(card, job.preview_step, job.preview_url);
   if (job.status === "completed") showVideo(card, job);
   followMore();
 }
@@ -496,6 +517,8 @@ async function cancel(card) {
   } finally {
     card.cancel.disabled = false;
   }
+  // the keyboard's place stays on the card (a hidden button dropped it to the page's start)
+  if (card.cancel.hidden && document.activeElement === document.body) card.el.querySelector("h3").focus();
 }
 
 // Server-Sent Events read with fetch (EventSource cannot send the key): `progress` and `done` carry the job,
