@@ -420,6 +420,20 @@ def test_a_long_queue_leaves_the_page_connections_to_submit(browser, tmp_path):
         page.get_by_text("Page 1").wait_for(timeout=10_000)
         assert page.locator("li.job").count() == 10 and page.locator("#jobs-status").inner_text() == ""
 
+        # an action's error goes once the job moves on (it stayed under "Completed")
+        page.route(
+            "**/jobs/*",
+            lambda route: route.abort() if route.request.method == "DELETE" else route.continue_(),
+        )
+        other = page.locator("li.job", has_text="queued 1")
+        other.get_by_role("button", name="Cancel").click()
+        other.get_by_text("Not cancelled: ").wait_for()
+        page.unroute("**/jobs/*")
+        store = open_store(config)
+        assert store.claim("w", "box").spec["prompt"] == "queued 1"
+        store.close()
+        other.get_by_text("Not cancelled: ").wait_for(state="hidden", timeout=10_000)
+
         # the server gone: its 3 streams are tried again once a second each, not in a growing storm (each
         # failure armed its own retry of every stream: 2 requests a second grew to 22 in 13 s)
         tries = []
