@@ -11,7 +11,7 @@ import os
 import sys
 import textwrap
 
-from dit.cli_args import PACKAGES
+from dit.cli_args import PACKAGES, sigterm_as_interrupt
 from dit.hub import local_model
 from parallel.local_group import check_start_folder
 from server import config as config_mod
@@ -288,10 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:  # said as the command's: its --help lists its flags (`ithaca --help` only the commands)
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
-        return args.func(args) or 0
-    except KeyboardInterrupt:  # Ctrl-C before a command's own handling (its checks, the model's look-up)
+        # SIGTERM as Ctrl-C (serve's start-up, before uvicorn takes the signals: it ended serve in silence)
+        with sigterm_as_interrupt():
+            return args.func(args) or 0
+    except KeyboardInterrupt as stop:  # before a command's own handling (its checks, the model's look-up)
         logs.last_line(f"ithaca {args.command}: interrupted", parser.commands[args.command].log_format)
-        return 130
+        return getattr(stop, "code", 130)  # SIGTERM's 143
     except BrokenPipeError:  # `ithaca plan ... | head`: the reader left; no traceback for that
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit would fail too
         return 141  # 128 + SIGPIPE, as a shell reports it

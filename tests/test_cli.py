@@ -200,6 +200,20 @@ def test_a_serve_stopped_before_its_server_runs_says_so_in_the_logs_format(monke
     assert (said["level"], said["message"]) == ("error", "ithaca serve: interrupted"), said
 
 
+def test_a_sigterm_before_the_server_runs_is_said_and_exits_143():
+    """serve's start-up (its checks, a Hub look-up) before uvicorn takes the signals: SIGTERM ended it with
+    no word at all."""
+    code = (
+        "import os, signal, sys, time, server.cli\n"
+        "def serve(args):\n    os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(10)\n"
+        "server.cli.serve = serve\n"
+        "sys.exit(server.cli.main(['serve', '--log-format', 'json']))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 143, proc
+    assert json.loads(proc.stderr)["message"] == "ithaca serve: interrupted", proc.stderr
+
+
 def test_a_world_size_left_in_the_shell_is_no_launch(monkeypatch, capsys):
     """`WORLD_SIZE=1 ithaca generate --nproc 2` ran on one rank (a rank of a launch has RANK too), and with
     --ulysses 2 said the degrees "do not fit --nproc 1"."""
