@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 
 from fastapi import FastAPI
@@ -19,7 +18,6 @@ from server.services import Services
 from server.store import open_store
 from server.supervisor import Supervisor
 
-log = logging.getLogger("ithaca.server")
 # without a key: the page loads without one (its API calls need it), a probe's /health too
 PUBLIC_PATHS = ("/health", *api_web.PAGE_FILES)
 
