@@ -29,13 +29,13 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from dit import cache_config
 from dit.cache_config import CacheConfig
 from dit.request import BLANK_CLASS, MAX_SEED
-from server import images, videos
+from server import images, signed_links, videos
 from server import limits as limits_mod
 from server import loras as loras_mod
 from server.file_response import PARTS, ConditionalFile
 from server.jsonsafe import SafeJSONResponse, render, shown
 from server.openai_errors import responses
-from server.replies import JobList, JobView, Status, reply
+from server.replies import JobList, JobView, Links, Status, reply
 from server.services import MAX_PROMPT_CHARS, Services, unprocessable
 from server.store import Job, StoreBusy
 
@@ -342,14 +342,18 @@ def job_view(services: Services, job: Job) -> dict:
         "cancel_requested": job.cancel_requested,
         "error": job.error,
         "warnings": services.warnings(job),
-        "video_url": f"/jobs/{job.id}/video" if job.status == "completed" else None,
+        "video_url": _video_url(job),
         "preview_step": job.preview_step,
-        "preview_url": _preview_url(job.id) if job.preview_step is not None else None,
+        "preview_url": _preview_url(job),
     }
 
 
-def _preview_url(job_id: str) -> str:
-    return f"/jobs/{job_id}/preview"
+def _video_url(job: Job) -> str | None:
+    return f"/jobs/{job.id}/video" if job.status == "completed" else None
+
+
+def _preview_url(job: Job) -> str | None:
+    return f"/jobs/{job.id}/preview" if job.preview_step is not None else None
 
 
 @router.post(
@@ -493,6 +497,21 @@ _PREVIEW_ROUTE = {"response_class": Response, "responses": PREVIEW | responses(4
 @router.head("/jobs/{job_id}/preview", **_PREVIEW_ROUTE)
 def get_preview(request: Request, job_id: str):
     return preview_file(request, job_id)
+
+
+@router.get("/jobs/{job_id}/links", responses=reply(Links) | responses(401, 404, 503))
+def get_links(request: Request, job_id: str):
+    """The job's video and preview (null as in the job) as links that open without the key until
+    `expires_at`, an hour on (server.signed_links): for a browser's <video> or download, which cannot send
+    the header. Without a key set, the plain paths, which do not expire."""
+    services = svc(request)
+    job, key = services.job(job_id), services.config.api_key
+    expires = int(time.time()) + signed_links.LINK_SECONDS if key else None
+
+    def link(path: str | None) -> str | None:
+        return signed_links.signed(key, path, expires) if key and path else path
+
+    return {"video_url": link(_video_url(job)), "preview_url": link(_preview_url(job)), "expires_at": expires}
 
 
 def _current_view(services: Services, job_id: str) -> dict | None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hmac
 import re
+import time
 
+from server import signed_links
 from server.openai_errors import error_response
 
 
@@ -80,7 +82,8 @@ class TrailingSlash:
 
 class GuardMiddleware:
     """Every route but `public_paths` (/health, the web page's files) needs `Authorization: Bearer <key>`
-    when a key is set; larger bodies get 413.
+    when a key is set, or a signed link's query (server.signed_links) for a job's video or preview; larger
+    bodies get 413.
     A POST to one of `upload_paths` (the submit routes, which may carry an image) may be `upload_bytes`
     larger, for the image alone: a form's parser bounds each part (api_jobs.form_fields), any other body
     (JSON) is read here and may pass `max_body_bytes` only by one data URL string (`_DataUrlRoom`), so a
@@ -105,6 +108,10 @@ class GuardMiddleware:
         self.upload_bytes, self.upload_paths = upload_bytes, frozenset(upload_paths)
         self.image_bytes = image_bytes  # --max-image-bytes, said in an upload's 413
         self.expected = api_key.encode() if api_key else None
+
+    def _linked(self, scope) -> bool:
+        query = scope.get("query_string", b"")
+        return signed_links.opens(self.expected, scope["method"], scope["path"], query, time.time())
 
     def _upload(self, scope) -> bool:
         return scope["method"] == "POST" and scope["path"] in self.upload_paths
@@ -131,7 +138,7 @@ class GuardMiddleware:
                     scope, send, 400, f"{header} is given {names.count(name)} times; give it once"
                 )
         headers = dict(scope["headers"])
-        if self.expected is not None and scope["path"] not in self.public_paths:
+        if self.expected is not None and scope["path"] not in self.public_paths and not self._linked(scope):
             scheme, _, key = headers.get(b"authorization", b"").partition(b" ")
             # the scheme's name is case-insensitive (RFC 9110 §11.1): "bearer KEY" is as good
             if scheme.lower() != b"bearer" or not hmac.compare_digest(key.lstrip(b" "), self.expected):

@@ -60,6 +60,12 @@ class JobView(_Reply):
     preview_url: str | None
 
 
+class Links(_Reply):
+    video_url: str | None = Field(description="null until the job is completed")
+    preview_url: str | None = Field(description="null until a live preview is in place")
+    expires_at: int | None = Field(description="when the links stop opening; null: no key is set")
+
+
 class JobList(_Reply):
     data: list[JobView]
     has_more: bool

@@ -14,6 +14,7 @@ import imageio.v3 as iio
 import openai
 import pytest
 
+from server import signed_links
 from testing.server_process import ServerProcess, wait_until
 
 pytestmark = [
@@ -132,6 +133,33 @@ def test_api_key(server):
         assert bare.get("/jobs", headers={"Authorization": wrong}).status_code == 401, wrong
     for right in (f"Bearer {key}", f"bearer {key}", f"BEARER  {key}"):  # the scheme in any case (RFC 9110)
         assert bare.get("/jobs", headers={"Authorization": right}).status_code == 200, right
+
+
+def test_signed_links_open_a_jobs_files_alone_until_they_expire(server):
+    job = server.wait_job(server.submit(prompt="linked", num_inference_steps=1)["id"])
+    bare = httpx.Client(base_url=server.url)
+    assert bare.get(f"/jobs/{job['id']}/links").status_code == 401
+    links = server.client.get(f"/jobs/{job['id']}/links").json()
+    assert abs(links["expires_at"] - time.time() - signed_links.LINK_SECONDS) < 60
+    video = bare.get(links["video_url"])
+    assert video.status_code == 200 and video.content == server.client.get(job["video_url"]).content
+    part = bare.get(links["video_url"], headers={"Range": "bytes=0-99"})  # how a <video> reads it
+    assert part.status_code == 206 and part.content == video.content[:100]
+    assert bare.head(links["video_url"]).status_code == 200
+    assert bare.get(links["preview_url"]).headers["content-type"] == "image/webp"
+    path, _, query = links["video_url"].partition("?")
+    expired = signed_links.signed(server.api_key, path, int(time.time()) - 1)
+    forged = query.replace("signature=", "signature=0")
+    for method, url in [
+        ("GET", expired),
+        ("GET", f"{path}?{forged}"),
+        ("GET", f"{path}?{query}&expires=9999999999"),  # given twice
+        ("GET", f"/jobs/{job['id']}?{query}"),  # another path
+        ("GET", f"/jobs/{job['id']}/preview?{query}"),
+        ("DELETE", f"/jobs/{job['id']}?{query}"),
+        ("POST", f"{path}?{query}"),
+    ]:
+        assert bare.request(method, url).status_code == 401, (method, url)
 
 
 def _malformed(job_id: str):

@@ -100,7 +100,10 @@ def test_every_json_reply_is_what_the_document_says(client):
     check(client.delete(f"/jobs/{ids[3]}"), "/jobs/{job_id}", "delete")  # queued: cancelled
     statuses = set()
     for job_id in ids:
-        statuses.add(check(client.get(f"/jobs/{job_id}"), "/jobs/{job_id}")["status"])
+        view = check(client.get(f"/jobs/{job_id}"), "/jobs/{job_id}")
+        statuses.add(view["status"])
+        links = check(client.get(f"/jobs/{job_id}/links"), "/jobs/{job_id}/links")
+        assert links == {"video_url": view["video_url"], "preview_url": view["preview_url"], "expires_at": None}
         check(client.get(f"/v1/videos/{job_id}"), "/v1/videos/{video_id}")
     assert statuses == {"queued", "in_progress", "completed", "failed", "cancelled"}
     check(client.get("/jobs"), "/jobs")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import replace
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -289,10 +290,19 @@ def test_the_page_asks_for_the_key_and_cancels(servers, page, tmp_path):
     assert page.get_by_label("Steps", exact=True).input_value() == "16"
     assert page.get_by_label("Prompt", exact=True).input_value() == "a blue square moving up"
     page.evaluate(RECORDER, "a blue square moving up")
+    videos = []
+    page.on("request", lambda r: videos.append(r.url) if urlsplit(r.url).path.endswith("/video") else None)
     page.get_by_role("button", name="Generate").click()
     seen = _watch_to_the_video(page, "a blue square moving up", tmp_path / "keyed.png")
     assert any(0 < v < 100 for v in seen["progress"]) and seen["previews"], seen
-    assert page.locator("li.job video").first.evaluate("v => v.src.startsWith('blob:')")
+    # the MP4 streams through a signed link, as the <video> plays it: it was fetched whole with the header
+    assert videos and all("signature=" in url for url in videos), videos
+    # a download after the links expired asks for new ones
+    card = page.locator("li.job", has_text="a blue square moving up").first
+    page.evaluate("() => cards.forEach((card) => (card.linksExpire = 0))")
+    with page.expect_download() as download, page.expect_response("**/links"):
+        card.get_by_role("link", name="Download MP4").click()
+    assert "signature=" in download.value.url and os.path.getsize(download.value.path()) > 1000
     assert seen["poster_vs_frame"] < MAX_POSTER_DIFFERENCE, seen
 
     _submit(page, "a fox to cancel", Frames=33, Width=128, Height=128, Steps=50)

@@ -359,6 +359,7 @@ function makeCard(job) {
     stream: null, // AbortController of the event stream being read
     heard: 0, // when its stream last told of it (performance.now())
     urls: [], // blob: URLs to revoke when the card goes
+    linksExpire: null, // when the links to its video stop opening (showVideo); null: none, or no key
     dropped: false,
   };
   const prompt = job.request.prompt;
@@ -389,6 +390,12 @@ function makeCard(job) {
   card.video = element("video", { controls: "", preload: "metadata", "aria-label": `Video of “${prompt}”` });
   card.download = element("a", { download: `${job.id}.mp4`, "aria-describedby": title }, "Download MP4");
   card.video.hidden = card.download.hidden = true;
+  card.video.addEventListener("error", () => linksStale(card) && renewLinks(card, () => {}));
+  card.download.addEventListener("click", (event) => {
+    if (!linksStale(card)) return;
+    event.preventDefault();
+    renewLinks(card, () => card.download.click());
+  });
   const media = element("div", { class: "media" });
   media.append(card.preview, card.video);
   card.el.append(card.state, card.warning, card.bar, card.error, media, card.cancel, card.download);
@@ -488,20 +495,46 @@ async function showPreview(card, step, path) {
   }
 }
 
-// Without a key the video streams from its URL; with one it is fetched with the header into a blob: URL.
+// The video streams from its URL, read by ranges as it plays. With a key, from a link that opens it without the
+// header (a <video> or a download cannot send one) until `card.linksExpire`: the MP4 was fetched whole into
+// memory for every finished card shown, and again on each page flip.
 async function showVideo(card, job) {
   if (card.videoShown) return;
   card.videoShown = true;
   try {
-    const url = apiKey() ? await blobUrl(card, job.video_url) : job.video_url;
     // a finished job's preview is its video's middle frame (the worker puts it in place before completing)
-    if (job.preview_url) card.video.poster = await blobUrl(card, job.preview_url).catch(() => "");
-    card.video.src = url;
-    card.download.href = url;
+    const { video_url, preview_url } = apiKey() ? await links(card) : job;
+    card.video.poster = preview_url || "";
+    card.video.src = card.download.href = video_url;
     card.video.hidden = card.download.hidden = false;
     card.preview.hidden = true;
   } catch (error) {
     card.videoShown = false;
+    if (!(error instanceof AuthError)) showError(card, `Cannot load the video: ${error.message}`);
+  }
+}
+
+async function links(card) {
+  const response = await api(`/jobs/${card.id}/links`);
+  if (!response.ok) throw new Error(await errorText(response));
+  const got = await response.json();
+  card.linksExpire = got.expires_at;
+  return got;
+}
+
+function linksStale(card) {
+  return card.linksExpire != null && Date.now() / 1000 > card.linksExpire - 60;
+}
+
+// Links an hour old are asked for again: the video goes on from where it stood, a download starts.
+async function renewLinks(card, then) {
+  try {
+    const { video_url } = await links(card);
+    const at = card.video.currentTime;
+    card.video.src = card.download.href = video_url;
+    card.video.addEventListener("loadedmetadata", () => (card.video.currentTime = at), { once: true });
+    then();
+  } catch (error) {
     if (!(error instanceof AuthError)) showError(card, `Cannot load the video: ${error.message}`);
   }
 }
