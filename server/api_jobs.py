@@ -470,10 +470,18 @@ def video_file(request: Request, job_id: str) -> ConditionalFile:
     config = services.config
     if job.status == "completed" and job.video and not os.path.isfile(videos.video_file(config, job)):
         raise HTTPException(404, videos.missing_video(config, job))  # e.g. another box's, not shared
-    return ConditionalFile(services.video_path(job), media_type="video/mp4", filename=f"{job.id}.mp4")
+    # private: a signed link's request has no Authorization, which alone kept a shared cache (a proxy, a CDN)
+    # from storing the video and serving it past the link's end or the job's deletion
+    path, private = services.video_path(job), {"Cache-Control": "private"}
+    return ConditionalFile(path, media_type="video/mp4", filename=f"{job.id}.mp4", headers=private)
 
 
-_VIDEO_ROUTE = {"response_class": FileResponse, "responses": VIDEO | PARTS | responses(401, 404, 416, 503)}
+_LINKED = {"openapi_extra": {"parameters": signed_links.QUERY}}
+_VIDEO_ROUTE = {
+    "response_class": FileResponse,
+    "responses": VIDEO | PARTS | responses(401, 404, 416, 503),
+    **_LINKED,
+}
 
 
 @router.get("/jobs/{job_id}/video", **_VIDEO_ROUTE)
@@ -490,7 +498,7 @@ def preview_file(request: Request, job_id: str) -> Response:
     return Response(webp, media_type="image/webp", headers={"Cache-Control": "no-store"})
 
 
-_PREVIEW_ROUTE = {"response_class": Response, "responses": PREVIEW | responses(401, 404, 503)}
+_PREVIEW_ROUTE = {"response_class": Response, "responses": PREVIEW | responses(401, 404, 503), **_LINKED}
 
 
 @router.get("/jobs/{job_id}/preview", **_PREVIEW_ROUTE)
@@ -502,11 +510,11 @@ def get_preview(request: Request, job_id: str):
 @router.get("/jobs/{job_id}/links", responses=reply(Links) | responses(401, 404, 503))
 def get_links(request: Request, job_id: str):
     """The job's video and preview (null as in the job) as links that open without the key until
-    `expires_at`, an hour on (server.signed_links): for a browser's <video> or download, which cannot send
-    the header. Without a key set, the plain paths, which do not expire."""
+    `expires_at`, an hour on or a few minutes more (server.signed_links): for a browser's <video> or
+    download, which cannot send the header. Without a key set, the plain paths, which do not expire."""
     services = svc(request)
     job, key = services.job(job_id), services.config.api_key
-    expires = int(time.time()) + signed_links.LINK_SECONDS if key else None
+    expires = signed_links.expiry(time.time()) if key else None
 
     def link(path: str | None) -> str | None:
         return signed_links.signed(key, path, expires) if key and path else path

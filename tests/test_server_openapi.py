@@ -103,7 +103,8 @@ def test_every_json_reply_is_what_the_document_says(client):
         view = check(client.get(f"/jobs/{job_id}"), "/jobs/{job_id}")
         statuses.add(view["status"])
         links = check(client.get(f"/jobs/{job_id}/links"), "/jobs/{job_id}/links")
-        assert links == {"video_url": view["video_url"], "preview_url": view["preview_url"], "expires_at": None}
+        plain = {"video_url": view["video_url"], "preview_url": view["preview_url"], "expires_at": None}
+        assert links == plain  # no key: the paths
         check(client.get(f"/v1/videos/{job_id}"), "/v1/videos/{video_id}")
     assert statuses == {"queued", "in_progress", "completed", "failed", "cancelled"}
     check(client.get("/jobs"), "/jobs")
@@ -119,6 +120,10 @@ def test_the_document_says_which_routes_need_the_key(tmp_path):
     assert doc["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
     assert doc["security"] == [{"apiKey": []}] and doc["paths"]["/health"]["get"]["security"] == []
     assert "security" not in doc["paths"]["/jobs"]["get"]  # the document's own: a key
+    for path in ("/jobs/{job_id}/video", "/jobs/{job_id}/preview"):  # or a signed link's query
+        for method in ("get", "head"):
+            names = [p["name"] for p in doc["paths"][path][method]["parameters"]]
+            assert names == ["job_id", "expires", "signature"], (path, method)
     with TestClient(tiny_random_app(tmp_path / "open")) as open_:
         assert "security" not in open_.get("/openapi.json").json()
 

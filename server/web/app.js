@@ -359,7 +359,7 @@ function makeCard(job) {
     stream: null, // AbortController of the event stream being read
     heard: 0, // when its stream last told of it (performance.now())
     urls: [], // blob: URLs to revoke when the card goes
-    linksExpire: null, // when the links to its video stop opening (showVideo); null: none, or no key
+    linksUntil: null, // when the links to its video stop opening, performance.now()'s; null: none, or no key
     dropped: false,
   };
   const prompt = job.request.prompt;
@@ -496,7 +496,7 @@ async function showPreview(card, step, path) {
 }
 
 // The video streams from its URL, read by ranges as it plays. With a key, from a link that opens it without the
-// header (a <video> or a download cannot send one) until `card.linksExpire`: the MP4 was fetched whole into
+// header (a <video> or a download cannot send one) until `card.linksUntil`: the MP4 was fetched whole into
 // memory for every finished card shown, and again on each page flip.
 async function showVideo(card, job) {
   if (card.videoShown) return;
@@ -518,12 +518,17 @@ async function links(card) {
   const response = await api(`/jobs/${card.id}/links`);
   if (!response.ok) throw new Error(await errorText(response));
   const got = await response.json();
-  card.linksExpire = got.expires_at;
+  if (got.expires_at != null) {
+    // their end on the page's own clock: a browser's clock an hour ahead of the server's made fresh links
+    // stale, and a download asked for new ones again and again; one behind kept dead ones
+    const serverNow = Date.parse(response.headers.get("Date")) || Date.now();
+    card.linksUntil = performance.now() + got.expires_at * 1000 - serverNow;
+  }
   return got;
 }
 
 function linksStale(card) {
-  return card.linksExpire != null && Date.now() / 1000 > card.linksExpire - 60;
+  return card.linksUntil != null && performance.now() > card.linksUntil - 60000;
 }
 
 // Links an hour old are asked for again: the video goes on from where it stood, a download starts.
