@@ -23,7 +23,7 @@ from dit.cli_args import (
     sigterm_as_interrupt,
     typed,
 )
-from dit.files import check_folder
+from dit.files import check_folder, check_name
 from dit.parity import add_parity
 from parallel.local_group import launched
 from parallel.plan import parse_degree
@@ -70,24 +70,37 @@ def add_subcommands(subparsers) -> None:
     add_parity(subparsers)
 
 
+def partial_out(path: str) -> Path:
+    """The hidden name the video is written under until done: a run that fails or is stopped leaves the
+    --out it found."""
+    return Path(path).with_name(f".{Path(path).stem}.partial.mp4")
+
+
 def check_out(path: str) -> None:
     """ValueError for an --out the MP4 writer cannot write, found before the model loads rather than after
     the whole run. Its folder is made by the writer: a run that fails first leaves none."""
     out = Path(path)
+    if out.name.lower() == ".mp4":  # a hidden file's name, with no suffix: "give a name ending in .mp4"
+        raise ValueError(f"--out {path}: give the video a name before .mp4")
     if out.suffix.lower() != ".mp4":
         raise ValueError(f"--out {path}: the video is an MP4; give a file name ending in .mp4")
+    check_name("--out", out, partial_out(path).name)
     if out.is_dir():
         raise ValueError(f"--out {path} is a folder; give a file name ending in .mp4")
     check_folder(f"--out {path}", out.parent, make=False)
 
 
-def check_latents(path: str | None) -> None:
+def check_latents(path: str | None, out: str) -> None:
     """ValueError for a --save-latents file that cannot be written, found before the run (torch.save would
-    fail after it, and the video with it)."""
+    fail after it, and the video with it), or that is the video's own file (the latents took its place and
+    the run said it wrote the video)."""
     if path is None:
         return
+    check_name("--save-latents", path)
     if Path(path).is_dir():
         raise ValueError(f"--save-latents {path} is a folder; give a file name")
+    if Path(path).resolve() == Path(out).resolve():
+        raise ValueError(f"--save-latents {path} is the video's own file (--out); give another")
     check_folder(f"--save-latents {path}", Path(path).parent, make=False)
 
 
@@ -103,7 +116,7 @@ def run_generate(args) -> int:
         check_node_rank(args.node_rank)  # before the model loads; the ranks are numbered by it later
         if os.environ.get("RANK", "0") == "0":  # the one that writes (across machines, node 0's)
             check_out(args.out)
-            check_latents(args.save_latents)
+            check_latents(args.save_latents, args.out)
     except ValueError as e:
         say_error("generate", e)
         return 2
@@ -187,8 +200,7 @@ def _generate(args, config) -> int:
                 latents = pipe.denoise(req, callback=lambda step, total: bar.update(1))
             # every rank decodes a band; rank 0 gets the frames and encodes each chunk as it comes (a
             # failure removes the file)
-            # under a hidden name until done: a run that fails or is stopped leaves the --out it found
-            partial = Path(args.out).with_name(f".{Path(args.out).stem}.partial.mp4")
+            partial = partial_out(args.out)
             with Mp4Writer(partial, req.height, req.width, req.fps) if leader else nullcontext() as writer:
                 frames = pipe.decode(latents, writer.write if leader else None)
             if leader:

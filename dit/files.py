@@ -56,6 +56,23 @@ def check_folder(label: str, folder: str | Path, make: bool = True) -> None:
         raise ValueError(f"{label}: cannot write in {folder if make else above}: {e.strerror or e}") from None
 
 
+def check_name(label: str, path: str | Path, written_as: str | None = None) -> None:
+    """ValueError when the file's name, or `written_as` (the name it is written under until done), is longer
+    than its file system takes: said at start (a long --out ran the whole job, then failed twice over)."""
+    path = Path(path)
+    above = next((folder for folder in path.parents if folder.exists()), Path("."))
+    try:
+        limit = os.pathconf(above, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    extra = len(os.fsencode(written_as)) - len(os.fsencode(path.name)) if written_as else 0
+    if len(os.fsencode(path.name)) + extra > limit:
+        raise ValueError(
+            f"{label}: the file name is {len(os.fsencode(path.name))} bytes; this file system takes "
+            f"{limit - extra} at most" + (f" (it is written as {written_as[:20]}... first)" if extra else "")
+        )
+
+
 def full_disk(folder: str | Path | None) -> str | None:
     """`its disk is full (N KiB free in FOLDER)` when a write into `folder` just failed for want of space;
     None otherwise. Said so because the error itself often hides it: a dying ffmpeg reaches us as a broken

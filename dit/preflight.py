@@ -41,8 +41,10 @@ def preflight(
     last (`dit.shape.plan_layout`). `request` (a `GenerationRequest`): its frames, size, steps, guidance and
     fps against the model's limits, read from its configs and its folder's card (`dit.model_card`) before any
     model code loads; `planned`: a video's size only (`ithaca plan`), no image-to-video model's image."""
+    from parallel.mesh import dist_timeout
     from parallel.plan import AUTO, CFG_DEGREES, check_fixed, needs_model
 
+    dist_timeout()  # the ranks read it as they start
     preset = settings.pop("preset", None)  # not a field: the model by name, which a folder overrides
     model = model_path or preset
     config = replace(config or PipelineConfig(), **settings, **({"model": model} if model else {}))

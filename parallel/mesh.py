@@ -7,6 +7,7 @@ A gloo control group over each replica always exists, so idle ranks wait on CPU,
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -101,6 +102,20 @@ def _rendezvous(timeout: float) -> dict:
 _MESHES: dict[tuple, ParallelMesh] = {}  # groups are collective to create: build each mesh once per process
 
 
+def dist_timeout(environ=os.environ) -> float:
+    """Seconds each collective may take: ITHACA_DIST_TIMEOUT, else 600. ValueError naming the variable for a
+    value that is not a number of seconds above 0, which the commands check before any rank starts (read by
+    the ranks, "abc" ended them with float()'s message, naming nothing, and -5 with torch's traceback)."""
+    text = environ.get("ITHACA_DIST_TIMEOUT", "600")
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"ITHACA_DIST_TIMEOUT must be a number of seconds above 0, not {text!r}")
+    return seconds
+
+
 def init_parallel(
     ulysses: int | None = None,
     ring: int = 1,
@@ -113,7 +128,7 @@ def init_parallel(
         fit_degrees(1, ulysses, ring, cfg)
         return ParallelMesh(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     # every group's, not the default group's alone: torch gives a new group 30 minutes whatever that has
-    timeout = timedelta(seconds=timeout or float(os.environ.get("ITHACA_DIST_TIMEOUT", 600)))
+    timeout = timedelta(seconds=timeout or dist_timeout())
     if not dist.is_initialized():
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if backend == "nccl":

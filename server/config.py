@@ -75,13 +75,24 @@ def _store_url(text: str) -> str:
     path = text.removeprefix("sqlite:///") if text.startswith("sqlite:///") else None
     # SQLite would give each connection a database of its own (empty, :memory:), or a file named as the
     # query; a folder cannot be one
-    if path is not None and (
-        path in ("", ":memory:") or path.endswith("/") or "?" in path or os.path.isdir(path)
-    ):
+    if path is not None and (path == "" or _private(path) or path.endswith("/") or os.path.isdir(path)):
         raise ValueError(
             f"must name a file the server's processes share: sqlite:///PATH (relative) or "
             f"sqlite:////ABSOLUTE/PATH, no query, not {text!r}"
         )
+    return text
+
+
+def _private(path: str) -> bool:
+    """Whether SQLite gives each connection a database of its own there: the API and every rank each had an
+    empty one (a --db :memory: server logged a traceback a round, without end)."""
+    return path == ":memory:" or "?" in path
+
+
+def _db_file(text: str) -> str:
+    _named(text)
+    if _private(text):
+        raise ValueError(f"must name a file the server's processes share, not {text!r}")
     return text
 
 
@@ -109,7 +120,7 @@ class ServeConfig:
     data_dir: str = _opt(
         "ithaca-data", "folder holding the job database and the videos", worker=True, parse=_named
     )
-    db: str | None = _opt(None, "job database path (default DATA_DIR/jobs.db)", worker=True, parse=_named)
+    db: str | None = _opt(None, "job database path (default DATA_DIR/jobs.db)", worker=True, parse=_db_file)
     store: str | None = _opt(
         None,
         "job store URL: sqlite:///PATH (one box), or postgresql://USER@HOST:PORT/DB shared by several "
@@ -327,7 +338,11 @@ class ServeConfig:
 
     def check_folders(self) -> None:
         """ValueError (one line naming the option) for a data, results or job-store folder that cannot be
-        made or written in: found at start, not as a traceback as the store opens or the first MP4 is due."""
+        made or written in: found at start, not as a traceback as the store opens or the first MP4 is due;
+        and for --db beside --store, which took the job store while --db was dropped in silence."""
+        if self.db and self.store:
+            raise ValueError("--db and --store both name the job store; give one (--db PATH is --store "
+                             "sqlite:///PATH)")  # fmt: skip
         check_folder(f"--data-dir {self.data_dir}", self.data_dir)
         check_folder(f"--results-dir {self.videos_dir}", self.videos_dir)
         if self.store_url.startswith("sqlite:///"):

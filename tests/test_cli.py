@@ -704,6 +704,14 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
           "--cfg", "1"], {}, "prompt is 19 tokens long; the text encoder accepts at most 16"),
         # found before the ranks start (it took them 10 s)
         (["generate", "a fox", "--preset", "tiny-i2v-random", "--nproc", "2"], {}, "--image: this image-to-"),
+        # read by the ranks: float()'s message, naming nothing, once they ran; -5: torch's traceback
+        (["generate", "a fox", "--nproc", "2"], {"ITHACA_DIST_TIMEOUT": "abc"},
+         "ithaca generate: error: ITHACA_DIST_TIMEOUT must be a number of seconds above 0, not 'abc'"),
+        (["serve"], {"ITHACA_DIST_TIMEOUT": "-5"}, "ITHACA_DIST_TIMEOUT must be a number of seconds above 0"),
+        # each process had a database of its own: a traceback a supervisor round, without end
+        (["serve", "--db", ":memory:"], {}, "argument --db: must name a file the server's processes share"),
+        # --store took it, and --db was dropped in silence
+        (["serve", "--store", "sqlite:///s.db"], {"ITHACA_DB": "d.db"}, "--db and --store both name the job"),
     ],
 )  # fmt: skip
 def test_a_mistake_is_one_line_and_exit_code_2(tmp_path, argv, env, says):
@@ -719,9 +727,28 @@ def test_an_out_folder_that_is_a_link_to_nowhere_is_refused_before_the_run(tmp_p
     from dit.cli import check_latents, check_out
 
     (tmp_path / "out").symlink_to(tmp_path / "gone")
-    for check, flag in ((check_out, "--out"), (check_latents, "--save-latents")):
+    for check, flag in ((check_out, "--out"), (lambda path: check_latents(path, "v.mp4"), "--save-latents")):
         with pytest.raises(ValueError, match=f"^{flag} .*out is a link to .*gone, which does not exist$"):
             check(str(tmp_path / "out" / "sub" / "v.mp4"))
+
+
+def test_out_names_that_cannot_be_the_video_are_refused_before_the_run(tmp_path):
+    """A name the file system cannot hold ran the whole job, then failed twice over (the hidden partial name,
+    9 bytes longer, first); `.mp4` alone was asked to end in .mp4; --save-latents naming the video replaced
+    it, and the run said it wrote the video."""
+    from dit.cli import check_latents, check_out
+
+    with pytest.raises(ValueError, match=r"^--out: the file name is 255 bytes; this file system takes 246"):
+        check_out(str(tmp_path / ("a" * 251 + ".mp4")))
+    check_out(str(tmp_path / ("a" * 242 + ".mp4")))
+    with pytest.raises(ValueError, match="^--out: the file name is 304 bytes"):  # it was a traceback
+        check_out(str(tmp_path / ("a" * 300 + ".mp4")))
+    with pytest.raises(ValueError, match=r"^--out .*/\.mp4: give the video a name before \.mp4$"):
+        check_out(str(tmp_path / ".mp4"))
+    with pytest.raises(ValueError, match="^--save-latents .*v.mp4 is the video's own file"):
+        check_latents(str(tmp_path / "v.mp4"), str(tmp_path / "." / "v.mp4"))
+    with pytest.raises(ValueError, match="^--save-latents: the file name is 300 bytes; .* takes 255"):
+        check_latents(str(tmp_path / ("l" * 300)), "v.mp4")
 
 
 def test_a_folder_holding_a_package_of_ours_is_refused_before_the_ranks_start(tmp_path):
