@@ -161,6 +161,7 @@ def _generate(args, config) -> int:
     from tqdm import tqdm
 
     from dit.failures import GenerationFailed
+    from dit.request import unused_negative_prompt
     from dit.shape import request_video
     from dit.startup import start
     from dit.video import Mp4Writer, VideoNotWritten
@@ -172,7 +173,8 @@ def _generate(args, config) -> int:
         if choice.layout.ulysses == 1 and config.comm not in ("alltoall", "auto"):  # it ran exact, unsaid
             say = f"--comm {config.comm} is Ulysses' exchange, and this layout has none (ulysses 1): unused"
             print(f"ithaca generate: warning: {say}", file=sys.stderr)
-        for warning in prompt_warnings(args.prompt, read_vocabulary(config.model)):
+        said = unused_negative_prompt(asked.negative_prompt, asked.guidance_scale, asked.guidance_scale_2)
+        for warning in prompt_warnings(args.prompt, read_vocabulary(config.model)) + said:
             print(f"ithaca generate: warning: {warning}", file=sys.stderr)
 
     try:

@@ -184,10 +184,16 @@ def _plan_file(path: str, strength: float, params: dict, resolve: Resolver) -> M
 
 
 def not_a_file(path: str | Path) -> str | None:
-    """Why `path` is no LoRA file to read (a folder was said to be "no such file"), or None."""
+    """Why `path` is no LoRA file to read (a folder was said to be "no such file"), or None. A file whose
+    `:STRENGTH` is no number (`parse_spec` kept it in the path) is said so: "no such file" blamed the file."""
     if Path(path).is_file():
         return None
-    return "a folder, not a LoRA file" if Path(path).is_dir() else "no such file"
+    if Path(path).is_dir():
+        return "a folder, not a LoRA file"
+    head, sep, tail = str(path).rpartition(":")
+    if sep and Path(head).is_file():
+        return f"no such file; {head} is one, but {tail!r} after its ':' is no strength (a number)"
+    return "no such file"
 
 
 def plan(model: nn.Module, loras: Sequence[Lora], resolve: Resolver) -> list[Merge]:

@@ -46,7 +46,7 @@ from dit.parts import check_parts
 from dit.preflight import ONE_EXPERT, check_settings
 from dit.presets import resolve
 from dit.preview import LatentPreview, PreviewCallback, read_preview, vae_preview
-from dit.request import GenerationRequest, check_guidance, check_numbers, check_prompts
+from dit.request import GenerationRequest, check_guidance, check_numbers, check_prompts, guided
 from dit.sampling import (
     NUM_TRAIN_TIMESTEPS,
     Callback,
@@ -351,8 +351,7 @@ class Pipeline:
         shared = mesh.cfg_size * mesh.sp_size > 1  # other ranks in this replica wait for the leader's text
         if mesh.is_replica_leader:
             dtype = next(self.model.parameters()).dtype
-            guided = req.guidance_scale != 1.0 or req.guidance_scale_2 not in (None, 1.0)
-            need_uncond = guided or mesh.cfg_size == 2
+            need_uncond = guided(req.guidance_scale, req.guidance_scale_2) or mesh.cfg_size == 2
             image = self.image_condition(req, dtype) if req.image is not None else {}
             text = (
                 self.text_condition(req.prompt, dtype) | image,

@@ -129,6 +129,20 @@ def check_text(name: str, value: str) -> None:
         raise ValueError(f"{name} is not valid text: it holds a lone UTF-16 surrogate") from None
 
 
+def guided(guidance_scale, guidance_scale_2=None) -> bool:
+    """Whether a run makes the negative prompt's pass: a guidance other than 1 (either expert's; None for the
+    low-noise expert's: the same as the other's)."""
+    return guidance_scale != 1 or guidance_scale_2 not in (None, 1)
+
+
+def unused_negative_prompt(negative_prompt, guidance_scale, guidance_scale_2=None) -> list[str]:
+    """One line when a negative prompt is given that the run leaves out (it was dropped in silence)."""
+    if isinstance(negative_prompt, str) and not blank(negative_prompt) and guidance_scale is not None:
+        if not guided(guidance_scale, guidance_scale_2):
+            return ["the negative prompt is unused: guidance 1 runs no pass with it (above 1 does)"]
+    return []
+
+
 def check_prompts(req: GenerationRequest) -> GenerationRequest:
     """The prompt (a string that is not blank) and the negative prompt (None: none), each valid text;
     ValueError naming the field. Their length in tokens needs the model's tokenizer: `Pipeline.validate`."""

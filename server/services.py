@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from fastapi import HTTPException
 
 from dit.image import ImageError, ImageTooLarge, UnsupportedFormat
-from dit.request import blank, check_text
+from dit.request import blank, check_text, unused_negative_prompt
 from dit.vocabulary import prompt_warnings
 from server import images, loras, videos
 from server import limits as limits_mod
@@ -39,6 +39,7 @@ _IMAGE_STATUS = {ImageTooLarge: 413, UnsupportedFormat: 415}  # any other ImageE
 # A job sent without a seed gets one drawn below this: JavaScript's numbers hold it exactly, so the page (and
 # any JSON client) shows it and can send it back to make the same video.
 RANDOM_SEEDS = 2**32
+_NEGATIVE = ("negative_prompt", "guidance_scale", "guidance_scale_2")  # unused_negative_prompt's, from a spec
 
 
 def unprocessable(field_name: str, message: str) -> HTTPException:
@@ -92,8 +93,11 @@ class Services:
 
     def warnings(self, job: Job) -> list[str]:
         """What the job's view warns of: a prompt with words outside the vocabulary the model declares (the
-        trained tiny model's; none for a model that declares none), as the workers published it."""
-        return prompt_warnings(job.spec.get("prompt"), self.worker_info().get("vocabulary"))
+        trained tiny model's; none for a model that declares none), as the workers published it, and a
+        negative prompt that a guidance of 1 leaves out (the model's default once a worker took the job)."""
+        spec = job.spec
+        unused = unused_negative_prompt(*(spec.get(name) for name in _NEGATIVE))
+        return prompt_warnings(spec.get("prompt"), self.worker_info().get("vocabulary")) + unused
 
     def video_size(self, job: Job) -> tuple[int, int] | None:
         """The job's (width, height): its request's, else the model's defaults, else, for a request with an

@@ -45,12 +45,14 @@ def test_generate_writes_the_mp4_as_asked(tmp_path):
     assert not [line for line in said if "warning" in line]  # every word of the prompt is one the model knows
 
     proc = _run("generate", "a fox", "--out", "small.mp4", "--frames", "5", "--height", "32", "--width", "48",
-                "--steps", "2", "--fps", "8", cwd=tmp_path)  # fmt: skip
+                "--steps", "2", "--fps", "8", "--negative-prompt", "blurry", "--guidance", "1",
+                cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     video = read_mp4(tmp_path / "small.mp4")
     assert (video.frames.shape, video.fps) == ((5, 32, 48, 3), 8.0)
     warning = "ithaca generate: warning: the model does not know the words fox: it draws coloured shapes"
     assert warning in proc.stderr  # the tiny model declares its vocabulary (dit/tiny/model/vocabulary.json)
+    assert "warning: the negative prompt is unused: guidance 1 runs no pass with it" in proc.stderr  # unsaid
 
 
 def test_the_readmes_python_block_makes_the_clis_video(tmp_path, monkeypatch, capsys):

@@ -219,7 +219,9 @@ def test_cli_lora_flag(tmp_path, capsys):
     assert [argv[i + 1] for i, x in enumerate(argv) if x == "--lora"] == [f"{a}:0.5", f"{b}:1.0"]
     assert pipeline_config(parser.parse_args(["generate", "a fox"])).loras == ()
     for spec, says in ((f"{tmp_path}/missing.safetensors:2", "missing.safetensors: no such file"),
-                       (f"{b}:nan", "the strength must be a finite number")):  # fmt: skip
+                       (f"{b}:nan", "the strength must be a finite number"),
+                       # the file is there: "no such file" blamed it
+                       (f"{b}:abc", f"no such file; {b} is one, but 'abc' after its ':' is no")):  # fmt: skip
         with pytest.raises(SystemExit):
             parser.parse_args(["generate", "a fox", "--lora", spec])
         assert says in capsys.readouterr().err

@@ -625,6 +625,12 @@ def test_a_prompt_outside_a_declared_vocabulary_is_warned_of_on_both_apis(client
         assert tiny.get("/limits").json()["vocabulary"] == vocabulary
     # a model that declares no vocabulary (every real one) is never warned about
     assert client.post("/generate", json={"prompt": "a red fox in snow"}).json()["warnings"] == []
+    # a negative prompt that guidance 1 leaves out is (it was dropped in silence)
+    unused = {"prompt": "fox", "negative_prompt": "blurry", "guidance_scale": 1}
+    assert client.post("/generate", json=unused).json()["warnings"] == [
+        "the negative prompt is unused: guidance 1 runs no pass with it (above 1 does)"
+    ]
+    assert client.post("/generate", json=unused | {"guidance_scale": 2}).json()["warnings"] == []
     assert client.post("/v1/videos", json={"prompt": "a paper boat"}).json()["warnings"] == []
     assert client.get("/limits").json()["vocabulary"] is None
 
