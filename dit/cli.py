@@ -21,6 +21,7 @@ from dit.cli_args import (
     run_on_ranks,
     say_error,  # fmt: skip
     sigterm_as_interrupt,
+    tells_the_end,
     typed,
 )
 from dit.files import check_folder, check_name
@@ -136,7 +137,7 @@ def run_generate(args) -> int:
         with sigterm_as_interrupt():
             return _generate(args, config)
     except KeyboardInterrupt as stop:  # the partial video is gone (Mp4Writer); no traceback for a Ctrl-C
-        if os.environ.get("RANK", "0") == "0" and "ITHACA_LOCAL_GROUP" not in os.environ:  # else its command
+        if tells_the_end():
             print(f"ithaca generate: {INTERRUPTED}", file=sys.stderr)
         return getattr(stop, "code", 130)  # SIGTERM's 143 (it said 130 of every signal)
 

@@ -50,6 +50,13 @@ def say_error(command: str, e: Exception) -> None:
         print(f"ithaca {command}: error: {in_flags(str(e))}", file=sys.stderr)
 
 
+def tells_the_end() -> bool:
+    """Whether this process says that the command was interrupted: not a rank of the command's own launch
+    (the command says it, once: at --nproc 8 nine lines came of ranks stopped while they started), nor any
+    rank but global rank 0 of a launch by hand."""
+    return os.environ.get("RANK", "0") == "0" and "ITHACA_LOCAL_GROUP" not in os.environ
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Every option's help ends with its default, except where the help says what leaving it out does (default
     None), for off-by-default switches, and for empty text (it read "(default: )")."""

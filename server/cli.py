@@ -11,7 +11,7 @@ import os
 import sys
 import textwrap
 
-from dit.cli_args import PACKAGES, sigterm_as_interrupt
+from dit.cli_args import PACKAGES, sigterm_as_interrupt, tells_the_end
 from dit.hub import local_model
 from parallel.local_group import check_start_folder
 from server import config as config_mod
@@ -292,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         with sigterm_as_interrupt():
             return args.func(args) or 0
     except KeyboardInterrupt as stop:  # before a command's own handling (its checks, the model's look-up)
-        logs.last_line(f"ithaca {args.command}: interrupted", parser.commands[args.command].log_format)
+        if tells_the_end():
+            logs.last_line(f"ithaca {args.command}: interrupted", parser.commands[args.command].log_format)
         return getattr(stop, "code", 130)  # SIGTERM's 143
     except BrokenPipeError:  # `ithaca plan ... | head`: the reader left; no traceback for that
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit would fail too

@@ -188,6 +188,24 @@ def test_a_generate_stopped_while_its_ranks_start_says_so(monkeypatch, capsys, t
     assert capsys.readouterr().err == f"ithaca generate: interrupted once the video was written ({out})\n"
 
 
+def test_ranks_stopped_in_their_checks_leave_the_word_to_their_command(monkeypatch, capsys):
+    """A Ctrl-C that reached ranks of `generate --nproc N` still importing or checking: each said
+    "interrupted" (nine lines at --nproc 8), and then the command did too."""
+    import dit.cli
+    from server.cli import main
+
+    def stopped(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dit.cli, "run_generate", stopped)
+    monkeypatch.setenv("ITHACA_LOCAL_GROUP", "1")  # what parallel.local_group gives its ranks
+    monkeypatch.setenv("RANK", "0")
+    assert main(["generate", "a red circle"]) == 130 and capsys.readouterr().err == ""
+    monkeypatch.delenv("ITHACA_LOCAL_GROUP")  # a launch by hand: rank 0 says it
+    assert main(["generate", "a red circle"]) == 130
+    assert capsys.readouterr().err == "ithaca generate: interrupted\n"
+
+
 def test_a_serve_stopped_before_its_server_runs_says_so_in_the_logs_format(monkeypatch, capsys):
     """Ctrl-C during serve's checks (a Hub look-up, the layout): "interrupted" was plain text among a JSON
     collector's records."""
