@@ -72,6 +72,7 @@ def tiny(args) -> tuple[str, list[dict]]:
     pipe = load_pipeline(PipelineConfig(model="tiny", device=args.device, preview_every=0))
     scenes = all_scenes()[:: 72 // args.scenes][: args.scenes]
     request = dict(num_inference_steps=args.steps) if args.steps else {}
+    request |= dict(num_frames=args.tiny_frames) if args.tiny_frames else {}
     requests = [pipe.validate(GenerationRequest(s.prompt, seed=SEED, **request)) for s in scenes]
     latents = [pipe.denoise(r) for r in requests]
     size = f"{requests[0].num_frames}×{requests[0].height}×{requests[0].width}"
@@ -113,6 +114,7 @@ def main(argv=None) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--scenes", type=int, default=6, help="tiny model scenes (0: none)")
     p.add_argument("--steps", type=int, help="the tiny model's denoising steps (default: its own, 12)")
+    p.add_argument("--tiny-frames", type=int, help="the tiny model's frames, 4k+1 (default: its own, 17)")
     p.add_argument("--real-frames", type=int, default=17, help="4k+1; 0: skip the Wan2.1 VAE")
     p.add_argument("--real-height", type=int, default=240)
     p.add_argument("--real-width", type=int, default=416)

@@ -88,10 +88,10 @@ def test_a_float16_overflow_is_an_error_not_black_pixels():
 
 def test_bench_prints_a_row_per_dtype(capsys):
     real = ["--real-frames", "1", "--real-height", "16", "--real-width", "16"]
-    vae_dtype.main(["--scenes", "1", "--steps", "2", *real, "--json"])
+    vae_dtype.main(["--scenes", "1", "--steps", "2", "--tiny-frames", "5", *real, "--json"])
     tables = json.loads(capsys.readouterr().out)["tables"]
     assert [t["latents"] for t in tables] == [
-        "trained tiny model, 1 scenes of 17×64×64",
+        "trained tiny model, 1 scenes of 5×64×64",
         "Wan2.1 VAE config, random weights, 1×16×16",
     ]
     for table in tables:
