@@ -156,7 +156,7 @@ def _run_parity(args) -> int:
     ):
         return 2
     sampling = dict(sampler=config.sampler, timesteps=config.timesteps)
-    shape = model_shape(config.model, guidance=args.guidance, **sampling)
+    shape = model_shape(config.model, guidance=args.guidance, guidance_2=args.guidance_2, **sampling)
     layouts = {mode: _mode_layout(mode, args.nproc, shape.heads, shape.guided) for mode in modes}
     if all(isinstance(why, str) for why in layouts.values()):
         reasons = "; ".join(f"{mode} {why}" for mode, why in layouts.items())

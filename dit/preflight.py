@@ -241,7 +241,7 @@ def _one_video(layout, nproc: int, model: str, video: dict, sampler, timesteps) 
     if layout.cfg == 2 and not model_shape(model, sampler=sampler, timesteps=timesteps, **video).guided:
         raise ValueError(
             "--cfg 2 runs the negative prompt's pass on half the ranks, and guidance 1 makes none: that half "
-            "would have nothing to do; use --cfg 1, or --guidance above 1"
+            "would have nothing to do; use --cfg 1, or a --guidance (or --guidance-2) above 1"
         )
 
 

@@ -18,11 +18,16 @@ def model_shape(
     height: int | None = None,
     width: int | None = None,
     guidance: float | None = None,
+    guidance_2: float | None = None,
     sampler: str | None = None,
     timesteps: str | None = None,
 ) -> Shape:
     """The shape of `model` (a preset, a shipped model or a folder) making a video of `frames` × `height` ×
-    `width` (default: the model's) at `guidance` (default: the model's; 1 under a fixed schedule)."""
+    `width` (default: the model's) at `guidance` (default: the model's; 1 under a fixed schedule) and, on a
+    two-expert model, the low-noise expert's `guidance_2` (default: `guidance`): guided when either is not 1
+    (guidance 1 with a guidance_2 of 3 was planned unguided, and --cfg 2 refused)."""
+    from dit.request import guided
+
     family, folder, config, limits = _read(model, sampler, timesteps)
     # Wan's config (WanConfig) and HunyuanVideo-1.5's (diffusers' names) name the same facts apart
     heads = getattr(config, "num_heads", None) or config.num_attention_heads
@@ -46,7 +51,7 @@ def model_shape(
         ffn=ffn,
         tokens=tokens,
         latent_elements=config.out_channels * latent[0] * latent[1] * latent[2],
-        guided=guidance != 1,
+        guided=guided(guidance, guidance_2),
         text_tokens=family.text_tokens,
         joint_text=family.joint_text,
     )
@@ -105,8 +110,9 @@ def plan_layout(
 def request_video(request) -> dict:
     """The video a `GenerationRequest` asks for, as `plan_layout` takes it (None fields: the model's)."""
     return dict(
-        frames=request.num_frames, height=request.height, width=request.width, guidance=request.guidance_scale
-    )
+        frames=request.num_frames, height=request.height, width=request.width,
+        guidance=request.guidance_scale, guidance_2=request.guidance_scale_2,
+    )  # fmt: skip
 
 
 def launch_layout(

@@ -157,7 +157,7 @@ def plan(args: argparse.Namespace) -> int:
     try:
         args.model_path = local_model(args.model_path)
         video = GenerationRequest("", num_frames=args.frames, height=args.height, width=args.width,
-                                  guidance_scale=args.guidance)  # fmt: skip
+                                  guidance_scale=args.guidance, guidance_scale_2=args.guidance_2)  # fmt: skip
         preflight(model_path=args.model_path, preset=args.preset, device="cpu", nproc=args.nproc,
                   request=video, planned=True)  # fmt: skip
         if node < 1:
@@ -165,7 +165,7 @@ def plan(args: argparse.Namespace) -> int:
         if args.nproc % node:
             raise ValueError(f"--nproc-per-node {node} does not divide --nproc {args.nproc}")
         shape = model_shape(args.model_path or args.preset, frames=args.frames, height=args.height,
-                            width=args.width, guidance=args.guidance)  # fmt: skip
+                            width=args.width, guidance=args.guidance, guidance_2=args.guidance_2)  # fmt: skip
     except ValueError as e:
         print(f"ithaca plan: error: {in_flags(str(e))}", file=sys.stderr)
         return 2
@@ -228,6 +228,8 @@ def _add_plan(subparsers) -> None:
     p.add_argument("--height", type=int, default=None, help="default: the model's")
     p.add_argument("--width", type=int, default=None, help="default: the model's")
     p.add_argument("--guidance", type=float, default=None, help="default: the model's (1: unguided)")
+    p.add_argument("--guidance-2", type=float, default=None,
+                   help="a two-expert model's low-noise expert's (default: --guidance)")  # fmt: skip
     p.set_defaults(func=plan)
 
 

@@ -220,3 +220,24 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     proc = subprocess.run(f"'{ithaca}' plan --nproc 8 --preset wan2.1-14b | head -c 1", shell=True, text=True,
                           capture_output=True, timeout=60)  # fmt: skip
     assert proc.stdout == "w" and proc.stderr == "", proc.stderr
+
+
+def test_a_two_expert_models_low_noise_guidance_alone_makes_it_guided(capsys):
+    """Guidance 1 with a --guidance-2 of 3 runs the negative prompt's pass below the boundary: it was planned
+    unguided (auto gave no CFG parallel, the step modelled as one forward), --cfg 2 was refused, and
+    parity's cfg row skipped."""
+    from dit.preflight import preflight
+    from dit.request import GenerationRequest
+    from server.cli import main
+
+    argv = ["plan", "--nproc", "4", "--preset", "tiny-moe-random", "--guidance", "1"]
+    assert main([*argv, "--guidance-2", "3"]) == 0
+    assert ", guided; 4 ranks" in capsys.readouterr().out
+    assert main(argv) == 0 and ", unguided; 4 ranks" in capsys.readouterr().out
+    low_noise_only = GenerationRequest("fox", guidance_scale=1.0, guidance_scale_2=3.0)
+    preflight(preset="tiny-moe-random", device="cpu", nproc=2, ulysses=1, cfg=2, request=low_noise_only)
+    with pytest.raises(ValueError, match="^--cfg 2 runs the negative prompt's pass on half the ranks"):
+        unguided = GenerationRequest("fox", guidance_scale=1.0, guidance_scale_2=1.0)
+        preflight(preset="tiny-moe-random", device="cpu", nproc=2, ulysses=1, cfg=2, request=unguided)
+    assert main(["plan", "--nproc", "2", "--guidance-2", "3"]) == 2  # the tiny model has one expert
+    assert "--guidance-2 is for two-expert models" in capsys.readouterr().err
