@@ -203,7 +203,7 @@ class Pipeline:
         first one's reason on every rank, where the others waited in a collective that rank never reached;
         when on all, each raises its ValueError. Without LoRAs it is the same on every rank."""
         group = self.mesh.replica_group
-        if not req.loras or group is None:
+        if not getattr(req, "loras", None) or group is None:  # not a request: validate's TypeError
             return self.validate(req)
         error = checked = None
         try:
@@ -493,6 +493,8 @@ def load_pipeline(config: PipelineConfig, mesh=None) -> Pipeline:
     `transformer/`, text encoder(s) + tokenizer(s), `vae/`, `scheduler/`); the family (Wan2.1 or
     HunyuanVideo-1.5) comes from the transformer's `_class_name`. A preset without a folder pairs the DiT with
     the family's tiny text encoder(s) and VAE (random weights, for development and benchmarks)."""
+    if not isinstance(config, PipelineConfig):  # a dict's AttributeError, from deep inside
+        raise TypeError(f"load_pipeline takes a PipelineConfig, got {type(config).__name__}")
     # what the command line refuses before any rank starts: a quant of another name loaded the model
     # unquantised, a flow shift of -1 failed at the decode, naming its dtype
     check_settings(config, named=str)

@@ -13,7 +13,7 @@ import math
 import os
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 from dit.settings import DTYPE_NAMES, TWO_EXPERT_LORAS, PipelineConfig
@@ -158,6 +158,8 @@ def check_settings(config: PipelineConfig, local_nproc: int = 1, named: Callable
 
     if config.comm != "auto":  # auto: measured at start-up (dit.comm_choice)
         try:
+            if not isinstance(config.comm, str):  # None's AttributeError came from deep inside
+                raise ValueError
             comm_config(config.comm)
         except ValueError:
             modes = ", ".join(COMM_MODES)
@@ -212,8 +214,10 @@ def check_settings(config: PipelineConfig, local_nproc: int = 1, named: Callable
     every = plain_number(config.preview_every)  # "2" failed at load, 1.5 and -1 ran
     if isinstance(every, bool) or not isinstance(every, int) or every < 0:
         raise ValueError(f"{named('preview_every')} must be an integer of 0 (none) or more, got {every!r}")
-    if config.compile not in (True, False):  # "yes" and "no" both compiled (numpy's bools are taken)
-        raise ValueError(f"{named('compile')} must be True or False, got {config.compile!r}")
+    for field in fields(config):  # "yes" and "no" both compiled, or decoded in parallel (numpy's are taken)
+        value = getattr(config, field.name)
+        if field.type == "bool" and value not in (True, False):
+            raise ValueError(f"{named(field.name)} must be True or False, got {value!r}")
     if not isinstance(config.model, str | os.PathLike) or not str(config.model):  # pathlib's TypeError
         raise ValueError(f"{named('model')} must be a preset's name or a folder, got {config.model!r}")
     return on_cuda

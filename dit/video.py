@@ -155,10 +155,18 @@ class Mp4Writer:
 
 
 def write_mp4(frames: np.ndarray, path: str | Path, fps: int, preset: str = PRESET) -> Path:
-    """uint8 frames `[F, H, W, 3]` → H.264 yuv420p MP4 at `fps`; H and W even (yuv420p halves chroma)."""
+    """uint8 frames `[F, H, W, 3]` → H.264 yuv420p MP4 at `fps`; H and W even (yuv420p halves chroma).
+    ValueError naming the argument for what ffmpeg would refuse in its own words (an fps of 0, a path not
+    .mp4) or take in silence (float frames in 0-1: a black video)."""
     frames = np.asarray(frames)
     if frames.ndim != 4 or frames.shape[-1] != 3:
         raise ValueError(f"frames must be uint8 [F, H, W, 3], got shape {frames.shape}")
+    if frames.dtype != np.uint8:
+        raise ValueError(f"frames must be uint8 [F, H, W, 3] (0 to 255), got {frames.dtype}")
+    if isinstance(fps, bool) or not isinstance(fps, int | float | np.number) or not 0 < fps < 1000:
+        raise ValueError(f"fps must be a number of frames a second above 0, got {fps!r}")
+    if Path(path).suffix.lower() != ".mp4":
+        raise ValueError(f"path must end in .mp4, got {str(path)!r}")
     with Mp4Writer(path, frames.shape[1], frames.shape[2], fps, preset) as writer:
         writer.write(frames)
     return writer.path

@@ -217,6 +217,15 @@ def test_mp4_rejects_bad_frames(tmp_path):
         write_mp4(np.zeros((3, 16, 16), np.uint8), tmp_path / "v.mp4", fps=8)
     with pytest.raises(ValueError, match="must be even"):
         write_mp4(np.zeros((3, 15, 16, 3), np.uint8), tmp_path / "v.mp4", fps=8)
+    # ffmpeg's own words for these ("exit code 234: Error opening input files"), or a black video
+    with pytest.raises(ValueError, match="^frames must be uint8 .*, got float32$"):
+        write_mp4(np.ones((3, 16, 16, 3), np.float32), tmp_path / "v.mp4", fps=8)
+    for fps in (0, -1, float("nan"), True):
+        with pytest.raises(ValueError, match="^fps must be a number of frames a second above 0"):
+            write_mp4(np.zeros((3, 16, 16, 3), np.uint8), tmp_path / "v.mp4", fps=fps)
+    with pytest.raises(ValueError, match="^path must end in .mp4, got '.*v.txt'$"):
+        write_mp4(np.zeros((3, 16, 16, 3), np.uint8), tmp_path / "v.txt", fps=8)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_mp4_written_chunk_by_chunk_is_the_whole_one(tmp_path):
@@ -344,6 +353,8 @@ def test_tiny_text_encoder_pads_like_wan(pipe):
         (dict(preview_every=1.5), "preview_every must be an integer of 0 \\(none\\) or more, got 1.5"),
         (dict(preview_every="2"), "preview_every must be an integer"),  # a TypeError at load
         (dict(compile="yes"), "compile must be True or False, got 'yes'"),  # it compiled
+        (dict(parallel_decode="no"), "parallel_decode must be True or False, got 'no'"),  # taken as True
+        (dict(comm=None), "comm None is not one of alltoall"),  # "'NoneType' object has no attribute"
         (dict(model=None), "model must be a preset's name or a folder, got None"),  # pathlib's TypeError
         (dict(loras=[("x.safetensors", 10**400)]), "loras x.safetensors: the strength must be a finite"),
         (dict(loras=(("x.safetensors", "abc"),)), "loras must be"),  # "could not convert string to float"
@@ -353,6 +364,15 @@ def test_tiny_text_encoder_pads_like_wan(pipe):
 def test_settings_are_checked_as_the_command_line_checks_them(settings, says):
     with pytest.raises(ValueError, match=f"^{says}"):
         load_pipeline(PipelineConfig(**{"model": "tiny-random", "device": "cpu", **settings}))
+
+
+def test_what_is_no_config_or_request_is_said_so(pipe):
+    """A dict, a string or None: an AttributeError from deep inside (`validate` alone said it)."""
+    with pytest.raises(TypeError, match="^load_pipeline takes a PipelineConfig, got dict$"):
+        load_pipeline({"model": "tiny"})
+    for wrong in ({"prompt": "x"}, "a red circle", None):
+        with pytest.raises(TypeError, match="^a request is a GenerationRequest, got "):
+            pipe.generate(wrong)
 
 
 def test_numpy_settings_are_taken_as_pythons():
