@@ -46,6 +46,7 @@ from server import videos
 from server.config import ServeConfig
 from server.orphans import OrphanSweep, requeue
 from server.store import JobStore, StoreBusy
+from server.store.postgres import redact
 from server.store.retry import PatientStore, StoreOutage
 
 log = logging.getLogger("ithaca.supervisor")
@@ -119,7 +120,7 @@ def launch_group(config: ServeConfig, group_id: str) -> subprocess.Popen:
     The ranks learn their node from ITHACA_NODE_RANK (the worker numbers them by it, see
     `parallel.launch.number_ranks_by_node`); ITHACA_GROUP_ID finds them again (`kill_group`)."""
     cmd = [*launcher_argv(config), "-m", "server.lifetime", "server.worker", *config.worker_argv()]
-    log.info("starting worker group %s: %s", group_id, " ".join(cmd))
+    log.info("starting worker group %s: %s", group_id, redact(" ".join(cmd)))  # a --store URL's password
     if _quiet_launcher(config) and config.nproc > 1:
         threading.Thread(target=time_loopback_lookup, args=(log.warning,), daemon=True).start()
     env = (

@@ -121,6 +121,25 @@ def test_every_setting_the_deploy_guide_lists_reaches_the_container():
         for service, svc in _services(name).items():
             given = set(svc["environment"])
             assert listed <= given, (name, service, sorted(listed - given))
+    # and each from its own variable in .env, but those the guide says the files make: an ITHACA_MODEL_PATH
+    # set there was dropped in silence (the files make it of ITHACA_MODEL_DIR)
+    replicas = {"ITHACA_MODEL_PATH", "ITHACA_NPROC", "ITHACA_INSTANCE"}
+    made = {"docker-compose.yml": {"ITHACA_MODEL_PATH"}, "docker-compose.replicas.yml": replicas,
+            "docker-compose.boxes.yml": {"ITHACA_MODEL_PATH"}}  # fmt: skip
+    exceptions = (
+        "`ITHACA_MODEL_PATH` (`/models/$ITHACA_MODEL_DIR`",
+        "`ITHACA_NPROC` (4",
+        "`ITHACA_INSTANCE` (",
+    )
+    for said in exceptions:
+        assert said in guide, said
+    marked = {name: f"from-env-{name.lower()}" for name in listed}
+    for name, own in made.items():
+        out = _docker_compose_config(name, BOXES_ENV | marked)
+        for service, svc in yaml.safe_load(out.stdout)["services"].items():
+            if "ITHACA_NPROC" in svc.get("environment", {}):  # a server's, not the database's
+                wrong = {n for n in listed - own if svc["environment"].get(n) != marked[n]}
+                assert not wrong, (name, service, sorted(wrong))
     substituted = set()
     for path in glob.glob(os.path.join(DEPLOY, "docker-compose*.yml")):
         with open(path) as f:

@@ -586,6 +586,19 @@ def test_a_store_of_a_newer_schema_version_or_another_program_is_refused(new_url
     assert "another program" in str(pytest.raises(StoreError, open_store, foreign.url).value)
 
 
+def test_the_worker_groups_command_is_logged_without_the_stores_password(monkeypatch, caplog, tmp_path):
+    """The supervisor's "starting worker group" line showed the whole --store URL, password and all."""
+    from server import supervisor
+    from server.config import ServeConfig
+
+    monkeypatch.setattr(supervisor.subprocess, "Popen", lambda *args, **kwargs: None)
+    url = "postgresql://ithaca:s3cret@db:5432/ithaca?password=s3cret"
+    with caplog.at_level(logging.INFO, logger="ithaca.supervisor"):
+        supervisor.launch_group(ServeConfig(data_dir=str(tmp_path), store=url), "g1")
+    assert "starting worker group g1: " in caplog.text and "postgresql://ithaca:***@db" in caplog.text
+    assert "s3cret" not in caplog.text
+
+
 def test_a_postgres_url_libpq_cannot_read_is_one_line_and_no_password_is_shown():
     """No server needed: libpq refuses the URL before it connects (it was a traceback); a password, in the
     user part or as a parameter, never reaches the message."""
