@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -151,6 +152,21 @@ def _exit_said(code: int) -> str:
     return f"code {code}"
 
 
+def _ended_here(row: dict) -> bool:
+    """Whether a worker row's rank ran on this host and has ended: a server killed and started again at once
+    (a restart policy) found its own dead group still fresh and warned of another server under its name."""
+    info = row["info"]
+    if info.get("host") != socket.gethostname() or not isinstance(info.get("pid"), int):
+        return False
+    try:
+        os.kill(info["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # another user's process: alive
+        pass
+    return False
+
+
 def _in_a_row(n: int) -> str:
     return "once" if n == 1 else f"{n} times in a row"
 
@@ -237,11 +253,12 @@ class Supervisor:
 
     def start(self) -> None:
         instance = self.config.instance
-        groups: dict[str, float] = {}  # group → its newest heartbeat (the rows come newest first)
+        groups: dict[str, dict] = {}  # group → its newest row (the rows come newest first)
         for row in self.store.workers(instance=instance):
-            groups.setdefault(row["group_id"], row["heartbeat_at"])
-        for group, beat in groups.items():
-            if _fresh(beat) and not self.store.drain_requested(group):
+            groups.setdefault(row["group_id"], row)
+        for group, row in groups.items():
+            beat = row["heartbeat_at"]
+            if _fresh(beat) and not self.store.drain_requested(group) and not _ended_here(row):
                 log.warning(  # a group left behind, or another live server under the same name
                     "worker group %s of instance %r beat %.1f s ago and was not draining: asking it to drain "
                     "and re-queuing its jobs; if another server runs as %r, give each its own --instance "

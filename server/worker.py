@@ -54,6 +54,7 @@ import importlib
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -122,6 +123,7 @@ class Worker:
             "dp_size": mesh.dp_size,
             "world_size": mesh.world_size,
             "pid": os.getpid(),
+            "host": socket.gethostname(),  # with the pid: a server started on this host tells a dead group
             "comm": {  # the exchange in use; with --comm auto, the probe's rows (ms None: ruled out)
                 "mode": pipe.config.comm,
                 "probe": None if probe is None else [dataclasses.asdict(row) for row in probe.rows],

@@ -106,6 +106,33 @@ def test_a_server_drains_groups_an_earlier_one_of_its_instance_left(slow):
     assert any("if another server runs as 'box', give each its own --instance" in m for m in warned), warned
 
 
+def test_a_dead_group_of_this_host_is_drained_without_a_warning(tmp_path, caplog, monkeypatch):
+    """A server killed and started again at once (a restart policy) found its own group's last heartbeat
+    fresh and warned of another server under its name; its ranks ran on this host and are gone."""
+    import socket
+    import subprocess
+    import sys
+
+    from server import supervisor as supervisor_mod
+    from server.config import ServeConfig
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    store = JobStore(os.path.join(tmp_path, "jobs.db"))
+    here = socket.gethostname()
+    for group, pid, host in (("dead", int(gone.stdout), here), ("live", os.getpid(), here),
+                             ("elsewhere", int(gone.stdout), "another-host")):  # fmt: skip
+        store.heartbeat(f"box/{group}/replica0", instance="box", group_id=group, state="idle",
+                        info={"pid": pid, "host": host})  # fmt: skip
+    monkeypatch.setattr(supervisor_mod.threading.Thread, "start", lambda self: None)  # no loop, no watchdog
+    config = ServeConfig(data_dir=str(tmp_path), instance="box")
+    supervisor = supervisor_mod.Supervisor(config, store, on_fatal=lambda: None)
+    with caplog.at_level(logging.WARNING, logger="ithaca.supervisor"):
+        supervisor.start()
+    warned = {group for group in ("dead", "live", "elsewhere") if f"worker group {group} " in caplog.text}
+    assert warned == {"live", "elsewhere"}, caplog.text
+    assert all(store.drain_requested(group) for group in ("dead", "live", "elsewhere"))
+
+
 def test_a_group_another_server_drained_is_said_so_where_it_ran(tmp_path, caplog):
     """The server whose group a second one (started under the same --instance) drained said only "worker
     group G exited (code 0; restart 1)", as an error."""
