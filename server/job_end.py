@@ -59,6 +59,8 @@ class JobEnd:
         """End the job's run with its timings (and any others in `fields["timings"]`), if it is still this
         run (not re-queued and claimed again meanwhile); the job, or None."""
         timings = job_timings(run.start, run.step_times, run.phases) | fields.pop("timings", {})
+        if fields.get("error"):  # read by any client: "its disk is full (0 KiB free in /srv/...)" named it
+            fields["error"] = fields["error"].replace(self.videos_dir, "the results folder")
         return self.store.finish(
             run.job_id, self.name, status, timings=timings, attempt=run.attempt, **fields
         )
