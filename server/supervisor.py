@@ -246,6 +246,7 @@ class Supervisor:
         self._was_ready = False  # the running group was ready once
         self._heard_at: float | None = None  # its newest heartbeat (time.time())
         self._group_stopping = False  # as the last round found it: a replica said it is stopping
+        self._reset_for: str | None = None  # the job whose time limit the group was killed for
         self._failures_in_a_row = 0
         self._stopping = threading.Event()
         self._hurried = threading.Event()  # `hurry`: a shutdown's wait for the running job ends
@@ -374,12 +375,16 @@ class Supervisor:
         self.restarts += 1
         self._failures_in_a_row += 0 if self._was_ready else 1
         self._proc, self._was_ready = None, False
+        reset, self._reset_for = self._reset_for, None
         if taken:
             log.warning(
                 "worker group %s stopped: another server started as instance %r and asked it to drain; "
                 "starting it again (restart %d). Give each server its own --instance (ITHACA_INSTANCE)",
                 self.group_id, self.config.instance, self.restarts,
             )  # fmt: skip
+        elif reset is not None:  # ours: it read as a crash ("ended by SIGKILL"), an error
+            log.warning("worker group %s was reset for job %s's time limit; starting it again (restart %d)",
+                        self.group_id, reset, self.restarts)  # fmt: skip
         else:
             log.error(
                 "worker group %s exited (%s; restart %d)%s",
@@ -409,6 +414,7 @@ class Supervisor:
                 )
                 videos.remove_checkpoint(self.config.videos_dir, job.id)
                 log.error("job %s exceeded the time limit; resetting the worker group", job.id)
+                self._reset_for = job.id
                 self._kill_group()
 
     def hurry(self) -> None:

@@ -83,6 +83,8 @@ def test_rank_killed_mid_job_resumes_and_job_time_limit(data_dir):
         assert timings["total_s"] >= timings["encoding_s"] + timings["denoising_s"] - 1e-6, timings
         _wait_new_group(srv, group)
         assert len(group_pids(data_dir)[1]) == 2  # the reset group's ranks are gone, not orphaned
+        said = srv.log().split("exceeded the time limit")[-1]  # as ours, not as a crash "ended by SIGKILL"
+        assert f"was reset for job {slow['id']}'s time limit" in said and "SIGKILL" not in said, said
         last = srv.submit(prompt="after the reset", num_inference_steps=2)
         assert srv.wait_job(last["id"])["status"] == "completed"
     finally:
