@@ -599,6 +599,19 @@ def test_the_worker_groups_command_is_logged_without_the_stores_password(monkeyp
     assert "s3cret" not in caplog.text
 
 
+def test_a_refused_postgres_login_is_said_so(monkeypatch):
+    """A wrong password read "cannot be reached", sending an operator to the network."""
+    import psycopg
+
+    def refused(*args, **kwargs):
+        raise psycopg.OperationalError('connection failed: FATAL:  password authentication failed for "u"')
+
+    monkeypatch.setattr(psycopg, "connect", refused)
+    said = str(pytest.raises(StoreError, open_store, "postgresql://u:s3cret@db:5432/x").value)
+    assert "postgresql://u:***@db:5432/x: refused the login (connection failed: FATAL: password" in said, said
+    assert "PGPASSWORD" in said and "s3cret" not in said and "cannot be reached" not in said
+
+
 def test_a_postgres_url_libpq_cannot_read_is_one_line_and_no_password_is_shown():
     """No server needed: libpq refuses the URL before it connects (it was a traceback); a password, in the
     user part or as a parameter, never reaches the message."""

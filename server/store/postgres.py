@@ -16,6 +16,7 @@ import re
 from server.store.errors import StoreBusy, StoreError, disk_full
 
 _FIX = "check the URL, that the PostgreSQL server runs and that this user may connect and create tables"
+_LOGIN_FIX = "check the user in the URL and its password, in PGPASSWORD or ~/.pgpass"
 _URL_FIX = "write it as postgresql://USER@HOST:PORT/DB?PARAMETER=VALUE (libpq's), special characters %-coded"
 
 
@@ -92,7 +93,10 @@ class Connection:
                 application_name="ithaca",
             )
         except psycopg.OperationalError as e:
-            raise StoreError(redact(url), f"cannot be reached ({redact(_one_line(e))})", fix=_FIX) from None
+            said = redact(_one_line(e))
+            if "authentication failed" in said or "no password supplied" in said:  # it answered: no network
+                raise StoreError(redact(url), f"refused the login ({said})", fix=_LOGIN_FIX) from None
+            raise StoreError(redact(url), f"cannot be reached ({said})", fix=_FIX) from None
         except psycopg.Error as e:  # libpq could not read the URL
             raise StoreError(
                 redact(url), f"is not a PostgreSQL URL libpq reads ({redact(_one_line(e))})", fix=_URL_FIX
