@@ -266,6 +266,7 @@ class Pipeline:
         `resume` (every rank) goes on from a checkpoint of this request; `checkpoints` (the leader only)
         hears the state every few steps (dit.denoise_state)."""
         req = self._validated(req)
+        _hooks(callback=callback, on_phase=on_phase, on_preview=on_preview, checkpoints=checkpoints)
         if resume is not None:
             replica = self.mesh.sp_size * self.mesh.cfg_size  # a step-cache state a rank
             why = unusable(resume, Expected(req.num_inference_steps, self.latent_shape(req), ranks=replica))
@@ -437,6 +438,7 @@ class Pipeline:
         `resume` and `checkpoints` as in `denoise`, `on_frames` and `decode_callback` as `decode`'s
         `on_frames` and `callback` (a cancel during the decode). GenerationFailed (every rank alike) when
         the job cannot be made: a decode that overflowed."""
+        _hooks(on_frames=on_frames, decode_callback=decode_callback)  # before the steps, not after them
         latents = self._own(self.denoise, req, callback, on_phase, on_preview, resume, checkpoints)
         enter_phase(on_phase, "decoding")
         return self._own(self.decode, latents, on_frames, decode_callback)
@@ -463,6 +465,16 @@ class Pipeline:
         from dit.batch import generate_batch  # dit.batch builds on this module
 
         return generate_batch(self, jobs, on_phase, checkpoints)
+
+
+def _hooks(checkpoints=None, **hooks) -> None:
+    """TypeError naming a run's hook that is not callable, or `checkpoints` that is no Checkpointing: said
+    before the run (callback=5 failed after the text encoding, deep in the sampler)."""
+    for name, hook in hooks.items():
+        if hook is not None and not callable(hook):
+            raise TypeError(f"{name} must be callable, got {hook!r:.80}")
+    if checkpoints is not None and not isinstance(checkpoints, Checkpointing):
+        raise TypeError(f"checkpoints takes a Checkpointing, got {checkpoints!r:.80}")
 
 
 def _on(text: dict[str, torch.Tensor] | None, device: torch.device) -> dict[str, torch.Tensor] | None:

@@ -175,7 +175,8 @@ def plan(args: argparse.Namespace) -> int:
     nodes = args.nproc // node
     print(
         f"{shape.name}: {shape.tokens} tokens, {shape.heads} heads × {shape.head_dim}, "
-        f"{shape.layers} layers, {'guided' if shape.guided else 'unguided'}; {args.nproc} ranks"
+        f"{shape.layers} layers, {'guided' if shape.guided else 'unguided'}; {args.nproc} rank"
+        + "s" * (args.nproc > 1)
         + (f" on {nodes} nodes of {node}" if nodes > 1 else "")
     )
     assumed = (

@@ -373,6 +373,13 @@ def test_what_is_no_config_or_request_is_said_so(pipe):
     for wrong in ({"prompt": "x"}, "a red circle", None):
         with pytest.raises(TypeError, match="^a request is a GenerationRequest, got "):
             pipe.generate(wrong)
+    # hooks too, before the run: they failed after the text encoding, deep in the sampler
+    req = GenerationRequest("a red circle", num_inference_steps=1)
+    for hooks, says in ((dict(callback=5), "callback must be callable, got 5"),
+                        (dict(on_frames="x"), "on_frames must be callable"),
+                        (dict(checkpoints=5), "checkpoints takes a Checkpointing, got 5")):  # fmt: skip
+        with pytest.raises(TypeError, match=f"^{says}"):
+            pipe.generate(req, **hooks)
 
 
 def test_numpy_settings_are_taken_as_pythons():

@@ -239,5 +239,7 @@ def test_a_two_expert_models_low_noise_guidance_alone_makes_it_guided(capsys):
     with pytest.raises(ValueError, match="^--cfg 2 runs the negative prompt's pass on half the ranks"):
         unguided = GenerationRequest("fox", guidance_scale=1.0, guidance_scale_2=1.0)
         preflight(preset="tiny-moe-random", device="cpu", nproc=2, ulysses=1, cfg=2, request=unguided)
+    assert main(["plan", "--nproc", "1", "--preset", "tiny-moe-random"]) == 0
+    assert ", guided; 1 rank\n" in capsys.readouterr().out  # "1 ranks"
     assert main(["plan", "--nproc", "2", "--guidance-2", "3"]) == 2  # the tiny model has one expert
     assert "--guidance-2 is for two-expert models" in capsys.readouterr().err
