@@ -274,7 +274,10 @@ async def form_fields(request: Request, file_field: str) -> dict:
     finally:
         if form is not None:
             await form.close()  # a file part's spooled file
-    parts, loras = loras_mod.form_items(parts)  # a repeated field: one part per LoRA
+    try:
+        parts, loras = loras_mod.form_items(parts)  # a repeated field: one part per LoRA
+    except ValueError as e:
+        raise unprocessable(loras_mod.FIELD, str(e)) from None
     keys = [key for key, _ in parts]
     for key in keys:  # any other given twice: which one was meant is not for the server to guess
         if keys.count(key) > 1:

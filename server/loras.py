@@ -62,21 +62,45 @@ def parse(value, *, strict: bool) -> list[list] | None:
 
 def form_items(items: list[tuple[str, object]]) -> tuple[list[tuple[str, object]], list | None]:
     """A form's fields without its LoRA parts, and those as a list of objects (None: there were none): each
-    `loras` part JSON (an object or an array of them), and the SDK's `loras[][KEY]` fields, where a key the
-    current object already has starts the next one (as `qs` reads them back). Text that is no such JSON
-    stays text: the validation names it."""
-    rest, loras = [], []
+    `loras` part JSON (an object or an array of them), then the SDK's `loras[][KEY]` fields
+    (`_bracket_objects`). Text that is no such JSON stays text: the validation names it. ValueError for
+    bracket fields whose objects cannot be told apart."""
+    rest, loras, brackets = [], [], []
     for key, value in items:
         if key == FIELD:
             loras.extend(_json_objects(value))
         elif key.startswith(_BRACKETS) and key.endswith("]"):
-            name = key[len(_BRACKETS) : -1]
-            if not loras or not isinstance(loras[-1], dict) or name in loras[-1]:
-                loras.append({})
-            loras[-1][name] = value
+            brackets.append((key[len(_BRACKETS) : -1], value))
         else:
             rest.append((key, value))
+    loras += _bracket_objects(brackets)
     return rest, loras if loras else None
+
+
+def _bracket_objects(fields: list[tuple[str, object]]) -> list[dict]:
+    """`loras[][KEY]` fields as objects. `qs` writes each object's keys together (a key the current object
+    has starts the next one); the openai SDK writes every name, then every strength, and those were paired
+    wrongly (the second LoRA took the first's strength). Fields whose every key comes in one run are paired by
+    position, and refused where the runs differ in length: which LoRA a strength is for cannot be told."""
+    keys = [key for key, _ in fields]
+    runs = [key for i, key in enumerate(keys) if i == 0 or keys[i - 1] != key]
+    if len(runs) == len(set(runs)) < len(keys):  # grouped by key
+        columns = {key: [value for k, value in fields if k == key] for key in runs}
+        counts = {len(column) for column in columns.values()}
+        if len(counts) > 1:
+            said = " and ".join(f"{len(columns[key])} {key}" for key in runs)
+            raise ValueError(
+                f"the form's {FIELD}[][...] fields give {said}: which LoRA each is for cannot be told; give "
+                f"every LoRA each field, or send {FIELD} as one JSON part "
+                f'(the openai SDK: extra_body={{"{FIELD}": json.dumps([...])}})'
+            )
+        return [{key: columns[key][i] for key in runs} for i in range(counts.pop())]
+    objects: list[dict] = []
+    for key, value in fields:
+        if not objects or key in objects[-1]:
+            objects.append({})
+        objects[-1][key] = value
+    return objects
 
 
 def _json_objects(value) -> list:

@@ -104,6 +104,25 @@ def test_v1_takes_loras_as_json_and_from_the_sdks_extra_body(client):
         sdk.videos.create(prompt="fox", extra_body={"loras": [{"name": "style"}, {"name": "other"}]})
 
 
+def test_the_sdks_loras_keep_their_strengths(tmp_path):
+    """The openai SDK writes every loras[][name], then every loras[][strength]: the second LoRA took the
+    first's strength, in silence. Where some LoRA has none, which one a strength is for cannot be told: a 422
+    that says how to send them (as JSON, which works)."""
+    other = {"name": "other", "experts": False, "fits": True, "error": None}
+    with TestClient(tiny_random_app(tmp_path, loras=[*CATALOGUE, other])) as client:
+        http = _asgi(client)
+        sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="-", http_client=http, max_retries=0)
+        both = [{"name": "style", "strength": 0.5}, {"name": "other", "strength": 2}]
+        assert _loras(client, sdk.videos.create(prompt="fox", extra_body={"loras": both}).id) == [
+            ["other", 2.0], ["style", 0.5]
+        ]  # fmt: skip
+        one = [{"name": "other", "strength": 0.5}, {"name": "style"}]
+        with pytest.raises(openai.UnprocessableEntityError, match="which LoRA each is for cannot be told"):
+            sdk.videos.create(prompt="fox", extra_body={"loras": one})
+        video = sdk.videos.create(prompt="fox", extra_body={"loras": json.dumps(one)})
+        assert _loras(client, video.id) == [["other", 0.5], ["style", 1.0]]
+
+
 def test_a_retry_spelling_the_same_request_otherwise_is_the_same_request(tmp_path):
     """The set has one spelling (`validate` sorts it): under the same Idempotency-Key a retry that names the
     LoRAs in another order gets its job, on both routes; it was a 409, another body. So does /v1's `seconds`
