@@ -401,15 +401,18 @@ class Supervisor:
         return True
 
     def _enforce_time_limit(self) -> None:
+        """A job running past --job-timeout fails and the group is reset. A batch of N runs up to N times one
+        job's time (its forwards are shared, its decodes one after another), so its jobs have N times the
+        limit: the later ones, waiting for the earlier ones' decodes, failed where they fit it alone."""
         now = time.time()
         for job in self.store.in_progress(worker_prefix=self._worker_prefix()):
-            if job.started_at is not None and now - job.started_at > self.config.job_timeout:
+            limit = self.config.job_timeout * max(1, job.batch or 1)
+            if job.started_at is not None and now - job.started_at > limit:
                 self.store.finish(
                     job.id,
                     None,
                     "failed",
-                    error=f"exceeded the time limit of {self.config.job_timeout:g} s; "
-                    "the worker group was reset",
+                    error=f"exceeded the time limit of {limit:g} s; the worker group was reset",
                     timings=job.timings_until(now),
                 )
                 videos.remove_checkpoint(self.config.videos_dir, job.id)

@@ -172,3 +172,27 @@ def test_a_batch_that_dies_leaves_each_job_its_checkpoint_and_each_resumes_alone
     # each resumed from its own step-1 state, alone (a job with a checkpoint joins no batch)
     assert [(j.status, j.batch, j.attempts) for j in jobs] == [("completed", 1, 2)] * 3
     assert again.pipe.batches == 0
+
+
+def test_a_batchs_jobs_have_the_time_limit_of_the_batch(tmp_path, monkeypatch):
+    """A batch of N runs up to N times one job's time (its decodes one after another): its later jobs failed
+    the time limit where each fit it alone, and the group was reset."""
+    from server import supervisor as supervisor_mod
+
+    store = JobStore(os.path.join(tmp_path, "jobs.db"))
+    config = ServeConfig(data_dir=str(tmp_path), instance="box", job_timeout=10)
+    supervisor = supervisor_mod.Supervisor(config, store, on_fatal=lambda: None)
+    supervisor.group_id, resets = "g1", []
+    monkeypatch.setattr(supervisor, "_kill_group", lambda: resets.append(1))
+    ids = [store.create(dict(SPEC, prompt=f"p{i}"))[0].id for i in range(3)]
+    first = store.claim("box/g1/replica0", "box")
+    store.join_batch("box/g1/replica0", "box", first.id, ids[1:2])  # two of a batch
+    alone = store.claim("box/g1/replica1", "box")  # the third, on another replica
+    start = store.get(first.id).started_at
+    monkeypatch.setattr(supervisor_mod.time, "time", lambda: start + 15)
+    supervisor._enforce_time_limit()
+    assert [store.get(i).status for i in ids] == ["in_progress", "in_progress", "failed"] and resets == [1]
+    assert store.get(alone.id).error == "exceeded the time limit of 10 s; the worker group was reset"
+    monkeypatch.setattr(supervisor_mod.time, "time", lambda: start + 21)
+    supervisor._enforce_time_limit()
+    assert store.get(ids[1]).error == "exceeded the time limit of 20 s; the worker group was reset"
