@@ -42,6 +42,11 @@ RANDOM_SEEDS = 2**32
 _NEGATIVE = ("negative_prompt", "guidance_scale", "guidance_scale_2")  # unused_negative_prompt's, from a spec
 
 
+def _digest(body: dict) -> str:
+    """An idempotent request's fingerprint: a key's retry must bring the same one."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
 def unprocessable(field_name: str, message: str) -> HTTPException:
     """422 in FastAPI's own validation-error shape, naming the field."""
     return HTTPException(422, [_error(field_name, message)])
@@ -186,14 +191,21 @@ class Services:
         same body replays the job, another one is a 409. A `spec` without a seed gets a random one, kept in
         the job (its `request.seed`), so a re-run or a resumed job makes the same video."""
         self.check_prompts(spec)
+        if idempotency_key is not None and not 0 < len(idempotency_key) <= 255:
+            # an empty one (a client's template left it blank) would be every such client's one key
+            raise HTTPException(400, "Idempotency-Key must be 1 to 255 characters")
+        key = None if idempotency_key is None else f"{scope}:{idempotency_key}"
+        if key is not None and image is None:
+            # a retry gets its job though the limits or the LoRA catalogue changed since: it was a 422 (the
+            # LoRA it named gone) after an answer the client never got
+            replayed = self.store.replayed(key, _digest(body))
+            if replayed is not None:
+                return replayed, False
         info = self.worker_info()
         errors = limits_mod.check(spec | {"image": image}, info.get("limits", {}))
         errors += loras.check(spec.get("loras"), info)
         if errors:
             raise HTTPException(422, [_error(image_field if f == "image" else f, m) for f, m in errors])
-        if idempotency_key is not None and not 0 < len(idempotency_key) <= 255:
-            # an empty one (a client's template left it blank) would be every such client's one key
-            raise HTTPException(400, "Idempotency-Key must be 1 to 255 characters")
         # early, before the image is decoded; `create` counts for sure, after it looks a key up: a retry of a
         # request whose job is queued gets that job, however full the queue
         queued = self.store.queued_count() if idempotency_key is None else 0
@@ -204,8 +216,7 @@ class Services:
             spec, body = spec | {"image": described}, body | {"image": described}
         if spec.get("seed") is None:
             spec = spec | {"seed": secrets.randbelow(RANDOM_SEEDS)}  # not in `body`: a replay keeps its job's
-        key = None if idempotency_key is None else f"{scope}:{idempotency_key}"
-        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        digest = _digest(body)
         job_id, created = uuid.uuid4().hex, False
         if image is not None:  # in place before the job exists, so no worker claims it without its image
             try:

@@ -5,6 +5,7 @@ extra_body as its multipart flattens it), 422s naming the field, the OpenAPI doc
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import httpx
@@ -12,9 +13,10 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
+from dit.pipeline import TINY_LIMITS
 from server import metrics
 from testing.published import LORA_CATALOGUE as CATALOGUE
-from testing.published import tiny_random_app
+from testing.published import TINY_RANDOM_TOKENS, publish, tiny_random_app
 
 pytestmark = pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")  # the SDK's notice
 
@@ -138,6 +140,17 @@ def test_a_retry_spelling_the_same_request_otherwise_is_the_same_request(tmp_pat
             assert again.status_code == first.status_code and again.json()["id"] == first.json()["id"], route
             assert again.headers["idempotent-replayed"] == "true"
             assert _loras(client, first.json()["id"]) == [["other", 1.0], ["style", 0.5]]
+        # a retry after the LoRA it names left the catalogue still gets its job (a 422 "no LoRA named")
+        services = client.app.state.services
+        limits = dataclasses.replace(TINY_LIMITS, max_prompt_tokens=TINY_RANDOM_TOKENS)
+        publish(services.store, limits, services.config.image_limits, loras=CATALOGUE)
+        services._worker_info = (0.0, {})  # read the catalogue again now, not a second on
+        retry, fresh = (
+            client.post("/generate", json={"prompt": "fox", "loras": pair}, headers={"Idempotency-Key": key})
+            for key in ("k1", "k9")
+        )
+        assert retry.status_code == 202 and retry.headers["idempotent-replayed"] == "true", retry.text
+        assert fresh.status_code == 422 and "no LoRA named 'other'" in fresh.text
         # the SDK's "seconds" string and a JSON number alike (it was a 409 too)
         key = {"Idempotency-Key": "k3"}
         first, again = (

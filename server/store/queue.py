@@ -62,6 +62,15 @@ class JobQueue(Connections):
             ).fetchone()
         return log_change(job_from_row(row)), True  # once committed: a failed commit queued nothing
 
+    def replayed(self, idempotency_key: str, request_hash: str) -> Job | None:
+        """The job a known idempotency key came with this very request (`create` would return it), or None."""
+        row = self._db.execute(
+            "SELECT * FROM jobs WHERE idempotency_key = ? AND deleted = 0", (idempotency_key,)
+        ).fetchone()
+        if row is None or row["request_hash"] not in (None, request_hash):
+            return None
+        return job_from_row(row)
+
     def get(self, job_id: str, *, include_deleted: bool = False) -> Job | None:
         deleted = "" if include_deleted else " AND deleted = 0"
         return job_from_row(
