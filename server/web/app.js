@@ -86,6 +86,8 @@ $("key-form").addEventListener("submit", (event) => {
   sessionStorage.setItem(KEY_STORE, key);
   $("api-key").value = "";
   $("key-form").hidden = true;
+  // links signed under the key the server had are refused now: a shown video stayed broken, a download failed
+  cards.forEach((card) => card.linksUntil != null && (card.linksUntil = 0));
   start();
 });
 
@@ -328,8 +330,11 @@ async function showPage(index) {
   }
   $("jobs-status").textContent = data.length ? "" : "No jobs yet.";
   $("page-number").textContent = `Page ${index + 1}`;
+  const focused = document.activeElement;
   $("newer").disabled = index === 0;
   $("older").disabled = !has_more;
+  // a pager button that disables itself drops the focus to the page's start: the other one takes it
+  if (focused && focused.disabled && focused.closest("nav")) ($("newer").disabled ? $("older") : $("newer")).focus();
 }
 
 $("newer").addEventListener("click", () => showPage(page - 1));
@@ -549,7 +554,8 @@ async function cancel(card) {
   try {
     const response = await api(`/jobs/${card.id}`, { method: "DELETE" });
     if (response.ok) update(card, jobJson(await response.text()));
-    else showError(card, `Not cancelled: ${await errorText(response)}`);
+    // the job ended before the cancel reached it, as its stream said meanwhile: the 409 stayed under "Completed"
+    else if (!TERMINAL.has(card.status)) showError(card, `Not cancelled: ${await errorText(response)}`);
   } catch (error) {
     if (!(error instanceof AuthError)) showError(card, `Not cancelled: ${error.message}`);
   } finally {
