@@ -50,6 +50,8 @@ RECORDER = """(prompt) => {
     }, true);
 }"""
 
+REFRESH_MS = 5000  # app.js's: the job list and the limits are read again this often
+
 # Holds every /jobs listing the page asks for until window.release(), each then answered with the first one's
 # (older) list: how a refresh asked for while a job ran comes back after the job's stream said it is done.
 HOLD_THE_LISTS = """() => {
@@ -382,6 +384,11 @@ def test_a_long_queue_leaves_the_page_connections_to_submit(browser, tmp_path):
             assert server.client.post("/generate", json={"prompt": f"queued {i}"} | big).status_code == 202
         page = context.new_page()
         page.set_default_timeout(WAIT_MS)
+        page.clock.install()  # the page's timers, run ahead where the test waits for its 5 s refresh
+
+        def refreshed() -> None:
+            page.clock.run_for(REFRESH_MS)
+
         page.goto(server.url)
         page.wait_for_function("() => !document.getElementById('generate').disabled")
         page.get_by_label("Prompt", exact=True).fill("one more")
@@ -400,12 +407,14 @@ def test_a_long_queue_leaves_the_page_connections_to_submit(browser, tmp_path):
         store = open_store(config)
         publish(store, TINY_LIMITS, config.image_limits, loras=LORA_CATALOGUE)
         store.close()
+        refreshed()
         page.get_by_text("1 in the catalogue").wait_for(timeout=10_000)
         assert (frames.input_value(), height.input_value()) == ("18", "")
         page.get_by_role("button", name="Add LoRA").click()  # `style`; then it leaves the catalogue: its row
         store = open_store(config)  # goes (hidden with its field, it was still sent: every Generate refused)
         publish(store, TINY_LIMITS, config.image_limits)
         store.close()
+        refreshed()
         page.locator("#loras-field").wait_for(state="hidden", timeout=10_000)
         assert page.locator(".lora-row").count() == 0
         frames.fill(str(TINY_LIMITS.default_frames))
@@ -420,6 +429,7 @@ def test_a_long_queue_leaves_the_page_connections_to_submit(browser, tmp_path):
             store = open_store(config)
             publish(store, model, config.image_limits)
             store.close()
+            refreshed()
             page.locator("#image-field").wait_for(state="visible" if shown else "hidden", timeout=10_000)
             assert page.locator("#image").evaluate("input => input.required") is shown
             assert (
@@ -455,6 +465,7 @@ def test_a_long_queue_leaves_the_page_connections_to_submit(browser, tmp_path):
         waiting = page.locator("li.job", has_text="queued 3").get_by_role("button", name="Cancel")
         waiting.focus()
         assert server.client.post("/generate", json={"prompt": "the eleventh"}).status_code == 202
+        refreshed()
         page.locator("li.job", has_text="the eleventh").wait_for(timeout=10_000)
         assert waiting.evaluate("button => document.activeElement === button")
         page.get_by_role("button", name="Older jobs").click()
@@ -465,6 +476,7 @@ def test_a_long_queue_leaves_the_page_connections_to_submit(browser, tmp_path):
             page.locator("li.job").count() == 1
             and server.client.delete(f"/v1/videos/{job.id}").status_code == 200
         )
+        refreshed()
         page.get_by_text("Page 1").wait_for(timeout=10_000)
         assert page.locator("li.job").count() == 10 and page.locator("#jobs-status").inner_text() == ""
 
