@@ -9,6 +9,7 @@ decompression bomb) costs no memory. Every failure is an `ImageError` (a ValueEr
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from PIL import ExifTags, Image, ImageOps
 
 # Pillow's format name → the media type a client sends. MPO is Pillow's name for a JPEG carrying extra
 # pictures (many phone and camera photos): its first picture is a plain JPEG.
+_SIXTEEN_BIT_GREY = ("I;16", "I;16L", "I;16B", "I;16N", "I")  # how Pillow opens a 16-bit grey PNG
 FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "MPO": "image/jpeg", "WEBP": "image/webp"}
 MEDIA_TYPES = tuple(dict.fromkeys(FORMATS.values()))
 
@@ -69,7 +71,7 @@ def check(data: bytes, limits: ImageLimits) -> tuple[str, int, int]:
 def _checked_header(data: bytes, limits: ImageLimits) -> Image.Image:
     if len(data) > limits.max_bytes:
         raise ImageTooLarge(f"the image is {len(data)} bytes; at most {limits.max_bytes} are accepted")
-    image = _open(data)
+    image = _open(data, limits.max_pixels)
     if image.format not in FORMATS:
         raise UnsupportedFormat(f"the image is {image.format}; send PNG, JPEG or WebP")
     width, height = image.size
@@ -129,12 +131,23 @@ def image_size(image) -> tuple[int, int]:
     return (image.height, image.width) if isinstance(image, Image.Image) else image.shape[:2]
 
 
-def _open(data: bytes) -> Image.Image:
-    """The image's header only: no pixel is decoded yet."""
+def _open(data: bytes, max_pixels: int | None = None) -> Image.Image:
+    """The image's header only: no pixel is decoded yet. Past Pillow's own bomb limit it refuses the image
+    before any size is known but in its words, which named its limit (179 M pixels) for the server's."""
     try:
         return Image.open(io.BytesIO(data))
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:  # a warning under -W error
-        raise ImageTooLarge(f"the image is too large: {e}") from None
+        found = re.search(r"\((\d+) pixels\)", str(e))
+        pixels = int(found[1]) if found else None
+        if max_pixels is not None and pixels is not None and pixels > max_pixels:
+            raise ImageTooLarge(
+                f"the image is {pixels} pixels; at most {max_pixels} pixels are accepted"
+            ) from None
+        bomb = Image.MAX_IMAGE_PIXELS * (2 if isinstance(e, Image.DecompressionBombError) else 1)
+        raise ImageTooLarge(
+            f"the image is {pixels or 'too many'} pixels, past the {bomb} that Pillow decodes (its guard "
+            "against decompression bombs)"
+        ) from None
     except Exception:  # Pillow's plugins raise many kinds on what is not an image
         raise ImageError("the data is not an image (PNG, JPEG or WebP expected)") from None
 
@@ -144,6 +157,8 @@ def _rgb(image: Image.Image) -> np.ndarray:
     arbitrary, often black), any mode (P, L, CMYK, ...) as RGB."""
     try:
         image = ImageOps.exif_transpose(image)
+        if image.mode in _SIXTEEN_BIT_GREY:  # convert("RGB") clips at 255: a 16-bit grey PNG came out white
+            image = Image.fromarray((np.asarray(image).astype(np.uint32) >> 8).astype(np.uint8))
         if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
             rgba = image.convert("RGBA")
             image = Image.new("RGBA", rgba.size, "white")

@@ -34,6 +34,7 @@ def from_data_url(text: str) -> bytes:
         raise ImageError("the image must be a data URL: data:image/png;base64,... (or jpeg, webp)")
     header, payload = text[5:].split(",", 1)
     media_type, *params = header.lower().split(";")
+    media_type = {"image/jpg": "image/jpeg"}.get(media_type, media_type)  # a common alias: it was a 415
     if params[-1:] != ["base64"]:
         raise ImageError("the image's data URL must be base64-encoded: data:image/png;base64,...")
     if media_type not in MEDIA_TYPES:
@@ -41,7 +42,10 @@ def from_data_url(text: str) -> bytes:
     try:
         return _b64decode(payload.encode("ascii"))
     except (UnicodeEncodeError, binascii.Error):  # non-ASCII (ÿ), or not base64
-        raise ImageError("the image's data URL holds invalid base64") from None
+        raise ImageError(  # wrapped lines and missing '=' are the usual causes: `base64 FILE` wraps at 76
+            "the image's data URL holds invalid base64: it must be one line of standard base64, '=' padded "
+            "(base64 -w0 FILE)"
+        ) from None
 
 
 class DuplicateKey(ValueError):

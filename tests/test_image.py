@@ -95,6 +95,14 @@ def test_modes_become_rgb(image, expected):
     assert out.shape == (4, 4, 3) and tuple(out[0, 0]) == expected
 
 
+def test_a_16_bit_grey_png_keeps_its_greys():
+    """Pillow's convert("RGB") clips 16-bit grey at 255: the first frame came out nearly all white."""
+    grey = np.full((4, 8), 32768, np.uint16)
+    grey[:, :4] = 8000
+    out = decode(_bytes(Image.fromarray(grey), "PNG"), LIMITS)
+    assert tuple(out[0, 0]) == (31, 31, 31) and tuple(out[0, -1]) == (128, 128, 128)
+
+
 def test_cmyk_jpeg_becomes_rgb():
     out = decode(_bytes(Image.new("CMYK", (8, 8), (0, 255, 255, 0)), "JPEG"), LIMITS)
     assert out.shape == (8, 8, 3) and out[0, 0, 0] > 200 and out[0, 0, 1:].max() < 50  # red
@@ -123,11 +131,14 @@ def test_a_decompression_bomb_is_refused_without_decoding(monkeypatch):
     monkeypatch.setattr(Image.Image, "load", lambda self: pytest.fail("pixels decoded"))
     bomb = _png_header(100_000, 100_000)
     assert len(bomb) < 300
-    with pytest.raises(ImageTooLarge, match="decompression bomb"):
+    with pytest.raises(ImageTooLarge, match="^the image is 10000000000 pixels, past the 178956970 that Pill"):
         decode(bomb, ImageLimits(max_pixels=10**11))
+    # under the server's limit: its words and its limit (it said Pillow's, "exceeds limit of 178956970")
+    with pytest.raises(ImageTooLarge, match="^the image is 10000000000 pixels; at most 36000000 pixels are"):
+        decode(bomb, LIMITS)
     with warnings.catch_warnings():  # Pillow's warning (past 89 M pixels), where warnings are errors
         warnings.simplefilter("error")
-        with pytest.raises(ImageTooLarge, match="decompression bomb"):
+        with pytest.raises(ImageTooLarge, match="decompression bombs"):
             decode(_png_header(10_000, 10_000), ImageLimits(max_pixels=10**9))
 
 

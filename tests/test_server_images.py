@@ -195,6 +195,7 @@ def test_data_urls():
     text = base64.b64encode(data).decode()
     assert images.from_data_url(f"data:image/png;base64,{text}") == data
     assert images.from_data_url(f"DATA:Image/JPEG;base64,{text}") == data  # the media type is only checked
+    assert images.from_data_url(f"data:image/jpg;base64,{text}") == data  # jpeg's common alias (a 415)
     with pytest.raises(UnsupportedFormat, match="image/gif"):
         images.from_data_url(f"data:image/gif;base64,{text}")
     for bad, says in [
@@ -202,7 +203,7 @@ def test_data_urls():
         (b"data:image/png;base64,AAAA", "must be a data URL"),
         ("data:image/png,rawtext", "base64-encoded"),
         ("data:image/png;base64,@@@@", "invalid base64"),
-        ("data:image/png;base64,AAA", "invalid base64"),  # bad padding
+        ("data:image/png;base64,AAA", "invalid base64: it must be one line of standard base64, '=' padded"),
         ("data:image/png;base64,ÿÿÿÿ", "invalid base64"),  # not ASCII
     ]:
         with pytest.raises(ImageError, match=says) as e:
