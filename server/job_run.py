@@ -5,6 +5,7 @@ progress when the group failed (the supervisor re-queues it once the group is go
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -12,9 +13,10 @@ import numpy as np
 from dit.batch import BatchJob
 from dit.failures import DecodeCancelled
 from dit.preview import frame_preview
-from server import videos
 from server.phases import PhaseClock
 from server.writers import StreamedVideo
+
+log = logging.getLogger("ithaca.worker")
 
 
 class JobRun:
@@ -22,6 +24,7 @@ class JobRun:
         """`message`: the worker's claimed job (its id, spec and `attempt`, the claim's attempts)."""
         self.worker, self.attempt = worker, message["attempt"]
         self.job_id, self.spec = message["id"], message["spec"]
+        worker.steps.start(self.job_id)  # an earlier run of the job told to stop does not stop this one
         self.step_times: list[float] = []
         self.phases = PhaseClock()
         self.recorded = "encoding"  # the phase the claim recorded (server.store.runs)
@@ -94,13 +97,15 @@ class JobRun:
         if isinstance(outcome, Exception):
             self.video.drop()
             worker._flush()
-            videos.remove_checkpoint(worker.config.videos_dir, job_id)
             if isinstance(outcome, worker.module.GenerationCancelled):
                 steps = f"after step {outcome.step}"  # of the job: a resumed run's own count starts late
                 error = f"cancelled {'while decoding' if isinstance(outcome, DecodeCancelled) else steps}"
-                worker.ending.finish(self, "cancelled", error=error)
+                ended = worker.ending.over(self, "cancelled", error=error)
             else:
-                worker.ending.finish(self, "failed", error=str(outcome))
+                ended = worker.ending.over(self, "failed", error=str(outcome))
+            if ended is None:  # its checkpoint is the next run's: a stale run deleted it, and said nothing
+                log.warning("job %s: a run of attempt %d stopped, the job being no longer its (queued again "
+                            "while this worker did not answer)", job_id, self.attempt)  # fmt: skip
             return
         worker.previews.submit(job_id, self.spec["num_inference_steps"], frame_preview(outcome))
         worker._flush()  # the checkpoint stays until the MP4 is in place: a run killed meanwhile resumes

@@ -239,8 +239,9 @@ def test_a_resumed_run_cancelled_names_the_jobs_step(tmp_path):
         config=SimpleNamespace(videos_dir=str(tmp_path)),
         module=fake_pipeline,
         _flush=lambda: None,
-        ending=SimpleNamespace(finish=lambda run, status, **fields: finished.update(status=status, **fields)),
+        ending=SimpleNamespace(over=lambda run, status, **fields: finished.update(status=status, **fields)),
         torn_down=lambda: False,  # a cancel, not its group going
+        steps=SimpleNamespace(start=lambda job_id: None),
     )
     run = JobRun(worker, {"id": "ab" * 16, "spec": {"fps": 8}, "attempt": 2})
     run.step_times = [0.1]  # this run's one step: it resumed after step 6

@@ -378,6 +378,21 @@ def test_a_phase_entered_in_an_outage_is_kept_as_a_step_is_and_the_job_runs_on(s
     assert steps.phase(after.id, "decoding", {}) is True  # the answer read back: the job stops
 
 
+def test_a_job_claimed_back_after_a_stall_is_not_stopped_by_its_stale_run(store):
+    """A worker stalled past the orphan timeout: its job was queued again and claimed back by it, and the new
+    run stopped at its first step, "cancelled after step 1", the job lost (the stale run's stop stayed)."""
+    job, _ = store.create({"prompt": "a"})
+    store.claim("w", "box")
+    steps = LatestStep(PatientStore(store, StoreOutage(600, "worker")), "w")
+    steps.start(job.id)
+    assert steps.record(job.id, 5, 10) is False
+    store.requeue_or_fail(store.get(job.id), max_attempts=3, reason="its worker stopped answering")
+    assert steps.record(job.id, 6, 10) is True  # the stale run: stop
+    assert store.claim("w", "box").id == job.id and store.get(job.id).attempts == 2
+    steps.start(job.id)  # the next run
+    assert steps.record(job.id, 1, 10) is False and store.get(job.id).step == 1
+
+
 def test_a_jobs_end_waits_out_an_outage_past_the_grace(store, caplog):
     """Once its video is made a job's end is written however long the store is away: past the grace it was
     given up and the job stayed in progress under its live worker, which nothing re-queues, until

@@ -166,6 +166,15 @@ class LatestStep:
         self._slots = threading.Lock()  # held only to put or take: a step never waits on a write
         self._stop: str | None = None  # a write found this job cancelled, or no longer this worker's
 
+    def start(self, job_id: str) -> None:
+        """A run of `job_id` begins: an earlier run's stop and unwritten progress are not its (a worker that
+        stalled past the orphan timeout, its job queued again and claimed back, stopped the new run at its
+        first step: "cancelled after step 1", the job lost)."""
+        with self._slots:
+            self._pending = {key: write for key, write in self._pending.items() if key[0] != job_id}
+            if self._stop == job_id:
+                self._stop = None
+
     def record(self, job_id: str, step: int, total: int) -> bool:
         """True: the job must stop (`JobStore.progress`), as far as the last write that landed knows."""
         return self._put(job_id, "step", ("progress", step, total))
