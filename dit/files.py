@@ -65,11 +65,12 @@ def check_name(label: str, path: str | Path, written_as: str | None = None) -> N
         limit = os.pathconf(above, "PC_NAME_MAX")
     except (OSError, ValueError):
         limit = 255
-    extra = len(os.fsencode(written_as)) - len(os.fsencode(path.name)) if written_as else 0
-    if len(os.fsencode(path.name)) + extra > limit:
+    name = len(os.fsencode(path.name))
+    extra = len(os.fsencode(written_as)) - name if written_as else 0
+    if name + extra > limit:
         raise ValueError(
-            f"{label}: the file name is {len(os.fsencode(path.name))} bytes; this file system takes "
-            f"{limit - extra} at most" + (f" (it is written as {written_as[:20]}... first)" if extra else "")
+            f"{label}: the file name is {name} bytes; this file system takes {limit - extra} at most"
+            + (f" (it is written as {written_as[:20]}... first)" if extra else "")
         )
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 from PIL import ExifTags, Image, ImageOps
 
+_SIXTEEN_BIT_GREY = ("I;16", "I;16L", "I;16B", "I;16N", "I")  # how Pillow opens a 16-bit grey PNG
 # Pillow's format name → the media type a client sends. MPO is Pillow's name for a JPEG carrying extra
 # pictures (many phone and camera photos): its first picture is a plain JPEG.
-_SIXTEEN_BIT_GREY = ("I;16", "I;16L", "I;16B", "I;16N", "I")  # how Pillow opens a 16-bit grey PNG
 FORMATS = {"PNG": "image/png", "JPEG": "image/jpeg", "MPO": "image/jpeg", "WEBP": "image/webp"}
 MEDIA_TYPES = tuple(dict.fromkeys(FORMATS.values()))
 
@@ -76,11 +76,12 @@ def _checked_header(data: bytes, limits: ImageLimits) -> Image.Image:
         raise UnsupportedFormat(f"the image is {image.format}; send PNG, JPEG or WebP")
     width, height = image.size
     if width * height > limits.max_pixels:
-        raise ImageTooLarge(
-            f"the image is {width}x{height} ({width * height} pixels); at most {limits.max_pixels} pixels "
-            "are accepted"
-        )
+        raise _over(f"{width}x{height} ({width * height} pixels)", limits.max_pixels)
     return image
+
+
+def _over(size: str, max_pixels: int) -> ImageTooLarge:
+    return ImageTooLarge(f"the image is {size}; at most {max_pixels} pixels are accepted")
 
 
 def read(path: str | Path) -> np.ndarray:
@@ -140,9 +141,7 @@ def _open(data: bytes, max_pixels: int | None = None) -> Image.Image:
         found = re.search(r"\((\d+) pixels\)", str(e))
         pixels = int(found[1]) if found else None
         if max_pixels is not None and pixels is not None and pixels > max_pixels:
-            raise ImageTooLarge(
-                f"the image is {pixels} pixels; at most {max_pixels} pixels are accepted"
-            ) from None
+            raise _over(f"{pixels} pixels", max_pixels) from None
         bomb = Image.MAX_IMAGE_PIXELS * (2 if isinstance(e, Image.DecompressionBombError) else 1)
         raise ImageTooLarge(
             f"the image is {pixels or 'too many'} pixels, past the {bomb} that Pillow decodes (its guard "

@@ -156,8 +156,7 @@ class Pipeline:
 
     def validate(self, req: GenerationRequest) -> GenerationRequest:
         """The request with defaults filled in; ValueError naming the field and its allowed values if not."""
-        if not isinstance(req, GenerationRequest):  # a dict's AttributeError, from deep inside
-            raise TypeError(f"a request is a GenerationRequest, got {type(req).__name__}")
+        _a_request(req)
         lim = self.limits
         if req.image is not None:  # its kind and shape: the pixels are fitted only when the job runs
             check_image(req.image)
@@ -202,8 +201,9 @@ class Pipeline:
         catalogue): when it fails on some ranks only (a file gone from one disk), GenerationFailed with the
         first one's reason on every rank, where the others waited in a collective that rank never reached;
         when on all, each raises its ValueError. Without LoRAs it is the same on every rank."""
+        _a_request(req)
         group = self.mesh.replica_group
-        if not getattr(req, "loras", None) or group is None:  # not a request: validate's TypeError
+        if not req.loras or group is None:
             return self.validate(req)
         error = checked = None
         try:
@@ -465,6 +465,11 @@ class Pipeline:
         from dit.batch import generate_batch  # dit.batch builds on this module
 
         return generate_batch(self, jobs, on_phase, checkpoints)
+
+
+def _a_request(req) -> None:
+    if not isinstance(req, GenerationRequest):  # a dict's AttributeError, from deep inside
+        raise TypeError(f"a request is a GenerationRequest, got {type(req).__name__}")
 
 
 def _hooks(checkpoints=None, **hooks) -> None:

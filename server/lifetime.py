@@ -19,6 +19,17 @@ import sys
 from parallel.parent_death import die_with_parent
 
 
+def running(pid: int) -> bool:
+    """Whether a process of this pid runs on this machine (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # not ours to signal: it runs
+        pass
+    return True
+
+
 def _parent_started_by(pid: int) -> bool:
     """Whether this process's parent is a child of `pid` (Linux /proc)."""
     try:

@@ -45,6 +45,7 @@ from parallel.parent_death import with_parent
 from parallel.torchrun import torchrun
 from server import videos
 from server.config import ServeConfig
+from server.lifetime import running
 from server.orphans import OrphanSweep, requeue
 from server.store import JobStore, StoreBusy
 from server.store.postgres import redact
@@ -156,15 +157,8 @@ def _ended_here(row: dict) -> bool:
     """Whether a worker row's rank ran on this host and has ended: a server killed and started again at once
     (a restart policy) found its own dead group still fresh and warned of another server under its name."""
     info = row["info"]
-    if info.get("host") != socket.gethostname() or not isinstance(info.get("pid"), int):
-        return False
-    try:
-        os.kill(info["pid"], 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # another user's process: alive
-        pass
-    return False
+    here = info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int)
+    return here and not running(info["pid"])
 
 
 def _in_a_row(n: int) -> str:

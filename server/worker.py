@@ -75,6 +75,7 @@ from server.batching import companion_ids
 from server.config import ServeConfig, add_arguments, from_args
 from server.job_end import JobEnd
 from server.job_run import JobRun
+from server.lifetime import running
 from server.store import Job, StoreBusy, lora_set, open_store
 from server.store.retry import MAX_RETRY_S, LatestStep, PatientStore, StoreOutage
 from server.writers import CheckpointWriter, PreviewWriter
@@ -396,13 +397,7 @@ class Worker:
 
 
 def _alive(pid: int) -> bool:
-    if not pid:
-        return True  # started by hand (attach mode): nobody to outlive
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
+    return not pid or running(pid)  # no pid: started by hand (attach mode), nobody to outlive
 
 
 def _for_other_ranks(message):

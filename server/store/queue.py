@@ -40,7 +40,7 @@ class JobQueue(Connections):
                 if row is not None and row["deleted"]:
                     db.execute("UPDATE jobs SET idempotency_key = NULL WHERE seq = ?", (row["seq"],))
                 elif row is not None:
-                    if row["request_hash"] not in (None, request_hash):  # None: kept before hashes were
+                    if not _same_request(row, request_hash):
                         raise IdempotencyConflict(row["id"])
                     return job_from_row(row), False
             if max_queued is not None:
@@ -67,9 +67,7 @@ class JobQueue(Connections):
         row = self._db.execute(
             "SELECT * FROM jobs WHERE idempotency_key = ? AND deleted = 0", (idempotency_key,)
         ).fetchone()
-        if row is None or row["request_hash"] not in (None, request_hash):
-            return None
-        return job_from_row(row)
+        return job_from_row(row) if row is not None and _same_request(row, request_hash) else None
 
     def get(self, job_id: str, *, include_deleted: bool = False) -> Job | None:
         deleted = "" if include_deleted else " AND deleted = 0"
@@ -150,3 +148,8 @@ class JobQueue(Connections):
         if cancelled is not None:
             log_change(job)
         return job
+
+
+def _same_request(row, request_hash: str | None) -> bool:
+    """Whether a job's idempotency key came with this request (None: kept before hashes were)."""
+    return row["request_hash"] in (None, request_hash)
