@@ -189,15 +189,46 @@ def generate_batch(
     """Each job's frames on the replica leader (None on the other ranks), or its GenerationCancelled (a
     DecodeCancelled when it stopped during its decode), or the GenerationFailed of its decode (every rank
     alike; the other jobs go on), in the jobs' order; each finished job's `on_frames` hears its frames as
-    they decode. `on_phase` hears "encoding", "denoising" and "decoding" once; `checkpoints` as
-    `denoise_batch`'s. Collective over the replica, as `generate`."""
+    they decode, in turn (`decode_in_turn`: a job cancelled as it waits for its turn ends at once).
+    `on_phase` hears "encoding", "denoising" and "decoding" once; `checkpoints` as `denoise_batch`'s.
+    Collective over the replica, as `generate`."""
     outcomes = denoise_batch(pipe, jobs, on_phase, checkpoints)
-    if any(isinstance(out, torch.Tensor) for out in outcomes):
+    ready = [j for j, out in enumerate(outcomes) if isinstance(out, torch.Tensor)]
+    if ready:
         enter_phase(on_phase, "decoding")
-    return [
-        job.ended(_decode(pipe, out, job)) if isinstance(out, torch.Tensor) else out
-        for out, job in zip(outcomes, jobs, strict=True)
-    ]
+    steps = pipe.validate(jobs[0].request).num_inference_steps
+    return decode_in_turn(jobs, outcomes, ready, steps, lambda j, job: _decode(pipe, outcomes[j], job))
+
+
+def decode_in_turn(jobs: list[BatchJob], outcomes: list, ready: list[int], steps: int, decode) -> list:
+    """`outcomes` with each `ready` job's (in turn) told to its `on_end` and put in its place: `decode(j,
+    job)` decodes job j with `job`'s callbacks (its frames, or the GenerationCancelled or GenerationFailed
+    that stopped it). The replica leader asks each job still waiting `decode_callback(0, frames)` at each
+    chunk of the decodes before its own: a cancel ends it then (it stayed in progress for minutes), a
+    GenerationCancelled after its last step; its turn still comes on every rank, and stops at its first
+    chunk. Shared with the server tests' fake pipeline."""
+    waiting, left = list(ready), {}
+
+    def asked(ask: DecodeCallback | None) -> DecodeCallback | None:
+        def ask_all(decoded: int, frames: int):
+            for j in waiting:  # decoded nothing yet: cancelled?
+                ask_j = jobs[j].decode_callback
+                if j not in left and ask_j is not None and not goes_on(ask_j(0, frames)):
+                    left[j] = jobs[j].ended(GenerationCancelled(steps, steps))
+            return ask is None or goes_on(ask(decoded, frames))
+
+        return ask_all if any(job.decode_callback for job in jobs) else ask
+
+    while waiting:
+        j = waiting.pop(0)
+        if j in left:
+            decode(j, BatchJob(jobs[j].request, decode_callback=lambda *chunk: False))
+            outcomes[j] = left[j]
+        else:
+            outcomes[j] = jobs[j].ended(
+                decode(j, replace(jobs[j], decode_callback=asked(jobs[j].decode_callback)))
+            )
+    return outcomes
 
 
 def _kinds(jobs) -> str:

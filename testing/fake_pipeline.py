@@ -28,9 +28,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from dit.batch import check_batch
+from dit.batch import check_batch, decode_in_turn
 from dit.cache import Evaluations
-from dit.callbacks import RowAnswers, goes_on
+from dit.callbacks import RowAnswers, enter_phase, goes_on
 from dit.denoise_state import capture
 from dit.image import fit
 from dit.pipeline import (
@@ -162,14 +162,15 @@ class FakePipeline:
             evaluated=passes_per_step(self.mesh, requests[0].guidance_scale) * total
         )
         on_phase("decoding")
-        for j in live:
+
+        def decode(j: int, job):
+            enter_phase(job.on_phase, "decoding")
             try:
-                outcomes[j] = jobs[j].ended(
-                    self._decode(requests[j], jobs[j].on_frames, jobs[j].decode_callback)
-                )
-            except (GenerationFailed, GenerationCancelled) as failed:  # as the real batch: the others go on
-                outcomes[j] = jobs[j].ended(failed)
-        return outcomes
+                return self._decode(requests[j], job.on_frames, job.decode_callback)
+            except (GenerationFailed, GenerationCancelled) as stop:  # as the real batch: the others go on
+                return stop
+
+        return decode_in_turn(jobs, outcomes, live, total, decode)
 
     def _decode(self, req: GenerationRequest, on_frames, decode_callback):
         """The request's frames (seeded by it) on the replica leader, handed to `on_frames` as they come, in

@@ -169,6 +169,19 @@ def test_a_job_stopped_in_its_decode_ends_cancelled_and_the_next_still_decodes(p
     assert np.array_equal(np.concatenate(frames[1]), got[1]) and got[1].shape == (5, 32, 48, 3)
 
 
+def test_a_job_cancelled_while_it_waits_for_the_decode_before_its_own_ends_at_once(pipe):
+    frames, ended = [[], [], []], []
+    asked = []  # job 1 is cancelled as job 0's decode begins: it ends then, not at its own decode's turn
+    stops = [None, lambda done, total: asked.append(done) or False, None]
+    jobs = [BatchJob(req, on_frames=frames[j].append, on_end=lambda out, j=j: ended.append((j, out)),
+                     decode_callback=stops[j]) for j, req in enumerate(REQUESTS)]  # fmt: skip
+    got = pipe.generate_batch(jobs)
+    assert [j for j, _ in ended] == [1, 0, 2] and asked == [0]  # asked once, before job 0's end
+    assert type(got[1]) is GenerationCancelled and (got[1].step, got[1].total) == (3, 3) and frames[1] == []
+    assert got[0].shape == got[2].shape == (5, 32, 48, 3)
+    assert np.array_equal(np.concatenate(frames[2]), got[2])
+
+
 @pytest.mark.parametrize(
     "change, message",
     [

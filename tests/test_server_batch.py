@@ -95,6 +95,26 @@ def test_a_cancel_ends_one_job_of_the_batch_and_the_others_complete(tmp_path, mo
     assert jobs[1].error == "cancelled after step 1" and not (tmp_path / "videos" / f"{ids[1]}.mp4").exists()
 
 
+def test_a_job_cancelled_while_it_waits_for_its_decode_ends_before_the_next_decode(tmp_path, monkeypatch):
+    setup = _queued(tmp_path, 3, [SPEC | {"seed": s} for s in range(3)])
+    store, ids = setup[1], setup[2]
+    real_decoded, then = LatestStep.decoded, []
+
+    def decoded(steps, job_id, frames, total):  # the last job is cancelled as the first one decodes
+        if job_id == ids[0] and frames == 1:
+            store.cancel(ids[2])
+        if job_id == ids[1] and frames == 1:  # it stayed in progress until its own decode's turn
+            then.append(store.get(ids[2]).status)
+        return real_decoded(steps, job_id, frames, total)
+
+    monkeypatch.setattr(LatestStep, "decoded", decoded)
+    jobs = _run(*setup, lambda job: job.terminal)
+    assert then == ["cancelled"] and [(j.status, j.phase, j.progress) for j in jobs] == [
+        ("completed", "writing", 100), ("completed", "writing", 100),
+        ("cancelled", "denoising", 90)]  # fmt: skip
+    assert jobs[2].error == "cancelled after step 2" and not (tmp_path / "videos" / f"{ids[2]}.mp4").exists()
+
+
 def test_a_job_that_fails_of_its_own_fails_alone_and_the_worker_goes_on(tmp_path, monkeypatch):
     """A GenerationFailed (raised on every rank alike: a decode that overflowed) fails its job at once, with
     no file and no other attempt, in a batch or alone; the batch's other job and the next job complete."""
