@@ -18,10 +18,14 @@ log = logging.getLogger("ithaca.supervisor")
 SWEEP_S = 5.0
 
 
-def requeue(config: ServeConfig, store, job, reason: str, counted: bool = True) -> None:
+def requeue(config: ServeConfig, store, job, reason: str, counted: bool = True, gone: bool = False) -> None:
     """Re-queue an interrupted job, or fail it past its attempts: then its checkpoint goes too.
-    `counted=False`: the run ended for no fault of the job's (a shutdown), and does not use an attempt."""
+    `counted=False`: the run ended for no fault of the job's (a shutdown), and does not use an attempt.
+    `gone`: the run's group is gone, so the MP4 it was writing goes now, not at the next start's sweep (an
+    orphan's run may live on, stalled, and still write it)."""
     after = store.requeue_or_fail(job, max_attempts=config.max_attempts, reason=reason, counted=counted)
+    if gone:
+        videos.remove_partial(config.videos_dir, job.id, job.attempts)
     if after is not None and after.terminal:
         videos.remove_checkpoint(config.videos_dir, job.id)
 

@@ -364,7 +364,7 @@ class Supervisor:
             f": {error}" if error else ""
         )
         for job in self.store.in_progress(worker_prefix=self._worker_prefix()):
-            requeue(self.config, self.store, job, why)
+            requeue(self.config, self.store, job, why, gone=True)
         self.store.forget_group(self.group_id)
         self.restarts += 1
         self._failures_in_a_row += 0 if self._was_ready else 1
@@ -453,7 +453,9 @@ class Supervisor:
                 proc.wait()
         if self.group_id is not None:  # the group is gone: no late end of its run can come
             for job in self.store.in_progress(worker_prefix=self._worker_prefix()):
-                requeue(self.config, self.store, job, "interrupted by a server shutdown", counted=False)
+                requeue(
+                    self.config, self.store, job, "interrupted by a server shutdown", counted=False, gone=True
+                )
             self.store.group_stopped(self.group_id)
         if self._thread.is_alive():
             self._thread.join(timeout=5)

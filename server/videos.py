@@ -125,7 +125,11 @@ def remove_earlier_partials(videos_dir: str, job_id: str, attempt: int) -> None:
     """The partial MP4s of the job's attempts before `attempt`: their runs are over, or no longer the job's
     (one that lives on finds that at its close and leaves the name alone: `JobEnd`)."""
     for earlier in range(1, attempt):
-        _remove(partial_video(videos_dir, job_id, earlier))
+        remove_partial(videos_dir, job_id, earlier)
+
+
+def remove_partial(videos_dir: str, job_id: str, attempt: int) -> None:
+    _remove(partial_video(videos_dir, job_id, attempt))
 
 
 def _unreachable_video(name: str, job: Job) -> bool:

@@ -81,17 +81,29 @@ def test_a_rank_goes_with_its_launcher_even_one_killed_before_the_rank_could_ask
 @pytest.fixture(scope="module")
 def slow(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("lifetime")
-    # A group an earlier server of this instance left behind (still beating, as one started apart would).
-    JobStore(os.path.join(data_dir, "jobs.db")).heartbeat(
-        "box/leftover/replica0", instance="box", group_id="leftover", state="ready", info={}
-    )
+    # A group an earlier server of this instance left behind, still beating as one started apart would (one
+    # beat before the start went stale on a loaded box before the server had imported torch)
+    store, started = JobStore(os.path.join(data_dir, "jobs.db")), threading.Event()
+
+    def beat():
+        while True:
+            store.heartbeat("box/leftover/replica0", instance="box", group_id="leftover", state="ready",
+                            info={})  # fmt: skip
+            if started.wait(1.0):
+                return
+
+    beating = threading.Thread(target=beat, daemon=True)
+    beating.start()
     srv = ServerProcess(
         data_dir, "--pipeline-module", FAKE, "--log-format", "json", "--instance", "box", env=SLOW_DECODE
     )
     try:
         srv.wait()
+        started.set()
+        beating.join()
         yield srv
     finally:
+        started.set()
         srv.stop()
 
 
@@ -234,13 +246,16 @@ def test_state_changes_are_logged_as_json_lines(slow):
 def test_past_its_shutdown_grace_a_job_is_stopped_at_once_and_keeps_its_attempts(tmp_path):
     """SIGTERM: the running job has --shutdown-grace; past it the group goes at once (a rank's SIGTERM only
     drains, so the server waited 10 s more while the job went on), and the job is queued again without
-    using an attempt (--max-attempts 1: a rolling restart failed it)."""
+    using an attempt (--max-attempts 1: a rolling restart failed it). Stopped in its decode, the MP4 it was
+    writing goes with the group (it stayed until the next start's sweep)."""
+    env = {"ITHACA_FAKE_STEP_S": "0.1", "ITHACA_FAKE_DECODE_S": "60"}
     srv = ServerProcess(tmp_path, "--pipeline-module", FAKE, "--nproc", "1", "--shutdown-grace", "1",
-                        "--max-attempts", "1", env={"ITHACA_FAKE_STEP_S": "0.5"}, restarts=True)  # fmt: skip
+                        "--max-attempts", "1", env=env, restarts=True)  # fmt: skip
+    partial = os.path.join(tmp_path, "videos", "{}.1.partial.mp4")
     try:
         srv.wait()
-        job = srv.submit(prompt="long", num_inference_steps=40)
-        wait_until(lambda: srv.client.get(f"/jobs/{job['id']}").json()["step"] >= 1, 30, "a step")
+        job = srv.submit(prompt="long", num_inference_steps=2, num_frames=33)
+        wait_until(lambda: os.path.exists(partial.format(job["id"])), 30, "the MP4's first frames")
         start = time.monotonic()
         srv.stop(signal.SIGTERM)
         took = time.monotonic() - start
@@ -249,7 +264,7 @@ def test_past_its_shutdown_grace_a_job_is_stopped_at_once_and_keeps_its_attempts
     after = JobStore(os.path.join(tmp_path, "jobs.db")).get(job["id"])
     assert (after.status, after.attempts) == ("queued", 0) and after.step == 0, after
     assert took < 6, f"{took:.1f} s for a grace of 1 s"  # ~1.5 s; it was 11.5 s and more
-    assert group_pids(tmp_path) == ([], [])
+    assert group_pids(tmp_path) == ([], []) and not os.path.exists(partial.format(job["id"]))
 
 
 def test_a_sigterm_while_the_group_loads_its_model_stops_it_at_once(tmp_path):
