@@ -123,7 +123,7 @@ def run(
 class _WaitingCloser(VideoCloser):
     """The worker as it was: each job's MP4 closed and the job completed before the loop's next claim."""
 
-    def submit(self, job_id: str, step: int, close) -> None:
+    def submit(self, job_id: str, close) -> None:
         close()
 
 

@@ -7,7 +7,9 @@ import os
 import select
 import subprocess
 import threading
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import imageio_ffmpeg
 import numpy as np
 
 from dit.files import full_disk
+from parallel.parent_death import with_parent
 
 # x264's preset at CRF 18 (quality fixed, so a preset trades seconds for bytes), chosen by bench/mp4.py: on
 # 81 frames of 480×832, veryfast took 0.41 s for 0.72 MB where the default (medium) took 1.02 s for 0.74 MB
@@ -27,6 +30,7 @@ PRESET = "veryfast"
 # stalled disk under it: it must not hold the decode (and the group's other ranks in it), the job, and every
 # job closing after it, until --job-timeout.
 STALL_S = 120.0
+STOP_POLL_S = 1.0  # how often a close asks whether its job was cancelled meanwhile
 
 
 class VideoNotWritten(OSError):
@@ -42,7 +46,8 @@ class Mp4Writer:
     ffmpeg ends with an error after the last frame (x264 writes most of a short file, and its index, only
     then). An ffmpeg that stalls (its disk does), mid-file or at the close, is ended after STALL_S, and the
     close raises that. A with-block that ends in an exception, its own or the close's, removes the partial
-    file."""
+    file. ffmpeg dies with the thread that started it (Linux's parent-death signal is a thread's): a caller
+    killed leaves no ffmpeg to finish its file later."""
 
     def __init__(self, path: str | Path, height: int, width: int, fps: int, preset: str = PRESET):
         if height % 2 or width % 2:
@@ -57,6 +62,7 @@ class Mp4Writer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,  # the caller's Ctrl-C does not cut the file short: the caller ends it
+            **with_parent(),  # a killed caller's ffmpeg wrote its file later: a stray partial MP4
         )  # fmt: skip
         os.set_blocking(self._ffmpeg.stdin.fileno(), False)  # a write waits on `poll`, for STALL_S at most
         self._said: deque[str] = deque(maxlen=4)  # ffmpeg's last lines: why it failed
@@ -100,14 +106,18 @@ class Mp4Writer:
                     why = f"ffmpeg did not take the next frames within {STALL_S:g} s"
                     raise self._not_written(why) from None
 
-    def close(self) -> Path:
-        """Wait for ffmpeg to finish the file; VideoNotWritten when it could not."""
+    def close(self, stopped: Callable[[], bool] | None = None) -> Path | None:
+        """Wait for ffmpeg to finish the file; VideoNotWritten when it could not. `stopped()`, asked each
+        second of the wait: True ends ffmpeg and removes the file (`abort`), and the close returns None."""
         if not self._closed:
             self._closed = True
             with contextlib.suppress(OSError):  # a broken pipe: ffmpeg's exit says why
                 self._ffmpeg.stdin.close()
             try:
-                code = self._ffmpeg.wait(STALL_S)
+                code = self._wait(stopped)
+                if code is None:
+                    self.abort()
+                    return None
             except subprocess.TimeoutExpired:
                 self._end()
                 self.error = self._not_written(
@@ -121,6 +131,19 @@ class Mp4Writer:
         if self.error is not None:
             raise self.error
         return self.path
+
+    def _wait(self, stopped: Callable[[], bool] | None) -> int | None:
+        """ffmpeg's exit code, waited for STALL_S at most (TimeoutExpired past it); None once `stopped()`."""
+        deadline = time.monotonic() + STALL_S
+        while True:
+            left = max(deadline - time.monotonic(), 0.0)
+            try:
+                return self._ffmpeg.wait(left if stopped is None else min(left, STOP_POLL_S))
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    raise
+                if stopped():
+                    return None
 
     def abort(self) -> None:
         """Stop ffmpeg at once and remove the file (a cancel: no one will watch it), a close under way too."""

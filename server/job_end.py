@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from dit.video import VideoNotWritten
 from server import metrics, videos
 from server.phases import job_timings
+from server.store import StoreBusy
 from server.store.retry import PatientStore
 from server.writers import VideoCloser
 
@@ -27,6 +28,7 @@ log = logging.getLogger("ithaca.worker")
 class JobEnd:
     def __init__(self, store: PatientStore, name: str, videos_dir: str):
         self.store, self.name, self.videos_dir = store.until_answered, name, videos_dir
+        self._once = store.once  # a close asks, while it waits, whether its job was cancelled
         self.closer = VideoCloser()
 
     def drop_files(self, job_id: str, image: bool) -> None:
@@ -47,9 +49,7 @@ class JobEnd:
             self.over(run, "cancelled", error="cancelled while decoding; no video was written")
             return
         frames = None if run.video.streamed else frames  # a close waiting its turn holds only what it needs
-        self.closer.submit(
-            run.job_id, len(run.step_times), functools.partial(self._close, run, frames, evaluations)
-        )
+        self.closer.submit(run.job_id, functools.partial(self._close, run, frames, evaluations))
 
     def flush(self, timeout: float) -> bool:
         """Wait for the closes handed off; False when `timeout` ran out first."""
@@ -84,7 +84,11 @@ class JobEnd:
         job_id, image = run.job_id, "image" in run.spec
         path = os.path.join(self.videos_dir, f"{job_id}.mp4")
         try:
-            closed = run.video.close(frames)
+            closed = run.video.close(frames, stopped=lambda: self._cancelled(job_id))
+            if closed is None:  # its ffmpeg, held up by a stalled disk, ended: the DELETE waited up to 120 s
+                self.over(run, "cancelled", error="cancelled while its MP4 was written; no video was kept")
+                self.drop_files(job_id, image)
+                return
             if not self.store.running(job_id, self.name, run.attempt):
                 log.warning("job %s: no longer this run's (attempt %d); its MP4 goes", job_id, run.attempt)
                 run.video.drop()
@@ -110,3 +114,10 @@ class JobEnd:
                 )
             )
         self.drop_files(job_id, image)  # a job deleted while its file closed is over only now
+
+    def _cancelled(self, job_id: str) -> bool:
+        try:
+            job = self._once.get(job_id)
+        except StoreBusy:  # asked again in a second
+            return False
+        return job is not None and job.cancel_requested

@@ -8,7 +8,8 @@ fails is logged and left out: previews and checkpoints are worth having, never w
 - `StreamedVideo`: a job's MP4, encoded while the VAE decodes (ffmpeg in its own process takes each latent
   frame's frames as they come), under the partial name until the job completes.
 - `VideoCloser`: the end of each job the leader hands off once its frames are with ffmpeg (wait for the file,
-  rename it into place, record the job), every one in order, so the leader claims its next job at once.
+  rename it into place, record the job), each on a thread of its own, so the leader claims its next job at
+  once.
 """
 
 from __future__ import annotations
@@ -164,14 +165,15 @@ class StreamedVideo:
         """Whether the frames went to ffmpeg as they came (or failed to): `close` then needs none."""
         return self._writer is not None or self._error is not None
 
-    def close(self, frames: np.ndarray | None) -> str:
+    def close(self, frames: np.ndarray | None, stopped: Callable[[], bool] | None = None) -> str | None:
         """The finished file; written from `frames` whole when the pipeline streamed none (a pipeline
-        without `on_frames`)."""
+        without `on_frames`). `stopped` as `Mp4Writer.close`'s: None, the file gone."""
         if self._error is not None:
             raise self._error
         if self._writer is None:
             return str(write_mp4(frames, self.path, self.fps))
-        return str(self._writer.close())
+        closed = self._writer.close(stopped)
+        return None if closed is None else str(closed)
 
     def drop(self) -> None:
         writer, self._writer = self._writer, None
@@ -180,12 +182,32 @@ class StreamedVideo:
         Path(self.path).unlink(missing_ok=True)
 
 
-class VideoCloser(LatestWriter):
-    """Runs each job's close (a callable the worker hands off with the job's steps) in turn: the MP4's frames
-    are all with ffmpeg, so the file finishes on its own while the leader goes on with its next job."""
+class VideoCloser:
+    """Runs each job's close (a callable the worker hands off) on a thread of its own: the MP4's frames are
+    all with ffmpeg, so the file finishes while the leader goes on with its next job, and a close that a
+    stalled disk holds (up to STALL_S) holds no other job's (in turn, each waited for the one before: N jobs
+    N × 120 s, each one's `writing_s` the others' wait)."""
 
-    what = "MP4"
-    keep_all = True
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._running = 0
 
-    def write(self, job_id: str, step: int, close: Callable[[], None]) -> None:
-        close()
+    def submit(self, job_id: str, close: Callable[[], None]) -> None:
+        with self._cond:
+            self._running += 1
+        threading.Thread(target=self._close, args=(job_id, close), name="MP4 close", daemon=True).start()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every close handed off is over; False when `timeout` ran out first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._running == 0, timeout)
+
+    def _close(self, job_id: str, close: Callable[[], None]) -> None:
+        try:
+            close()
+        except Exception as e:  # the close records its own failures; one that escapes is only logged
+            log.warning("MP4 of job %s not closed: %s: %s", job_id, type(e).__name__, e)
+        finally:
+            with self._cond:
+                self._running -= 1
+                self._cond.notify_all()

@@ -20,6 +20,7 @@ from dit.pipeline import (
 )
 from dit.video import Mp4Writer, read_mp4, write_mp4
 from testing import fake_ffmpeg
+from testing.server_process import wait_until
 from tests.distributed import run_distributed
 
 SMALL = dict(num_frames=5, height=32, width=48, num_inference_steps=2)
@@ -325,6 +326,31 @@ def test_a_ctrl_c_while_ffmpeg_finishes_leaves_no_file_and_no_ffmpeg(tmp_path, m
 
         monkeypatch.setattr(ffmpeg, "wait", interrupted)
     assert ffmpeg.returncode is not None and not (tmp_path / "v.mp4").exists()
+
+
+def test_ffmpeg_dies_with_the_process_that_started_it(tmp_path):
+    """A rank killed (kill -9, the out-of-memory killer) left its ffmpeg running: one stalled on its disk
+    wrote its partial MP4 later, beside the video of the job's next run."""
+    import subprocess
+    import sys
+
+    env = os.environ | {"IMAGEIO_FFMPEG_EXE": fake_ffmpeg.fake_ffmpeg(tmp_path, fake_ffmpeg.STALLS_MID_WRITE)}
+    code = ("import sys, time, numpy as np; from dit.video import Mp4Writer; "
+            "w = Mp4Writer(sys.argv[1], 32, 48, 8); w.write(np.zeros((9, 32, 48, 3), np.uint8)); "
+            "print(w._ffmpeg.pid, flush=True); time.sleep(60)")  # fmt: skip
+    caller = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "v.mp4")], env=env,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    ffmpeg = int(caller.stdout.readline())
+    caller.kill()
+    caller.wait()
+
+    def gone() -> bool:  # no process, or one that died unreaped (a container's init may not reap)
+        try:
+            return open(f"/proc/{ffmpeg}/stat").read().rsplit(")", 1)[1].split()[0] in "ZX"
+        except FileNotFoundError:
+            return True
+
+    wait_until(gone, 10, "ffmpeg's end")
 
 
 def test_tiny_text_encoder_pads_like_wan(pipe):
