@@ -9,9 +9,11 @@ The layouts read:
   other tensor is stored as it was.
 - The same converter's ComfyUI mode and ComfyUI's "fp8 scaled" files: `X.scale_weight`, one scale for the
   whole tensor, and a `scaled_fp8` marker tensor (skipped).
-- Float8 weights without a scale (plain fp8_e4m3fn files): scale 1.
+- Float8 weights without a scale (plain fp8_e4m3fn files): scale 1; in a file that scales its other float8
+  weights, a ValueError naming them (they lost their scales).
 A per-tensor scale becomes one per output channel (the same number in every row: exact). Any other scale shape
-(block-wise [out/128, in/128], per input channel) or a float8_e5m2 weight is a ValueError naming the key.
+(block-wise [out/128, in/128], per input channel), a scale no converter writes (non-finite, negative, all
+zero) or a float8_e5m2 weight is a ValueError naming the key.
 
 With `--quant fp8` each linear layer whose weight (every part of a fused one) is stored in float8 with a scale
 becomes an `Fp8Linear` allocated in float8 and filled with the stored bytes and scales: no copy in the model
@@ -73,7 +75,7 @@ class StoredFp8:
                 for key in sf.keys():
                     view = sf.get_slice(key)
                     headers[key] = (str(f), view.get_dtype(), view.get_shape())
-        stored = cls()
+        stored, unscaled = cls(), []
         for key, (_, dtype, shape) in headers.items():
             if key.rpartition(".")[2] == MARKER:
                 stored.markers.add(key)
@@ -81,10 +83,18 @@ class StoredFp8:
                 raise ValueError(f"{key}: float8_e5m2 weights are not supported (float8_e4m3fn are)")
             elif dtype == "F8_E4M3":
                 scale_key = next((k for k in _scale_keys(key) if k in headers), None)
-                scale = torch.ones(()) if scale_key is None else _read(headers[scale_key][0], scale_key)
-                stored.scales[key] = per_channel(scale, shape, scale_key or key)
-                if scale_key is not None:
-                    stored.scale_keys[scale_key] = key
+                if scale_key is None:
+                    unscaled.append(key)
+                    stored.scales[key] = per_channel(torch.ones(()), shape, key)
+                    continue
+                scale = per_channel(_read(headers[scale_key][0], scale_key), shape, scale_key)
+                stored.scales[key], stored.scale_keys[scale_key] = _checked(scale, scale_key), key
+        if unscaled and stored.scale_keys:  # a plain float8 file has none: scale 1; these lost theirs
+            raise ValueError(
+                f"{len(unscaled)} float8 weight(s) have no scale where {len(stored.scale_keys)} others have "
+                f"one: {', '.join(sorted(unscaled)[:3])}{', ...' if len(unscaled) > 3 else ''}; read as "
+                "scale 1 they made noise: convert the checkpoint again"
+            )
         return stored
 
     def swap(self, model: nn.Module, resolve: Resolver) -> None:
@@ -134,6 +144,21 @@ class StoredFp8:
             return self.scales[self.scale_keys[key]]
         scale = self.scales.get(key)
         return tensor if scale is None else tensor.float() * scale
+
+
+def _checked(scale: torch.Tensor, key: str) -> torch.Tensor:
+    """`scale`, or a ValueError naming its key when it holds a value no converter writes (the row's amax /
+    448): a non-finite or negative one, or zeros alone (the weights would read as NaN, flipped or all zero,
+    and the video as noise)."""
+    if not bool(torch.isfinite(scale).all()):
+        bad = "non-finite"
+    elif bool((scale < 0).any()):
+        bad = "negative"
+    elif not bool((scale > 0).any()):
+        bad = "only zero"
+    else:
+        return scale
+    raise ValueError(f"{key}: {bad} scales: the checkpoint is damaged (convert it again)")
 
 
 def _read(path: str, key: str) -> torch.Tensor:

@@ -90,7 +90,7 @@ def _warmup_size(text: str) -> tuple[int, int, int]:
     """One `--warmup` size, HEIGHTxWIDTHxFRAMES (480x832x81) → (height, width, frames)."""
     import re
 
-    found = re.fullmatch(r"(\d+)x(\d+)x(\d+)", text.strip())
+    found = re.fullmatch(r"([0-9]+)x([0-9]+)x([0-9]+)", text.strip())  # \d takes any script's digits
     if found is None:
         raise ValueError(f"{text!r} is not HEIGHTxWIDTHxFRAMES, e.g. 480x832x81")
     return tuple(int(n) for n in found.groups())

@@ -40,7 +40,7 @@ import threading
 import time
 import uuid
 
-from parallel.local_group import local_group, time_loopback_lookup
+from parallel.local_group import MISTAKE, local_group, time_loopback_lookup
 from parallel.parent_death import with_parent
 from parallel.torchrun import torchrun
 from server import videos
@@ -240,6 +240,7 @@ class Supervisor:
         self._was_ready = False  # the running group was ready once
         self._heard_at: float | None = None  # its newest heartbeat (time.time())
         self._group_stopping = False  # as the last round found it: a replica said it is stopping
+        self._group_warming = False  # ... a replica said it runs its --warmup generations
         self._reset_for: str | None = None  # the job whose time limit the group was killed for
         self._failures_in_a_row = 0
         self._stopping = threading.Event()
@@ -288,6 +289,8 @@ class Supervisor:
                 f"the worker group sent no heartbeat for {silent:.0f} s: it cannot write to the job store "
                 "(a full disk? its log says) or it is stuck"
             )
+        if self._group_warming:
+            return "the worker group is warming up (--warmup: a first generation of each size)"
         return "the worker group is not serving (loading, or starting again after it exited)"
 
     def degraded(self) -> str | None:
@@ -347,6 +350,7 @@ class Supervisor:
         self._group_ready = serving(workers, whole=True)
         self._heard_at = max((w["heartbeat_at"] for w in workers), default=None)
         self._group_stopping = any(w["state"] == "stopping" for w in workers)
+        self._group_warming = any(w["state"] == "warming" for w in workers)
         if self._group_ready and not self._was_ready:
             self._was_ready, self._failures_in_a_row = True, 0
             log.info("worker group %s is ready", self.group_id)
@@ -356,8 +360,10 @@ class Supervisor:
     def _group_exited(self, code: int) -> bool:
         """Re-queue the exited group's jobs and forget it (a round that fails here does it all again: the
         restart is counted once the store has it all); True: it failed too often, the server must end."""
-        self._group_ready = False
+        self._group_ready = self._group_warming = False
         error = self.store.group_error(self.group_id)
+        # its ranks found a mistake in the model's files or settings as they loaded: no start again mends it
+        mistake = code == MISTAKE and not self._was_ready
         # drained as asked, and not by this server: by another that starts under the same --instance
         taken = code == 0 and self.store.drain_requested(self.group_id)
         why = f"the worker group exited ({_exit_said(code)}) while running it" + (
@@ -384,10 +390,12 @@ class Supervisor:
                 "worker group %s exited (%s; restart %d)%s",
                 self.group_id, _exit_said(code), self.restarts, f": {error}" if error else "",
             )  # fmt: skip
-        if self._failures_in_a_row < self.config.restart_budget:
+        if self._failures_in_a_row < self.config.restart_budget and not mistake:
             return False
         self.fatal = (
-            f"the worker group failed {_in_a_row(self._failures_in_a_row)} before becoming ready; "
+            f"the worker group cannot start: {error or 'see the log above'}"
+            if mistake
+            else f"the worker group failed {_in_a_row(self._failures_in_a_row)} before becoming ready; "
             f"the last time: {error or f'exit code {code}, see the log above'}"
         )
         log.critical("%s; stopping the server", self.fatal)

@@ -68,6 +68,7 @@ from dit.settings import checkpoint_key
 from dit.startup import start
 from dit.vocabulary import read_vocabulary
 from dit.warmup import warm_up
+from parallel.local_group import MISTAKE
 from parallel.parent_death import die_with_parent
 from server import limits as limits_mod
 from server import logs, metrics, videos
@@ -168,7 +169,9 @@ class Worker:
         if self.pipe.lora_catalogue is None:
             return
         try:
-            self.info = self.info | {"loras": self.pipe.lora_catalogue.entries()}
+            entries = self.pipe.lora_catalogue.entries()
+            with self._beat_lock:  # the warm-ups' end sets info too
+                self.info = self.info | {"loras": entries}
         except Exception as e:  # the folder gone or unreadable: the workers' validation says so per job
             log.warning("the LoRA catalogue was not rescanned: %s: %s", type(e).__name__, e)
 
@@ -295,10 +298,12 @@ class Worker:
     # -- every rank -----------------------------------------------------------------------------------------
 
     def run(self) -> None:
-        # before the first heartbeat: the group is not ready until its warm-ups are done
-        self.info["warmup"] = warm_up(self.pipe, self.config.pipeline.warmup, self.module.GenerationRequest)
-        if self.store is not None:
+        if self.store is not None:  # "warming" is not serving: the group is ready once its warm-ups are done
+            self.state = "warming" if self.config.pipeline.warmup else "ready"  # /ready said "loading"
             threading.Thread(target=self._heartbeat_loop, daemon=True).start()
+        warmed = warm_up(self.pipe, self.config.pipeline.warmup, self.module.GenerationRequest)
+        with self._beat_lock:
+            self.info, self.state = self.info | {"warmup": warmed}, "ready"
         while True:
             own = self._next_message() if self.store is not None else None
             message = self.mesh.broadcast_object(_for_other_ranks(own))
@@ -419,8 +424,8 @@ def main(argv: list[str] | None = None) -> None:
     group_id = os.environ.get("ITHACA_GROUP_ID") or uuid.uuid4().hex[:12]
     try:
         worker = _start(config, group_id)
-    except BaseException as e:
-        _fail(config, group_id, e)
+    except BaseException as e:  # a ValueError: a mistake in the model's files or settings, no start mends it
+        _fail(config, group_id, e, mistake=isinstance(e, ValueError))
 
     def on_sigterm(*_) -> None:  # stop claiming; the running job finishes, unless the group is torn down
         worker.terminated.set()
@@ -455,25 +460,28 @@ def _start(config: ServeConfig, group_id: str) -> Worker:
     return Worker(config, group_id, started.mesh, started.pipe, module, started.probe)
 
 
-def _fail(config: ServeConfig, group_id: str, error: BaseException) -> None:
+def _fail(config: ServeConfig, group_id: str, error: BaseException, mistake: bool = False) -> None:
     """Log the traceback (in the log's format: one JSON object with --log-format json), record the first
-    error of the group for the supervisor, exit at once."""
+    error of the group for the supervisor, exit at once. `mistake`: the model's files or settings are wrong
+    (its line says it all): exit MISTAKE, which the supervisor does not start again."""
     rank = os.environ.get("RANK", "0")
-    trace = None if isinstance(error, StoreBusy) else error  # an outage past the grace: its line says it all
+    # an outage past the grace, or a mistake: its line says it all
+    trace = None if isinstance(error, StoreBusy) or mistake else error
     log.critical("rank %s failed: %s: %s", rank, type(error).__name__, error, exc_info=trace)
+    code = MISTAKE if mistake else 1
     if config.node_rank != 0:  # a --no-api node has no job store: its error stays in its log
-        _exit_now()
+        _exit_now(code)
     try:
         open_store(config).record_error(group_id, f"rank {rank}: {type(error).__name__}: {error}"[:2000])
     except Exception:  # the store itself may be what failed; the traceback above still tells
         pass
-    _exit_now()
+    _exit_now(code)
 
 
-def _exit_now() -> None:
+def _exit_now(code: int = 1) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(1)  # skip interpreter teardown: peers may still be inside a collective
+    os._exit(code)  # skip interpreter teardown: peers may still be inside a collective
 
 
 if __name__ == "__main__":

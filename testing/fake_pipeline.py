@@ -2,19 +2,17 @@
 
 No model work: `generate` sleeps `ITHACA_FAKE_STEP_S` seconds per step and `ITHACA_FAKE_DECODE_S` in its
 decode (defaults 0; spread over its latent frames, each asking `decode_callback`), and its load
-`ITHACA_FAKE_LOAD_S`, and returns small random
-frames; on the replica leader it calls `on_preview` after every
-step with a 32×48 gradient that brightens with the step; it resumes from a checkpoint's step and hands
-`checkpoints` a state (its step, zero latents, no scheduler) when one is due. Everything else is the real
-thing: the request/limits dataclasses and `validate` of `dit.pipeline` (tiny limits), the per-step callback
-and cancel broadcast of `dit.sampling`, the real mesh. `ITHACA_FAKE_I2V=1` makes it an image-to-video model:
-every request needs an image (the real `validate` says so), and the video's first frame is that image fitted
-to its size, its second the image as the leader got it squeezed to the frame (what tells the image as given,
-which Wan's CLIP sees, from the fitted one). With `--lora-dir` its catalogue is every `NAME.safetensors`
-there, each fitting (no file is read), and a job of another LoRA set than the last counts a switch.
-`generate_batch` runs a batch's steps once, each job's frames its solo run's.
-Selected with `--pipeline-module testing.fake_pipeline`.
-"""
+`ITHACA_FAKE_LOAD_S` (then raises ValueError(`ITHACA_FAKE_LOAD_ERROR`) where it is set), and returns small
+random frames; on the replica leader it calls `on_preview` after every step with a 32×48 gradient that
+brightens with the step; it resumes from a checkpoint's step and hands `checkpoints` a state (its step, zero
+latents, no scheduler) when one is due. Everything else is the real thing: the request/limits dataclasses and
+`validate` of `dit.pipeline` (tiny limits), the per-step callback and cancel broadcast of `dit.sampling`, the
+real mesh. `ITHACA_FAKE_I2V=1` makes it an image-to-video model: every request needs an image (the real
+`validate` says so), and the video's first frame is that image fitted to its size, its second the image as the
+leader got it squeezed to the frame (what tells the image as given, which Wan's CLIP sees, from the fitted
+one). With `--lora-dir` its catalogue is every `NAME.safetensors` there, each fitting (no file is read), and a
+job of another LoRA set than the last counts a switch. `generate_batch` runs a batch's steps once, each job's
+frames its solo run's. Selected with `--pipeline-module testing.fake_pipeline`."""
 
 from __future__ import annotations
 
@@ -200,4 +198,6 @@ def _preview(step: int, total: int) -> np.ndarray:
 
 def load_pipeline(config: PipelineConfig, mesh) -> FakePipeline:
     time.sleep(float(os.environ.get("ITHACA_FAKE_LOAD_S", "0")))  # a large model's load
+    if said := os.environ.get("ITHACA_FAKE_LOAD_ERROR"):  # a mistake in the model's files, found as it loads
+        raise ValueError(said)
     return FakePipeline(mesh, config)

@@ -39,6 +39,7 @@ class ServerProcess:
         comes from `env` (the port and API key too). `restarts`: the test kills worker groups; otherwise
         `stop` fails on a group that died, which the server's re-queue would hide from the test."""
         self.restarts = restarts
+        self.unready_reasons: list[str] = []  # what /ready said while `wait` waited for it
         env = dict(env or {})
         self.data_dir, self.port = str(data_dir), free_port()
         self.api_key = env.get("ITHACA_API_KEY") if entrypoint_only else api_key
@@ -75,8 +76,12 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
             try:
-                if self.client.get(path).status_code == 200:
+                reply = self.client.get(path)
+                if reply.status_code == 200:
                     return
+                if path == "/ready" and reply.status_code == 503:  # why not ready, each reason once
+                    reason = reply.json()["reason"]
+                    self.unready_reasons += [] if reason in self.unready_reasons else [reason]
             except httpx.TransportError:
                 pass
             time.sleep(0.2)

@@ -710,6 +710,8 @@ def test_preflight_names_the_option_and_what_it_allows(tmp_path):
          '"message": "ithaca serve: error: argument --port: \'abc\' is not an integer'),
         (["serve", "--nproc", "0"], {"ITHACA_LOG_FORMAT": "JSON"}, '"level": "error"'),
         (["serve"], {"ITHACA_WARMUP": "480x832"}, "ITHACA_WARMUP: '480x832' is not HEIGHTxWIDTHxFRAMES"),
+        # Arabic-Indic digits: taken as 64
+        (["serve", "--warmup", "٦٤x64x17"], {}, "--warmup: '٦٤x64x17' is not HEIGHTxWIDTHxFRAMES"),
         # HTTP drops a header's end spaces: a server no client could use (every request refused)
         (["serve", "--api-key", "  "], {}, "argument --api-key: has a space or tab at an end, which HTTP"),
         (["serve"], {"ITHACA_API_KEY": "k\t"}, "ITHACA_API_KEY: has a space or tab at an end"),

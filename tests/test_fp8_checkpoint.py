@@ -164,6 +164,32 @@ def test_unknown_scale_layouts_are_clear_errors(tmp_path):
         load_transformer(tmp_path / "fp8")
 
 
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [  # each loaded, and made noise: NaN latents blamed on the sampler's shift, or a video of nothing
+        ("nan", r"blocks\.0\.ffn\.0\.weight_scale: non-finite scales: the checkpoint is damaged"),
+        ("negative", r"blocks\.0\.ffn\.0\.weight_scale: negative scales"),
+        ("zero", r"blocks\.0\.ffn\.0\.weight_scale: only zero scales"),
+        ("lost", r"^2 float8 weight\(s\) have no scale where \d+ others have one: blocks\.0\.ffn\.0\.weight, "
+                 r"blocks\.1\.ffn\.0\.weight; read as scale 1"),
+    ],
+)  # fmt: skip
+def test_scales_no_converter_writes_are_clear_errors(tmp_path, damage, says):
+    write_fp8(tmp_path / "fp8", "original")
+    path = tmp_path / "fp8" / "model.safetensors"
+    state = load_file(path)
+    key = "blocks.0.ffn.0.weight_scale"
+    if damage == "lost":  # a bad copy or conversion dropped them
+        del state[key], state["blocks.1.ffn.0.weight_scale"]
+    else:
+        state[key] = {"nan": state[key] * float("nan"), "negative": -state[key], "zero": state[key] * 0}[
+            damage
+        ]
+    save_file(state, path)
+    with pytest.raises(ValueError, match=says):
+        load_transformer(tmp_path / "fp8")
+
+
 def test_a_lora_per_request_on_a_prequantised_checkpoint(tmp_path):
     """`--lora-dir` dequantises the stored layers as `--lora` does; a job's set is merged, then quantised."""
     folder = _pipeline_folder(tmp_path, "prequantised")

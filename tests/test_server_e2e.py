@@ -69,6 +69,9 @@ def test_the_warmup_ran_before_the_group_reported_ready(server):
     time, and each rank logged it (a 2-step guided tiny generation: well under a minute, above nothing)."""
     (warmup,) = server.first_ready["warmup"]
     assert warmup["size"] == "48x80x9" and 0 < warmup["seconds"] < 60
+    # while it ran /ready said so (it said "loading, or starting again after it exited")
+    warming = "the worker group is warming up (--warmup: a first generation of each size)"
+    assert warming in server.unready_reasons, server.unready_reasons
     assert server.log().count("warm-up 48x80x9: ") == 2  # both ranks ran it: it is a collective generation
 
 

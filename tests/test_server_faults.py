@@ -196,6 +196,23 @@ def test_group_that_never_becomes_ready_ends_the_server(tmp_path):
         srv.stop()
 
 
+def test_a_group_that_finds_a_mistake_as_it_loads_ends_the_server_at_once(tmp_path):
+    """A mistake in the model's files (an FP8 checkpoint's scale of a layout it cannot read, say) started the
+    group again --restart-budget times, a traceback from every rank each time, to fail alike every time."""
+    said = "blocks.0.ffn.0.weight_scale: a scale of shape (4, 1) for a float8 weight of shape (512, 128)"
+    srv = ServerProcess(tmp_path, "--pipeline-module", FAKE, "--nproc", "2", "--log-format", "json",
+                        env={"ITHACA_FAKE_LOAD_ERROR": said}, restarts=True)  # fmt: skip
+    try:
+        assert srv.proc.wait(timeout=60) == 1
+        lines = [json.loads(line) for line in srv.log().strip().splitlines()]
+        cannot = rf"the worker group cannot start: rank [01]: ValueError: {re.escape(said)}"
+        assert re.fullmatch(f"ithaca serve: {cannot}", lines[-1]["message"])  # the server's last word
+        assert [line["message"] for line in lines].count(f"rank 0 failed: ValueError: {said}") == 1
+        assert not any("exception" in line for line in lines)  # its line says it all
+    finally:
+        srv.stop()
+
+
 def test_a_rank_ended_by_a_store_outage_logs_one_line_without_a_traceback(tmp_path, monkeypatch, caplog):
     """Past the grace a store call fails and the group starts again: expected of an outage, which was logged
     as it began; its traceback (through the pipeline's phase callback) read as a crash."""
@@ -203,7 +220,7 @@ def test_a_rank_ended_by_a_store_outage_logs_one_line_without_a_traceback(tmp_pa
     from server.config import ServeConfig
     from server.store import StoreBusy
 
-    monkeypatch.setattr(worker, "_exit_now", lambda: None)  # it ends the process
+    monkeypatch.setattr(worker, "_exit_now", lambda code: None)  # it ends the process
     monkeypatch.setattr(worker, "open_store", lambda config: None)  # record_error: the store is down
     config = ServeConfig(data_dir=str(tmp_path))
     for error, traced in ((StoreBusy("the job store is unreachable"), False), (KeyError("x"), True)):
