@@ -51,6 +51,7 @@ class LatestWriter:
         self._busy = False
         self._thread: threading.Thread | None = None
         self.write_s = 0.0
+        self._failing: str | None = None  # why the last write failed (None: it was written)
 
     def write(self, job_id: str, step: int, item) -> None:
         raise NotImplementedError
@@ -79,9 +80,16 @@ class LatestWriter:
             try:
                 self.write(job_id, step, item)
                 self.write_s = time.perf_counter() - start
+                if self._failing is not None:
+                    log.info("%ss are written again (job %s, step %d)", self.what, job_id, step)
+                    self._failing = None
             except Exception as e:
                 why = full_disk(self.videos_dir) or f"{type(e).__name__}: {e}"
-                log.warning("%s of job %s at step %d not written: %s", self.what, job_id, step, why)
+                # once until one is written again: a full disk said it at every step, for each writer
+                if why != self._failing:
+                    log.warning("%s of job %s at step %d not written: %s (said once until one is written)",
+                                self.what, job_id, step, why)  # fmt: skip
+                self._failing = why
             finally:
                 with self._cond:
                     self._busy = False

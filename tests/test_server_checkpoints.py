@@ -149,13 +149,18 @@ def test_a_checkpoint_the_full_disk_refused_is_logged_as_that(tmp_path, monkeypa
     def full(obj, name):
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 2112 vs 2006")
 
+    caplog.set_level("INFO", logger="ithaca.worker")
+    real_save = torch.save
     monkeypatch.setattr(torch, "save", full)
     monkeypatch.setattr("shutil.disk_usage", lambda folder: SimpleNamespace(free=0))
     writer = CheckpointWriter(str(tmp_path))
     state = DenoiseState(step=1, latents=torch.zeros(1), scheduler={}, generator=None)
-    writer.submit("a" * 32, 1, (state, {}))
-    assert writer.flush(10)
-    said = [r.getMessage() for r in caplog.records if "not written" in r.getMessage()]
-    assert said == [
-        f"checkpoint of job {'a' * 32} at step 1 not written: its disk is full (0 KiB free in {tmp_path})"
-    ]
+    for step, save in ((1, full), (2, full), (3, real_save), (4, full)):  # said once a stretch, not a step
+        monkeypatch.setattr(torch, "save", save)
+        writer.submit("a" * 32, step, (state, {}))
+        assert writer.flush(10)
+    said = [r.getMessage() for r in caplog.records if "written" in r.getMessage()]
+    full_at = f" not written: its disk is full (0 KiB free in {tmp_path}) (said once until one is written)"
+    assert said == [f"checkpoint of job {'a' * 32} at step 1{full_at}",
+                    f"checkpoints are written again (job {'a' * 32}, step 3)",
+                    f"checkpoint of job {'a' * 32} at step 4{full_at}"]  # fmt: skip
