@@ -412,7 +412,11 @@ def test_a_jobs_end_waits_out_an_outage_past_the_grace(store, caplog):
     assert len([r for r in caplog.records if "did not answer for 0.05 s" in r.getMessage()]) == 1
     threading.Timer(0.5, lambda: setattr(flaky, "down", False)).start()
     ending = JobEnd(patient, "w", "unused")
-    assert ending.store.finish(job.id, "w", "completed", video="x.mp4").status == "completed"
+    store.progress(job.id, "w", 6, 20)  # the last writes that landed before the outage
+    done = ending.store.finish(job.id, "w", "completed", video="x.mp4")
+    # every step and the MP4 done: it read "completed denoising step 6 / 20", the writes after it dropped
+    assert (done.status, done.step, done.total_steps, done.phase, done.progress) == (
+        "completed", 20, 20, "writing", 100)  # fmt: skip
 
 
 def test_expired_are_the_jobs_over_before_a_time_not_yet_deleted(store):
@@ -599,6 +603,17 @@ def test_a_store_of_a_newer_schema_version_or_another_program_is_refused(new_url
         db.execute("DROP TABLE jobs")
         db.execute("CREATE TABLE jobs (name TEXT)")
     assert "another program" in str(pytest.raises(StoreError, open_store, foreign.url).value)
+    # another's schema_version (old Flyway's: text versions; or a number and no jobs table): a traceback
+    flyway = "installed_rank INTEGER, version TEXT, script TEXT"
+    for table, version in ((flyway, "'1.0'"), ("version TEXT", "'1.0'"), ("version INTEGER", "2")):
+        foreign = open_store(new_url())
+        with foreign._write() as db:
+            db.execute("DROP TABLE schema_version")
+            db.execute("DROP TABLE jobs")
+            db.execute(f"CREATE TABLE schema_version ({table})")
+            db.execute(f"INSERT INTO schema_version (version) VALUES ({version})")
+        refused = str(pytest.raises(StoreError, open_store, foreign.url).value)
+        assert "another program" in refused and "\n" not in refused, (table, refused)
 
 
 def test_the_worker_groups_command_is_logged_without_the_stores_password(monkeypatch, caplog, tmp_path):

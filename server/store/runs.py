@@ -182,6 +182,10 @@ class JobRuns(Connections):
                 "error = CASE WHEN ?1 = 'completed' AND cancel_requested <> 0 THEN ?2 ELSE ?3 END, "
                 "video = CASE WHEN cancel_requested <> 0 THEN NULL ELSE ?4 END, "
                 "progress = CASE WHEN ?1 = 'completed' AND cancel_requested = 0 THEN 100 ELSE progress END, "
+                # every step and the MP4 done: an outage dropped the last step's and phase's writes, and a job
+                # completed through it read "completed denoising step 6 / 20"
+                "step = CASE WHEN ?1 = 'completed' AND cancel_requested = 0 THEN total_steps ELSE step END, "
+                "phase = CASE WHEN ?1 = 'completed' AND cancel_requested = 0 THEN 'writing' ELSE phase END, "
                 f"timings = ?5, finished_at = ?6, {set_timings} "
                 "WHERE id = ?7 AND status = 'in_progress' AND (CAST(?8 AS TEXT) IS NULL OR worker = ?8) "
                 "AND (CAST(?9 AS INTEGER) IS NULL OR attempts = ?9) RETURNING *",

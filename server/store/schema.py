@@ -114,7 +114,17 @@ class Schema(Connections):
         backend = self._backend
         version = 0
         if backend.has_table(db, "schema_version"):
-            version = db.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] or 0
+            # ours: one INTEGER column, and a jobs table beside it (Flyway's of old has text versions: a
+            # TypeError; another's number read as ours: an UndefinedTable migrating a jobs table not there)
+            ours = backend.columns(db, "schema_version") == {"version"}
+            if ours:
+                version = db.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] or 0
+            if not ours or not isinstance(version, int) or version and not backend.columns(db, "jobs"):
+                raise StoreError(
+                    self.path,
+                    "holds a schema_version table of another program",
+                    fix="point --store at a database of its own",
+                )
         if version > SCHEMA_VERSION:
             raise StoreError(
                 self.path,
