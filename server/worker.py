@@ -112,7 +112,11 @@ class Worker:
         leader = self.store is not None
         self.steps = LatestStep(self.store, self.name) if leader else None
         # its thread waits out an outage, then records the newest preview
-        self.previews = PreviewWriter(self.store, config.videos_dir, self.name) if leader else None
+        # a preview's step waits out an outage on its own thread (past the grace it was dropped, a warning
+        # each, and the job's preview_step stayed at the outage's start)
+        self.previews = (
+            PreviewWriter(self.store.until_answered, config.videos_dir, self.name) if leader else None
+        )
         self.checkpoints = CheckpointWriter(config.videos_dir) if leader else None
         self.ending = JobEnd(self.store, self.name, config.videos_dir) if leader else None
         described = limits_mod.describe(pipe.limits, config.image_limits)

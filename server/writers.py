@@ -97,7 +97,8 @@ class LatestWriter:
 
 
 class PreviewWriter(LatestWriter):
-    """Encodes each preview as WebP, puts it in place and records its step on the job."""
+    """Encodes each preview as WebP, puts it in place and records its step on the job (`store`: one that
+    waits out an outage, the newest preview then recorded)."""
 
     what = "preview"
 

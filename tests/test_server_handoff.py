@@ -14,12 +14,13 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from dit.video import read_mp4
 from server import videos
 from server.config import ServeConfig
-from server.store import JobStore
+from server.store import JobStore, StoreBusy
 from server.supervisor import group_ready
 from server.worker import IDLE_AFTER_S, IDLE_POLL_S, Worker
 from server.writers import StreamedVideo
@@ -210,6 +211,32 @@ def test_a_job_whose_mp4_never_closed_is_re_queued_never_completed(served):
     assert (again.status, again.attempts, again.video) == ("queued", 1, None)
     assert job.id not in s.finished and _files(s.config, job.id) == [f"{job.id}.mp4"]  # its partial gone
     assert Path(_mp4(s.config, job.id)).read_bytes() == b"the next run's MP4"  # replaced, then removed before
+
+
+def test_a_preview_waits_out_a_store_outage_past_the_grace_and_the_newest_is_recorded(
+    tmp_path, caplog, monkeypatch
+):
+    """Past the grace a preview's step was dropped with a warning (the whole connection error) and the job's
+    preview_step stayed at the outage's start."""
+    config = ServeConfig(data_dir=str(tmp_path), store_outage_grace=0.05)
+    worker = Worker(config, "group", MESH, fake_pipeline.load_pipeline(config.pipeline, MESH), fake_pipeline)
+    job, _ = worker.store.create(SPEC)
+    worker.store.claim(worker.name, config.instance)
+    down, real = threading.Event(), type(worker.store.raw).set_preview
+
+    def set_preview(store, *args):
+        if down.is_set():
+            raise StoreBusy("the job store is unreachable (connection refused)")
+        return real(store, *args)
+
+    monkeypatch.setattr(type(worker.store.raw), "set_preview", set_preview)
+    down.set()
+    for step in (1, 2):
+        worker.previews.submit(job.id, step, np.zeros((8, 8, 3), np.uint8))
+    threading.Timer(0.5, down.clear).start()
+    assert worker.previews.flush(WAIT_S)
+    assert JobStore(config.store_url).get(job.id).preview_step == 2
+    assert not [r for r in caplog.records if "not written" in r.getMessage()]
 
 
 def test_an_idle_leader_polls_the_queue_slower_and_fast_again_after_a_job(tmp_path, monkeypatch):
