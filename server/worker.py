@@ -394,15 +394,20 @@ class Worker:
             return
         for run in runs:
             run.video.drop()
-        self.previews.flush(FLUSH_S)
+        self._flush_previews()
         self.checkpoints.flush(FLUSH_S)  # the last one, to resume from
         self.ending.flush(FLUSH_S)  # the job before, complete with its file, rather than re-run
 
     def _flush(self) -> None:
         """The job's run is over: its last preview in place, no write of its checkpoint left (a finished
         run's checkpoint goes once its MP4 is in place: `JobEnd`)."""
-        self.previews.flush(FLUSH_S)
+        self._flush_previews()
         self.checkpoints.flush(FLUSH_S)
+
+    def _flush_previews(self) -> None:
+        """The last preview in place, waited for FLUSH_S at most, and not at all while the store is away: its
+        step waits out the outage on the writer's thread (each job's decode took FLUSH_S longer)."""
+        self.previews.flush(0 if self.store.outage.since is not None else FLUSH_S)
 
 
 def _alive(pid: int) -> bool:
