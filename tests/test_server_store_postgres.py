@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from server.store import StoreBusy, StoreFull, open_store
+from server.store import StoreBusy, StoreError, StoreFull, open_store
+from testing.server_process import wait_until
 
 
 def test_a_locked_postgres_store_fails_fast_with_store_busy(postgres_cluster):
@@ -26,14 +27,22 @@ def test_a_locked_postgres_store_fails_fast_with_store_busy(postgres_cluster):
     assert store.create({"prompt": "after"})[1]
 
 
-def test_a_lost_postgres_connection_is_busy_once_then_connects_again(postgres_cluster):
+def test_a_cut_postgres_connection_is_replaced_and_one_that_cannot_be_is_busy(postgres_cluster):
+    """A connection the server ended while idle (a restart, a failover, an administrator's kill) leaves its
+    goodbye on the socket: it is replaced before a call is sent on it (the first call on each failed, a 503
+    while /ready said ready). One that cannot be replaced is StoreBusy, in a running server's words (the
+    start-up's "check the URL ..." read as if the server were misconfigured)."""
     url = postgres_cluster.new_database()
     store = open_store(url)
     job, _ = store.create({"prompt": "a"})
+    pid = store._db._conn.info.backend_pid
     postgres_cluster.cut_connections(url)
-    with pytest.raises(StoreBusy, match="unreachable"):
-        store.get(job.id)
-    assert store.get(job.id).id == job.id
+    wait_until(lambda: store._db._conn.info.backend_pid != pid, 10, "the ended connection replaced")
+    assert store.get(job.id).id == job.id and store.create({"prompt": "b"})[1]
+    store._db.close()  # lost, and PostgreSQL does not answer
+    store._backend.connect = lambda: (_ for _ in ()).throw(StoreError(store.path, "cannot be reached (x)"))
+    said = str(pytest.raises(StoreBusy, store.get, job.id).value)
+    assert said == "the job store is unreachable (cannot be reached (x)); retry shortly"
 
 
 def test_a_full_postgres_disk_is_store_full(postgres_cluster):

@@ -11,6 +11,7 @@ exactly-once.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 from server.store.errors import StoreBusy, StoreError
@@ -53,12 +54,15 @@ class Connections:
     def _db(self):
         db = getattr(self._local, "db", None)
         if db is None or getattr(db, "broken", False):  # a lost PostgreSQL connection: a new one
+            if db is not None:
+                with contextlib.suppress(Exception):  # its socket, which the server may have closed
+                    db.close()
             try:
                 db = self._local.db = self._backend.connect()
             except StoreError as e:
                 if not self._opened:
                     raise  # at start: the server ends with the one line
-                raise StoreBusy(f"the job store is unreachable ({e}); retry shortly") from None
+                raise StoreBusy(f"the job store is unreachable ({e.problem}); retry shortly") from None
         return db
 
     def _write(self):

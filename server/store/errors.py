@@ -29,6 +29,7 @@ class StoreError(RuntimeError):
 
     def __init__(self, path: str, problem: str, *, fix: str = _FIX):
         super().__init__(f"job store {path}: {problem}; {fix}")
+        self.problem = problem  # without the fix: a running server's outage needs no start-up advice
 
 
 class IdempotencyConflict(ValueError):

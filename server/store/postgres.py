@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+import select
 
 from server.store.errors import StoreBusy, StoreError, disk_full
 
@@ -104,7 +105,15 @@ class Connection:
 
     @property
     def broken(self) -> bool:
-        return self._conn.closed or self._conn.broken
+        """Lost, or ended by the server while idle: between statements nothing is owed to this autocommit
+        connection (no LISTEN), so anything to read is the server's goodbye (a restart, an administrator's
+        kill) and the next statement would fail (the first request after a restart was a 503 while
+        /ready said ready)."""
+        if self._conn.closed or self._conn.broken:
+            return True
+        said = select.poll()
+        said.register(self._conn.fileno(), select.POLLIN)
+        return bool(said.poll(0))
 
     def execute(self, sql: str, args=()):
         query, order = translate(sql)
