@@ -37,6 +37,7 @@ def local_model(model: str | None) -> str | None:
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
+        HFValidationError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
@@ -52,6 +53,8 @@ def local_model(model: str | None) -> str | None:
                 f"{f' --revision {revision}' if revision else ''}) and copy the cache, or give a folder"
             ) from None
         raise ValueError(f"{named}: not a folder here, and the Hugging Face Hub cannot be reached") from None
+    except HFValidationError as e:  # a name our pattern takes and the Hub's own rules do not: org/na--me
+        raise ValueError(f"{named}: not a folder here, nor a Hub repository name ({e})") from None
     except GatedRepoError:
         raise ValueError(f"{named}: a gated repository; accept its terms and set HF_TOKEN") from None
     except RepositoryNotFoundError:

@@ -6,6 +6,7 @@ exit 2."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,6 +54,18 @@ def test_a_name_that_is_not_cached_offline_is_one_line(hub_env, command, name):
     assert run.returncode == 2, run.stderr
     (line,) = run.stderr.strip().splitlines()
     assert "not in the Hugging Face cache" in line and "HF_HUB_OFFLINE" in line and name in line, line
+
+
+@pytest.mark.parametrize("name", ["org/na--me", "org/name."])
+def test_a_name_the_hubs_rules_refuse_names_the_option(hub_env, monkeypatch, name):
+    """huggingface_hub's own words, naming no option (nor, from serve, the variable it came from)."""
+    from dit.hub import local_model
+
+    for key, value in hub_env.items():
+        monkeypatch.setenv(key, value)
+    refused = rf"^--model-path {re.escape(name)}: not a folder here, nor a Hub repository name"
+    with pytest.raises(ValueError, match=refused):
+        local_model(name)
 
 
 @pytest.mark.slow  # real processes
