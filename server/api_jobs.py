@@ -544,8 +544,9 @@ def job_events(request: Request, job_id: str):
     """Server-Sent Events: a `progress` event whenever the job changes (`_FOLLOWED`: status, phase, step and
     step count, progress, place in the queue, a cancel asked: the decode moves progress alone), a
     `: keep-alive` comment after `SSE_KEEPALIVE_S` without one, a `preview` event ({"step", "url"}) whenever
-    a newer live preview is in place, then one final `done` event, or `deleted` ({"id", "deleted": true})
-    when the job is deleted meanwhile."""
+    a newer live preview is in place (a re-queued job's run's too; {"step", "url", "video": true} once the
+    completed job's is its video's middle frame), then one final `done` event, or `deleted` ({"id",
+    "deleted": true}) when the job is deleted meanwhile."""
     services = svc(request)
     services.job(job_id)  # 404 before the stream starts
 
@@ -562,9 +563,13 @@ def job_events(request: Request, job_id: str):
                 yield f"event: deleted\ndata: {render({'id': job_id, 'deleted': True}).decode()}\n\n"
                 return
             terminal = view["status"] in ("completed", "failed", "cancelled")
-            if view["preview_step"] is not None and view["preview_step"] != last_preview:
-                last_preview, said = view["preview_step"], time.monotonic()
-                preview = {"step": last_preview, "url": view["preview_url"]}
+            # a run after a re-queue shows its steps again; a completed job's is the video's own frame
+            shown = (view["preview_step"], view["attempts"], view["status"] == "completed")
+            if view["preview_step"] is not None and shown != last_preview:
+                last_preview, said = shown, time.monotonic()
+                preview = {"step": view["preview_step"], "url": view["preview_url"]} | (
+                    {"video": True} if shown[2] else {}
+                )
                 yield f"event: preview\ndata: {render(preview).decode()}\n\n"
             key = tuple(view[name] for name in _FOLLOWED)
             if key != last:

@@ -99,12 +99,14 @@ def test_the_event_stream_carries_preview_events(server):
                 events.append((event, json.loads(line.removeprefix("data: "))))
     kinds = [kind for kind, _ in events]
     assert kinds[-1] == "done" and "progress" in kinds
-    previews = [data for kind, data in events if kind == "preview"]
+    *previews, video = [data for kind, data in events if kind == "preview"]
     assert len(previews) >= 2, kinds
     assert all(p == {"step": p["step"], "url": f"/jobs/{job_id}/preview"} for p in previews)
     steps = [p["step"] for p in previews]
     assert steps == sorted(set(steps)) and steps[-1] == STEPS
     assert events[-1][1]["preview_step"] == STEPS
+    # the video's middle frame in its place, said before `done` (it came with no event)
+    assert events[-2] == ("preview", {"step": STEPS, "url": f"/jobs/{job_id}/preview", "video": True})
 
 
 def test_delete_removes_the_preview(server):
