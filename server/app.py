@@ -77,7 +77,7 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
         """FastAPI's document (built once) with the limits the workers published, as of this request."""
         info = services.worker_info()
         document = api_jobs.schema_with_limits(FastAPI.openapi(app), info)
-        document = api_openai.schema_with_limits(document, info)
+        document = _encodings_of_fields(api_openai.schema_with_limits(document, info))
         return secured(document, PUBLIC_PATHS) if config.api_key else document
 
     app.openapi = openapi
@@ -93,3 +93,20 @@ def create_app(config: ServeConfig, *, on_fatal=lambda: None) -> FastAPI:
     )
     app.add_middleware(TrailingSlash)  # outermost: the guard's paths are the routes'
     return app
+
+
+def _encodings_of_fields(document: dict) -> dict:
+    """`document` without a form body's `encoding` of a field the limits took out of its schema (a text-to-
+    video model's `image`, a catalogue-less server's `loras`): it named a field the body no longer had."""
+    schemas = document["components"]["schemas"]
+    for path in document["paths"].values():
+        for operation in path.values():
+            for media in operation.get("requestBody", {}).get("content", {}).values():
+                schema = media.get("schema", {})
+                schema = schemas.get(schema.get("$ref", "").rpartition("/")[2], schema)
+                if "encoding" in media:
+                    fields = schema.get("properties", {})
+                    media["encoding"] = {
+                        name: how for name, how in media["encoding"].items() if name in fields
+                    }
+    return document
