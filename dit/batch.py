@@ -21,7 +21,7 @@ import torch
 
 from dit.cache import Evaluations
 from dit.callbacks import DecodeCallback, FramesCallback, PhaseCallback, RowAnswers, enter_phase, goes_on
-from dit.denoise_state import Checkpointing, DenoiseState
+from dit.denoise_state import Checkpointing, DenoiseState, request_key
 from dit.failures import GenerationCancelled, GenerationFailed
 from dit.preview import PreviewCallback
 from dit.request import GenerationRequest
@@ -155,10 +155,12 @@ def denoise_batch(
                 previews[j](step, x0[row : row + 1])
 
     if checkpoints is not None:  # the loop's states are its rows': each goes with the job of its row
-        per_job = checkpoints.save
+        per_job, keys = checkpoints.save, [request_key(req) for req in requests]
 
         def save(states: list[DenoiseState]) -> None:
-            per_job([(live[row], state) for row, state in enumerate(states)])
+            per_job(
+                [(live[row], replace(state, request=keys[live[row]])) for row, state in enumerate(states)]
+            )
 
         checkpoints = replace(checkpoints, save=save)
     counted = Evaluations()

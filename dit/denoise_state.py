@@ -18,12 +18,14 @@ its steps, the latents' shape, its ranks) is refused with the reason: it is neve
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 
+import numpy as np
 import torch
 
 from dit.cache import malformed_states
@@ -45,6 +47,8 @@ class DenoiseState:
     # the scheduler's class and config (`sampler_of`): euler and renoise share a class and every attribute,
     # their config apart; None in a state made before it was kept (not checked then)
     sampler: str | None = None
+    # the request it was made for (`request_key`); None: made before it was kept, or by hand (not checked)
+    request: str | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class Expected:
     steps: int
     latents: tuple[int, ...]
     ranks: int = 1
+    request: str | None = None  # `request_key` of the job's validated request (None: not checked)
 
 
 @dataclass
@@ -101,6 +106,25 @@ def capture(
         cache=cache,
         sampler=sampler_of(scheduler),
     )
+
+
+def stamped(checkpoints: Checkpointing | None, key: str) -> Checkpointing | None:
+    """`checkpoints` whose states carry `key` as their request (`request_key`)."""
+    if checkpoints is None:
+        return None
+    save = checkpoints.save
+    return replace(checkpoints, save=lambda state: save(replace(state, request=key)))
+
+
+def request_key(req) -> str:
+    """A validated request as JSON, what a state made for it is stamped with: every field that moves the
+    latents (not `fps`), its image as its pixels' digest. Another request's state of the same size and
+    steps resumed without a word, into a video of neither."""
+    fields = {name: value for name, value in vars(req).items() if name not in ("fps", "image")}
+    if req.image is not None:
+        pixels = np.ascontiguousarray(req.image)
+        fields["image"] = [list(pixels.shape), hashlib.sha256(pixels.tobytes()).hexdigest()]
+    return json.dumps(fields, sort_keys=True)
 
 
 def sampler_of(scheduler) -> str:
@@ -233,8 +257,13 @@ def _malformed(state, expected: Expected) -> str | None:
         return "the scheduler state is not a table of plain values"
     if not all(_count(state.get(name, 0)) for name in ("evaluated", "skipped")):
         return "the evaluation counts are not counts"
-    if not isinstance(state.get("sampler"), str | None):
-        return "the sampler is not a string"
+    for name in ("sampler", "request"):
+        if not isinstance(state.get(name), str | None):
+            return f"the {name} is not a string"
+    if None not in (state.get("request"), expected.request) and state["request"] != expected.request:
+        theirs, ours = json.loads(state["request"]), json.loads(expected.request)
+        differ = sorted(name for name in ours.keys() | theirs.keys() if theirs.get(name) != ours.get(name))
+        return f"made for another request ({', '.join(differ)} differ)"
     if state.get("cache") is not None:
         return malformed_states(state["cache"], expected.ranks)
     return None

@@ -27,7 +27,7 @@ from dit.cache_config import CacheConfig
 from dit.callbacks import DecodeCallback, FramesCallback, PhaseCallback, enter_phase
 from dit.comm_choice import choose_comm
 from dit.compile import compile_blocks
-from dit.denoise_state import Checkpointing, DenoiseState, Expected, unusable
+from dit.denoise_state import Checkpointing, DenoiseState, Expected, request_key, stamped, unusable
 from dit.failures import DecodeCancelled, GenerationCancelled, GenerationFailed
 from dit.families import (
     TINY_LIMITS,
@@ -267,11 +267,14 @@ class Pipeline:
         hears the state every few steps (dit.denoise_state)."""
         req = self._validated(req)
         _hooks(callback=callback, on_phase=on_phase, on_preview=on_preview, checkpoints=checkpoints)
+        key = request_key(req)
         if resume is not None:
             replica = self.mesh.sp_size * self.mesh.cfg_size  # a step-cache state a rank
-            why = unusable(resume, Expected(req.num_inference_steps, self.latent_shape(req), ranks=replica))
+            shape = self.latent_shape(req)
+            why = unusable(resume, Expected(req.num_inference_steps, shape, ranks=replica, request=key))
             if why is not None:
                 raise ValueError(f"resume: the state does not fit this request: {why}")
+        checkpoints = stamped(checkpoints, key)
         self.apply_loras(req.loras)
         enter_phase(on_phase, "encoding")
         cond, uncond = self.conditioning(req)

@@ -49,8 +49,14 @@ def test_every_step_resumes_to_the_same_latents(sampler):
     with pytest.raises(TypeError, match="^resume takes a DenoiseState .*got {'step': 4}"):  # "vars()"
         pipe.denoise(req, resume={"step": 4})
     # fewer steps, or more, past the state's: it went on to the state's own last step (6 of 4, or 4 of 8)
-    with pytest.raises(ValueError, match="made for another schedule"):
+    with pytest.raises(ValueError, match=r"made for another request \(num_inference_steps differ\)"):
         pipe.denoise(GenerationRequest(**REQUEST | {"num_inference_steps": 8}), resume=saved[1])
+    unstamped = replace(saved[1], request=None)  # made before states were stamped, or by hand
+    with pytest.raises(ValueError, match="made for another schedule"):
+        pipe.denoise(GenerationRequest(**REQUEST | {"num_inference_steps": 8}), resume=unstamped)
+    # another prompt's, seed's: of the same size and steps, it resumed into a video of neither
+    with pytest.raises(ValueError, match=r"made for another request \(prompt, seed differ\)"):
+        pipe.denoise(GenerationRequest(**REQUEST | {"prompt": "a blue square", "seed": 9}), resume=saved[1])
     if sampler == "unipc":  # a state of its history on a sampler of none: 2.19 off, said nothing
         with pytest.raises(ValueError, match="resume: the state does not fit this request"):
             _pipe(sampler="euler").denoise(req, resume=saved[1])
