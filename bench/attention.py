@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
 from bench.common import at_least, timed  # noqa: E402
+from bench.entry import run_main  # noqa: E402
 from parallel import comm as C  # noqa: E402
 from parallel import fp8, init_parallel, local_attention  # noqa: E402
 from parallel.launch import spawn_local  # noqa: E402
@@ -139,4 +139,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

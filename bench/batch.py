@@ -23,10 +23,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
-from bench.common import max_rel  # noqa: E402
+from bench.common import at_least, max_rel  # noqa: E402
+from bench.entry import run_main  # noqa: E402
 from dit.batch import BatchJob, denoise_batch  # noqa: E402
 from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline  # noqa: E402
+from dit.preflight import check_settings  # noqa: E402
+from dit.shape import request_limits  # noqa: E402
 from parallel import init_parallel  # noqa: E402
 from parallel.launch import spawn_local  # noqa: E402
 
@@ -69,25 +71,31 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--model", default="tiny-random")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4], help="jobs per batch")
-    p.add_argument("--jobs", type=int, default=4, help="jobs per turn (a multiple of every size)")
-    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--ranks", type=at_least(1), nargs="+", default=[1, 2])
+    p.add_argument("--sizes", type=at_least(1), nargs="+", default=[1, 2, 4], help="jobs per batch")
+    p.add_argument("--jobs", type=at_least(1), default=4, help="jobs per turn (a multiple of every size)")
+    p.add_argument("--iters", type=at_least(1), default=3)
     p.add_argument("--request", action="append", default=[], help="KEY=VALUE of GenerationRequest (JSON)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if any(args.jobs % n for n in args.sizes):
         p.error(f"--jobs {args.jobs} must be a multiple of every size {args.sizes}")
+    try:  # before any rank starts: a traceback through the spawn, a torch error file left in /tmp
+        request_limits(args.model)
+        checked = PipelineConfig(model=args.model, device=args.device, dtype=args.dtype)
+        check_settings(checked, max(args.ranks))
+    except (FileNotFoundError, ValueError) as e:
+        p.error(str(e))
     request = dict(num_frames=9, height=64, width=64, num_inference_steps=4)
     for pair in args.request:
         key, value = pair.split("=", 1)
         request[key] = json.loads(value)
-    config = {"device": args.device, "dtype": args.dtype}
+    settings = {"device": args.device, "dtype": args.dtype}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.json")
         for n in args.ranks:
-            spawn_local(_rank, n, args.model, config, request, args.sizes, args.jobs, args.iters, out)
+            spawn_local(_rank, n, args.model, settings, request, args.sizes, args.jobs, args.iters, out)
             with open(out) as f:
                 rows += json.load(f)
     if args.json:
@@ -106,4 +114,4 @@ def main(argv=None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

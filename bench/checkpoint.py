@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
 from bench.common import at_least
+from bench.entry import run_main  # noqa: E402
 from bench.preview import WAN14B_LATENT, median_s
 from dit.denoise_state import Checkpointing, capture, save_file
 from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline
@@ -122,4 +122,4 @@ def job_walls(pipe, req, folder: str, cadences, runs: int) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

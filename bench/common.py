@@ -37,6 +37,12 @@ def add_run_args(p: argparse.ArgumentParser, dtypes, cuda: bool) -> None:
     p.add_argument("--json", action="store_true")
 
 
+def check_preset(p: argparse.ArgumentParser, preset: str, presets) -> None:
+    """`p.error` for a --preset that is neither `small` nor one of `presets` (a KeyError's traceback)."""
+    if preset != "small" and preset not in presets:
+        p.error(f"--preset {preset!r} is not small or one of {', '.join(presets)}")
+
+
 def check_video_size(p: argparse.ArgumentParser, args, multiple: int = 16) -> None:
     """`p.error` for a video size the model does not take: --frames other than 4k+1 (the VAE's time stride)
     or a side not a multiple of `multiple` (the VAE's space stride × the patch's). The latents were floored to

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from bench.entry import run_main  # noqa: E402
 from dit.batch import BatchJob, denoise_batch  # noqa: E402
 from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline  # noqa: E402
 from testing.hopper_compile import HOPPER, compile_only  # noqa: E402
@@ -201,4 +201,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

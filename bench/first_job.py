@@ -22,6 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import at_least  # noqa: E402
+from bench.entry import run_main  # noqa: E402
 from bench.job import _fields  # noqa: E402
 from dit.request import GenerationRequest  # noqa: E402
 from testing.server_process import ServerProcess  # noqa: E402
@@ -64,11 +65,18 @@ def main(argv=None) -> int:
     rows = {}
     with tempfile.TemporaryDirectory(prefix="ithaca-first-job-") as data_dir:
         for start in ("first start", "restart, same --data-dir"):
-            rows[start] = one_start(data_dir, flags, args.jobs, request, args.timeout)
+            try:
+                rows[start] = one_start(data_dir, flags, args.jobs, request, args.timeout)
+            except RuntimeError as e:  # `ithaca serve` refused a flag: its one line, not our traceback
+                if not str(e).startswith("server exited with 2:"):
+                    raise
+                print(str(e).strip().splitlines()[-1], file=sys.stderr)
+                return 2
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"`ithaca serve {shlex.join(flags)}`, {args.jobs} jobs {request or '(model defaults)'} per start")
+    command = shlex.join(["ithaca", "serve", *flags])
+    print(f"`{command}`, {args.jobs} jobs {request or '(model defaults)'} per start")
     print(f"| start | to /ready s | job 1 s | job {args.jobs} s | job 1 / job {args.jobs} | warm-up |")
     print("| --- | ---: | ---: | ---: | ---: | --- |")
     for start, r in rows.items():
@@ -80,4 +88,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

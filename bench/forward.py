@@ -19,8 +19,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
-from bench.common import add_run_args, check_run, check_video_size, compare, device_name, report  # noqa: E402
+from bench.common import (  # noqa: E402
+    add_run_args,
+    check_preset,  # noqa: E402
+    check_run,
+    check_video_size,
+    compare,
+    device_name,
+    report,
+)
+from bench.entry import run_main  # noqa: E402
 from dit.families import weight_format  # noqa: E402
 from dit.loading import build_empty  # noqa: E402
 from dit.presets import PRESETS  # noqa: E402
@@ -102,8 +110,7 @@ def main(argv=None) -> None:
     add_run_args(p, DTYPES, cuda)
     args = p.parse_args(argv)
     check_video_size(p, args)
-    if args.preset != "small" and args.preset not in PRESETS:  # a KeyError's traceback
-        p.error(f"--preset {args.preset!r} is not small or one of {', '.join(PRESETS)}")
+    check_preset(p, args.preset, PRESETS)
 
     config_json = dict(SMALL if args.preset == "small" else PRESETS[args.preset])
     if args.layers:
@@ -125,4 +132,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from bench.common import rel_diff  # noqa: E402
+from bench.entry import run_main  # noqa: E402
 from parallel.fp8_attention import emulate  # noqa: E402
 from parallel.fp8_attention_format import KEY_BLOCK, quantize_qkv  # noqa: E402
 
@@ -46,4 +46,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
-from bench.common import rel_diff, timed  # noqa: E402
+from bench.common import at_least, rel_diff, timed  # noqa: E402
+from bench.entry import run_main  # noqa: E402
 from dit.fp8_linear import quantise_rows  # noqa: E402
 
 # (name, in features, out features) of the Wan2.1 DiT's large linear layers, per model size
@@ -124,7 +124,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=sorted(SHAPES), default="14b")
     p.add_argument("--tokens", type=int, default=32760, help="M: tokens per forward (Wan 480p/81 frames)")
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--iters", type=at_least(1), default=20)
     p.add_argument("--cpu-smoke", action="store_true", help="toy sizes on the CPU")
     args = p.parse_args()
     if args.cpu_smoke:
@@ -154,4 +154,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from bench.common import timed  # noqa: E402
+from bench.entry import run_main  # noqa: E402
 from parallel import fp8  # noqa: E402
 
 SHAPES = [  # pack_qkv's [P, 3, B, L, H/P, D]
@@ -96,4 +96,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -42,9 +42,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
 from bench import gpu_batch, gpu_correct, gpu_hunyuan_vae, gpu_lora, gpu_modelled, gpu_speed, gpu_whole  # noqa: E402
 from bench.common import at_least  # noqa: E402
+from bench.entry import run_main  # noqa: E402
 from bench.gpu_kit import Kit, Report, Skip, fmt  # noqa: E402
 
 # a module of ours missing is a bug, not a skip
@@ -322,4 +322,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from bench.entry import run_main  # noqa: E402
 from bench.gpu_speed import FP8_LAUNCHES, WAN_14B_SHAPE, attend_settings  # noqa: E402
 from testing.hopper_compile import compile_only, float_arguments, fp8_mmas, loops, memory, usage  # noqa: E402
 
@@ -123,4 +123,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

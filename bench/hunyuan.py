@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
+from bench import common  # noqa: E402
 from bench.common import add_run_args, check_run, check_video_size, compare, device_name, report  # noqa: E402
+from bench.entry import run_main  # noqa: E402
 from dit.hunyuan.config import PRESETS, HunyuanVideo15Config  # noqa: E402
 from dit.hunyuan.model import HunyuanVideo15Transformer  # noqa: E402
 from dit.hunyuan.state_dict import resolve  # noqa: E402
@@ -86,6 +87,9 @@ def main(argv=None) -> None:
     add_run_args(p, DTYPES, cuda)
     args = p.parse_args(argv)
     check_video_size(p, args)
+    common.check_preset(p, args.preset, PRESETS)
+    if not 1 <= args.valid_text <= args.text_len:  # it ran, and its title read "text 999/64"
+        p.error(f"--valid-text {args.valid_text}: the real tokens of --text-len {args.text_len}, 1 to it")
 
     cfg = SMALL if args.preset == "small" else PRESETS[args.preset]
     if args.layers:
@@ -109,4 +113,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -35,6 +35,7 @@ import numpy as np
 from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.entry import run_main  # noqa: E402
 from dit.pipeline import TINY_LIMITS  # noqa: E402
 from server import limits  # noqa: E402
 from server.store import JobStore  # noqa: E402
@@ -178,4 +179,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

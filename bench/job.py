@@ -38,8 +38,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
 from bench.common import at_least  # noqa: E402
+from bench.entry import run_main  # noqa: E402
 from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline  # noqa: E402
 from dit.request import check_numbers  # noqa: E402
 from dit.shape import request_limits  # noqa: E402
@@ -280,4 +280,4 @@ def _job(req: dict) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

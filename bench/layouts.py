@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
 from bench.common import at_least  # noqa: E402
+from bench.entry import run_main  # noqa: E402
 from parallel import attention, init_parallel, shard_sequence  # noqa: E402
 from parallel.launch import spawn_local  # noqa: E402
 from parallel.ulysses import head_splits  # noqa: E402
@@ -108,4 +108,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -28,8 +28,8 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
 from bench.common import at_least
+from bench.entry import run_main  # noqa: E402
 from dit import lora
 from dit.fp8_linear import QUANTS
 from dit.lora_switch import LoraSwitch
@@ -153,7 +153,7 @@ def main(argv=None) -> None:
     p.add_argument("--model", default="tiny-random", help="a Wan preset (random weights)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
-    p.add_argument("--rank", type=int, default=4)
+    p.add_argument("--rank", type=at_least(1), default=4)
     p.add_argument(
         "--quant", nargs="+", default=["none"], choices=QUANTS,
         help="fp8: switch rows only (a float8 weight has no subtract-to-unmerge to compare with)",
@@ -198,4 +198,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
 from bench.common import at_least  # noqa: E402
+from bench.entry import run_main  # noqa: E402
 from dit.video import read_mp4, write_mp4  # noqa: E402
 
 
@@ -36,11 +36,17 @@ def scene(frames: int, height: int, width: int) -> np.ndarray:
     return out
 
 
+# x264's presets, fastest first (another is ffmpeg's exit 234 after the warm-up)
+X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower",
+                "veryslow", "placebo")  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--frames", type=at_least(1), default=81)
     p.add_argument("--size", default="480x832", help="HEIGHTxWIDTH")
-    p.add_argument("--presets", nargs="+", default=["ultrafast", "superfast", "veryfast", "faster", "medium"])
+    p.add_argument("--presets", nargs="+", default=["ultrafast", "superfast", "veryfast", "faster", "medium"],
+                   choices=X264_PRESETS)  # fmt: skip
     args = p.parse_args()
     size = re.fullmatch(r"([1-9][0-9]*)x([1-9][0-9]*)", args.size)
     if size is None:
@@ -63,4 +69,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

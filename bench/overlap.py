@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
 from bench.common import at_least  # noqa: E402
+from bench.entry import run_main  # noqa: E402
 from bench.layouts import TEXT, _slowest_ms  # noqa: E402
 from parallel import attention, init_parallel, overlapped, shard_sequence  # noqa: E402
 from parallel.launch import spawn_local  # noqa: E402
@@ -73,4 +73,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
+from bench.entry import run_main  # noqa: E402
 from dit.pipeline import GenerationRequest, PipelineConfig, load_pipeline
 from dit.preview import fit_preview
 
@@ -115,4 +115,4 @@ def pooled_ceiling(frame: np.ndarray, grid) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
 from bench.common import at_least  # noqa: E402
+from bench.entry import run_main  # noqa: E402
 from dit.cache_config import CacheConfig  # noqa: E402
 from dit.cli_args import typed  # noqa: E402
 from dit.fp8_linear import QUANTS  # noqa: E402
@@ -129,4 +129,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -26,6 +26,7 @@ import httpx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.common import at_least  # noqa: E402
+from bench.entry import run_main  # noqa: E402
 from testing.server_process import FAKE, ServerProcess  # noqa: E402
 
 
@@ -127,4 +128,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

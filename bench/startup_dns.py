@@ -16,7 +16,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
+from bench.entry import run_main  # noqa: E402
 from parallel.local_group import local_group  # noqa: E402
 from testing.no_dns import run_without_dns, unavailable  # noqa: E402
 
@@ -96,4 +96,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -24,8 +24,8 @@ from queue import Empty
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
 from bench.common import at_least, max_rel  # noqa: E402
+from bench.entry import run_main  # noqa: E402
 
 
 def _case(impl: str, shape: tuple, iters: int, queue) -> None:
@@ -114,4 +114,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
 from bench.common import at_least  # noqa: E402
+from bench.entry import run_main  # noqa: E402
 from parallel.launch import spawn_local  # noqa: E402
 
 SEED = 0
@@ -155,4 +155,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-
 from bench.common import timed  # noqa: E402
+from bench.entry import run_main  # noqa: E402
 from bench.quality import psnr  # noqa: E402
 from dit.pipeline import DTYPES  # noqa: E402
 from dit.vae_frames import cast_decoder  # noqa: E402
@@ -135,4 +135,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

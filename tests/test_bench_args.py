@@ -89,3 +89,33 @@ def test_a_count_or_choice_that_cannot_work_is_one_line(capsys, module, argv, sa
     import importlib
 
     assert says in _refusal(capsys, importlib.import_module(module).main, argv)
+
+
+@pytest.mark.parametrize(
+    ("script", "argv", "says"),
+    [  # each a traceback (a spawn's, a KeyError's, a ZeroDivisionError's), or a run of nonsense
+        ("batch", ["--model", "nosuch"], "nosuch: neither a model name"),
+        ("batch", ["--ranks", "0"], "argument --ranks: must be at least 1, got 0"),
+        ("batch", ["--iters", "0"], "argument --iters: must be at least 1, got 0"),
+        ("hunyuan", ["--preset", "nosuch"], "--preset 'nosuch' is not small or one of tiny-joint"),
+        ("hunyuan", ["--valid-text", "999"], "--valid-text 999: the real tokens of --text-len 64, 1 to it"),
+        ("lora_switch", ["--rank", "0", "--no-latents"], "argument --rank: must be at least 1, got 0"),
+    ],
+)
+def test_a_bench_refuses_what_cannot_run_in_one_line(capsys, script, argv, says):
+    import importlib
+
+    main = importlib.import_module(f"bench.{script}").main
+    assert says in _refusal(capsys, main, argv)
+
+
+def test_ctrl_c_ends_a_bench_in_one_line(capsys):
+    """A traceback of wherever it landed, 18 to 47 lines."""
+    from bench.entry import run_main
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as stop:
+        run_main(interrupted)
+    assert stop.value.code == 130 and capsys.readouterr().err.endswith(": interrupted\n")
