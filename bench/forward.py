@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 from bench.common import (  # noqa: E402
     add_run_args,
-    check_preset,  # noqa: E402
+    check_preset,
     check_run,
     check_video_size,
     compare,
