@@ -51,7 +51,7 @@ class LatestWriter:
         self._busy = False
         self._thread: threading.Thread | None = None
         self.write_s = 0.0
-        self._failing: str | None = None  # why the last write failed (None: it was written)
+        self._failing: str | None = None  # the kind of the last write's failure (None: it was written)
 
     def write(self, job_id: str, step: int, item) -> None:
         raise NotImplementedError
@@ -84,12 +84,14 @@ class LatestWriter:
                     log.info("%ss are written again (job %s, step %d)", self.what, job_id, step)
                     self._failing = None
             except Exception as e:
-                why = full_disk(self.videos_dir) or f"{type(e).__name__}: {e}"
-                # once until one is written again: a full disk said it at every step, for each writer
-                if why != self._failing:
+                full = full_disk(self.videos_dir)
+                # once a kind until one is written again: a full disk said it at every step, for each writer
+                # (the kind, not the words: the KiB free in them move)
+                kind = "full" if full else type(e).__name__
+                if kind != self._failing:
                     log.warning("%s of job %s at step %d not written: %s (said once until one is written)",
-                                self.what, job_id, step, why)  # fmt: skip
-                self._failing = why
+                                self.what, job_id, step, full or f"{type(e).__name__}: {e}")  # fmt: skip
+                self._failing = kind
             finally:
                 with self._cond:
                     self._busy = False
