@@ -111,9 +111,8 @@ class Worker:
         self.store = PatientStore(open_store(config), self.outage) if mesh.is_replica_leader else None
         leader = self.store is not None
         self.steps = LatestStep(self.store, self.name) if leader else None
-        # its thread waits out an outage, then records the newest preview
-        # a preview's step waits out an outage on its own thread (past the grace it was dropped, a warning
-        # each, and the job's preview_step stayed at the outage's start)
+        # its thread waits out an outage, then records the newest preview (past the grace it was dropped, a
+        # warning each, and the job's preview_step stayed at the outage's start)
         self.previews = (
             PreviewWriter(self.store.until_answered, config.videos_dir, self.name) if leader else None
         )
