@@ -56,12 +56,12 @@ REFRESH_MS = 5000  # app.js's: the job list and the limits are read again this o
 # (older) list: how a refresh asked for while a job ran comes back after the job's stream said it is done.
 HOLD_THE_LISTS = """() => {
     const fetch0 = window.fetch;
-    let first = null;
     const waiting = [];
-    window.fetch = (url, options) => {
+    window.fetch = (url, options) => {  // each answered as of its asking, handed over at the release (all
+        // got the first one's answer: a refresh asked after the job's end read its progress of before)
         if (!String(url).includes("/jobs?")) return fetch0(url, options);
-        first = first || fetch0(url, options);
-        return new Promise((ok) => waiting.push(ok)).then(() => first).then((r) => r.clone());
+        const answer = fetch0(url, options);
+        return new Promise((ok) => waiting.push(ok)).then(() => answer);
     };
     window.release = () => {
         window.fetch = fetch0;
