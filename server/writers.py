@@ -39,10 +39,9 @@ log = logging.getLogger("ithaca.worker")
 class LatestWriter:
     """`submit(job_id, step, item)` returns at once; the thread runs `write(job_id, step, item)`, the latest
     item of each job (a batch's jobs submit side by side). `flush` waits until nothing is pending or being
-    written. `write_s`: the seconds the last write took. `keep_all`: every item is written, in order."""
+    written. `write_s`: the seconds the last write took."""
 
     what = "item"
-    keep_all = False
     videos_dir: str | None = None  # where it writes: a failed write names a full disk there
 
     def __init__(self):
@@ -58,8 +57,8 @@ class LatestWriter:
 
     def submit(self, job_id: str, step: int, item) -> None:
         with self._cond:
-            if not self.keep_all:  # this job's older item is superseded; another job's is not
-                self._pending = deque(p for p in self._pending if p[0] != job_id)
+            # this job's older item is superseded; another job's is not
+            self._pending = deque(p for p in self._pending if p[0] != job_id)
             self._pending.append((job_id, step, item))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=f"{self.what}s", daemon=True)
