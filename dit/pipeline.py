@@ -267,7 +267,8 @@ class Pipeline:
         hears the state every few steps (dit.denoise_state)."""
         req = self._validated(req)
         _hooks(callback=callback, on_phase=on_phase, on_preview=on_preview, checkpoints=checkpoints)
-        key = request_key(req)
+        # only where a state is made or read: it digests an image-to-video request's image
+        key = request_key(req) if resume is not None or checkpoints is not None else None
         if resume is not None:
             replica = self.mesh.sp_size * self.mesh.cfg_size  # a step-cache state a rank
             shape = self.latent_shape(req)
